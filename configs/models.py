@@ -1,0 +1,187 @@
+"""Pydantic models for the YAML configs in configs/: one model per stage plus the flywheel root.
+
+    cfg = load_config("configs/local.yaml")          # ConfigError names file, key and expectation
+    cfg.rollouts.envs, cfg.lake.root, cfg.config_hash("rollouts")
+
+Every field has a type, a default and a one-line description (the `description=`, shown by
+`flywheel config show`). Unknown keys are errors: a typo fails before any work starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(Exception):
+    """A config file is missing, malformed or invalid; the message names file, key and expectation."""
+
+
+class _Cfg(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LakeConfig(_Cfg):
+    root: str = Field("lake", description="Lake root folder (relative to the working directory); $FLYWHEEL_LAKE overrides")
+
+
+class EnvConfig(_Cfg):
+    name: Literal["miniwob", "remote"] = Field("miniwob", description="Environment family")
+    chrome_binary: str = Field("/usr/bin/chromium", description="Chromium binary for MiniWoB")
+    chromedriver: str = Field("/usr/bin/chromedriver", description="ChromeDriver binary for MiniWoB")
+    screenshot_scale: int = Field(1, ge=1, le=4, description="Upscale factor of the MiniWoB screenshot the policy sees")
+    max_steps: int = Field(8, ge=1, le=200, description="Step cap per episode (status 'truncated' when hit)")
+    server_url: str | None = Field(None, description="Env server URL for env 'remote' (OSWorld)")
+
+
+class TaskSelection(_Cfg):
+    tasks: list[str] = Field(default_factory=lambda: ["click-test", "click-button", "focus-text", "click-tab"],
+                             description="Task ids, or ['all'] for every teacher-supported task")
+    seeds_per_task: int = Field(10, ge=1, description="Episodes (distinct seeds) per task")
+    seed_offset: int = Field(0, ge=0, description="First seed index within the split's seed range")
+
+
+class RolloutConfig(_Cfg):
+    envs: int = Field(2, ge=1, le=64, description="Parallel env worker processes")
+    group_size: int = Field(1, ge=1, le=64, description="Episodes per task instance (the GRPO group G)")
+    episode_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit per episode (status 'timeout')")
+    worker_start_timeout_s: float = Field(60.0, gt=0, description="Max time for a worker to start its browser")
+    on_parse_error: Literal["continue", "end"] = Field("continue", description="After unparseable model output: keep going or end the episode")
+
+
+class BootstrapConfig(_Cfg):
+    policy: Literal["scripted", "claude"] = Field("scripted", description="Teacher producing demonstrations")
+    selection: TaskSelection = Field(default_factory=TaskSelection, description="Tasks and seeds for teacher demos (train split)")
+    success_threshold: float = Field(0.3, ge=0, le=1, description="Re-bootstrap when the student's success falls below this")
+
+
+class StudentConfig(_Cfg):
+    model: str = Field("models/small-qwen3vl", description="Local model folder or Hub id of the base student")
+    arch: Literal["qwen3-vl", "qwen2.5-vl"] = Field("qwen3-vl", description="Architecture family (coordinate convention follows it)")
+    size: str = Field("small", description="Size preset used when the model folder must be built")
+    backend: Literal["hf", "openai"] = Field("hf", description="Inference backend")
+    base_url: str | None = Field(None, description="OpenAI-compatible server URL for backend 'openai'")
+    temperature: float = Field(1.0, ge=0, le=5, description="Sampling temperature for rollouts")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for rollouts")
+    max_new_tokens: int = Field(96, ge=1, le=4096, description="Max response tokens per step")
+    history_images: int = Field(1, ge=0, le=8, description="Screenshots in the prompt window (K); older steps as text")
+    use_ui_text: bool = Field(True, description="Put the DOM / accessibility text view into the prompt")
+
+
+class RolloutStageConfig(_Cfg):
+    selection: TaskSelection = Field(default_factory=TaskSelection, description="Tasks and seeds for student rollouts")
+
+
+class CurateConfig(_Cfg):
+    reward_threshold: float = Field(1.0, ge=0, le=1, description="Min binary task reward of a kept episode")
+    max_episodes_per_task: int = Field(200, ge=1, description="Cap per task (balance)")
+    teacher_ratio: float | None = Field(None, ge=0, le=1, description="Fraction of teacher episodes when mixing sources (None = all)")
+
+
+class SFTConfig(_Cfg):
+    method: Literal["lora", "full"] = Field("lora", description="LoRA adapters on the LM, or full fine-tune (vision frozen in both)")
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (cosine schedule)")
+    epochs: float = Field(3.0, gt=0, description="Passes over the dataset")
+    batch_size: int = Field(8, ge=1, description="Micro-batch size")
+    grad_accum: int = Field(1, ge=1, description="Gradient accumulation steps")
+    max_minutes: float | None = Field(None, gt=0, description="Wall-clock budget; training stops cleanly when reached")
+    lora_r: int = Field(16, ge=1, description="LoRA rank")
+
+
+class RLConfig(_Cfg):
+    enabled: bool = Field(False, description="Run the RL stage in each iteration")
+    algorithm: Literal["grpo", "dr_grpo", "gspo", "sdpo"] = Field("grpo", description="RL objective")
+
+
+class EvalConfig(_Cfg):
+    selection: TaskSelection = Field(default_factory=lambda: TaskSelection(seeds_per_task=20),
+                                     description="Tasks and held-out seeds (eval split) to evaluate on")
+
+
+class FlywheelConfig(_Cfg):
+    name: str = Field("local", description="Name of this flywheel (run names, deployment names)")
+    iterations: int = Field(1, ge=1, le=1000, description="Iterations per `flywheel run`")
+    lake: LakeConfig = Field(default_factory=LakeConfig, description="Where the lake lives")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="GUI environment")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Parallel rollout runner settings")
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig, description="Teacher demonstrations stage")
+    student: StudentConfig = Field(default_factory=StudentConfig, description="The student policy")
+    rollouts: RolloutStageConfig = Field(default_factory=RolloutStageConfig, description="Student rollouts stage")
+    curate: CurateConfig = Field(default_factory=CurateConfig, description="Success filtering stage")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised fine-tuning stage")
+    rl: RLConfig = Field(default_factory=RLConfig, description="Reinforcement learning stage")
+    evaluate: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation stage")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "FlywheelConfig":
+        if self.env.name == "remote" and not self.env.server_url:
+            raise ValueError("env.name is 'remote' but env.server_url is not set: set env.server_url to the env server's URL")
+        if self.student.backend == "openai" and not self.student.base_url:
+            raise ValueError("student.backend is 'openai' but student.base_url is not set: set it to the server URL (e.g. http://host:8000/v1)")
+        return self
+
+    def config_hash(self, section: str | None = None) -> str:
+        """Stable short hash of the whole config or one section (provenance on every lake row)."""
+        data = self.model_dump(mode="json") if section is None else getattr(self, section).model_dump(mode="json")
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "<root>"
+
+
+def format_validation_error(path: Path | str, e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        key = _loc(err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; `flywheel config show` lists the valid keys)"
+        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
+            msg = f"{msg} (got {err['input']!r})"
+        lines.append(f"{path}: {key}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<config>") -> FlywheelConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys, got {type(data).__name__}")
+    try:
+        return FlywheelConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(source, e)) from None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> FlywheelConfig:
+    """Load and validate a YAML config; `overrides` are dotted keys, e.g. {"rollout.envs": 1}."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{p}: config file not found")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{p}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+    for dotted, value in (overrides or {}).items():
+        if not isinstance(data, dict):
+            break
+        node = data
+        *parents, leaf = dotted.split(".")
+        for k in parents:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{p}: cannot override {dotted}: {k} is not a mapping")
+        node[leaf] = value
+    return parse_config(data, str(p))
+
+
+def default_config_path() -> Path:
+    return Path(__file__).with_name("local.yaml")

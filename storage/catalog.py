@@ -1,0 +1,147 @@
+"""DuckDB over the lake: one view per table, plus a catalog file for the plain `duckdb` CLI.
+
+    con = connect("lake")                  # in-memory DuckDB with views tasks, episodes, steps, ...
+    con.sql("SELECT task_id, avg(success::INT) FROM episodes GROUP BY 1").show()
+
+    $ duckdb -readonly lake/catalog.duckdb  # the same views from the DuckDB CLI
+
+Views glob `<table>/*/*/*.parquet` with hive partitioning (iteration, stage from the path)
+and `union_by_name`, so files written by an older schema version (missing newer nullable
+columns) read as NULL. A table with no files yet is an empty typed view. Parquet column
+pruning means a query that does not name `screenshot` never reads its bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+
+import duckdb
+
+from storage.lake import Lake, LakeError
+from storage.schema import PARTITION_COLUMNS, TABLES, duckdb_type
+
+CATALOG_FILE = "catalog.duckdb"
+_CATALOG_SIG = ".catalog.json"
+
+
+class QueryError(Exception):
+    """A user's SQL failed: the message is one clear line."""
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def view_sql(lake: Lake, table: str) -> str:
+    """The SELECT behind a table's view (empty typed SELECT when the table has no files)."""
+    if lake.has_data(table):
+        glob = str(lake.root / table / "*" / "*" / "*.parquet")
+        hive_types = ", ".join(f"'{k}': '{v}'" for k, v in PARTITION_COLUMNS.items())
+        return (f"SELECT * FROM read_parquet({_q(glob)}, hive_partitioning=true, union_by_name=true, "
+                f"hive_types={{{hive_types}}})")
+    cols = [f"NULL::{duckdb_type(f.type)} AS \"{f.name}\"" for f in TABLES[table]]
+    cols += [f"NULL::{t} AS {k}" for k, t in PARTITION_COLUMNS.items()]
+    return f"SELECT {', '.join(cols)} WHERE false"
+
+
+def create_views(con: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+    for table in TABLES:
+        con.execute(f'CREATE OR REPLACE VIEW "{table}" AS {view_sql(lake, table)}')
+
+
+def connect(root: str | os.PathLike | Lake | None = None, *, threads: int | None = None,
+            write_catalog_file: bool = True) -> duckdb.DuckDBPyConnection:
+    """In-memory DuckDB connection with a view per lake table. The lake must exist."""
+    lake = root if isinstance(root, Lake) else Lake(root, create=False)
+    con = duckdb.connect(":memory:")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    try:
+        create_views(con, lake)
+    except duckdb.Error as e:
+        con.close()
+        raise LakeError(explain_duckdb_error(e, lake)) from None
+    if write_catalog_file:
+        try:
+            ensure_catalog(lake)
+        except (OSError, duckdb.Error):
+            pass  # the catalog file is a convenience for the CLI; never fail a query over it
+    return con
+
+
+def ensure_catalog(lake: Lake) -> Path:
+    """(Re)write `<root>/catalog.duckdb` when the set of non-empty tables or the root changed.
+
+    Built under a temp name and renamed, so concurrent writers and readers never see half a file.
+    """
+    path = lake.root / CATALOG_FILE
+    sig = json.dumps({"root": str(lake.root), "tables": {t: lake.has_data(t) for t in TABLES}}, sort_keys=True)
+    sig_path = lake.root / _CATALOG_SIG
+    if path.exists() and sig_path.exists() and sig_path.read_text() == sig:
+        return path
+    tmp = lake.root / f".catalog.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    con = duckdb.connect(str(tmp))
+    try:
+        create_views(con, lake)
+    finally:
+        con.close()
+    os.replace(tmp, path)
+    wal = Path(str(tmp) + ".wal")
+    wal.unlink(missing_ok=True)
+    sig_tmp = sig_path.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp")
+    sig_tmp.write_text(sig)
+    os.replace(sig_tmp, sig_path)
+    return path
+
+
+_FILE_RE = re.compile(r"""(?:file|File)\s*["']?([^"'\s]+\.parquet)""")
+
+
+def explain_duckdb_error(e: Exception, lake: Lake | None = None) -> str:
+    """Turn a DuckDB exception into one line a user can act on."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, (duckdb.ParserException, duckdb.CatalogException, duckdb.BinderException,
+                      duckdb.ConversionException)):
+        return f"SQL error: {msg}"
+    m = _FILE_RE.search(str(e))
+    if m and isinstance(e, (duckdb.IOException, duckdb.InvalidInputException)):
+        return (f"unreadable lake file {m.group(1)}: {msg[:200]} "
+                f"(run `flywheel lake verify --quarantine` to move bad files aside)")
+    return f"query failed: {msg}"
+
+
+def run_query(con: duckdb.DuckDBPyConnection, sql: str, lake: Lake | None = None):
+    """Execute SQL and fetch the result as an Arrow table, with one-line QueryErrors."""
+    if not sql or not sql.strip():
+        raise QueryError("empty SQL statement")
+    try:
+        rel = con.sql(sql)
+        if rel is None:  # a statement without a result (SET, CREATE ...)
+            import pyarrow as pa
+            return pa.table({})
+        return rel.to_arrow_table()
+    except duckdb.Error as e:
+        raise QueryError(explain_duckdb_error(e, lake)) from None
+
+
+def export_query(con: duckdb.DuckDBPyConnection, sql: str, out: Path, fmt: str, lake: Lake | None = None) -> Path:
+    """COPY a query's result to a csv/json/parquet file (written atomically)."""
+    opts = {"csv": "FORMAT CSV, HEADER", "json": "FORMAT JSON, ARRAY true", "parquet": "FORMAT PARQUET"}
+    if fmt not in opts:
+        raise QueryError(f"unknown format {fmt!r}; use one of {', '.join(opts)}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
+    body = sql.strip().rstrip(";")
+    try:
+        con.execute(f"COPY ({body}) TO {_q(str(tmp))} ({opts[fmt]})")
+        os.replace(tmp, out)
+    except duckdb.Error as e:
+        raise QueryError(explain_duckdb_error(e, lake)) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
