@@ -32,7 +32,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(stage_app, name="stage")
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # one error = one line, never wrapped
 
 CONFIG_OPT = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml).")
 LAKE_OPT = typer.Option(None, "--lake", help="Lake root (default: $FLYWHEEL_LAKE, else the config's lake.root).")

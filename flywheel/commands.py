@@ -39,3 +39,106 @@ def up():
 def down():
     """Stop what `flywheel up` started."""
     _not_yet("flywheel down", 6)
+
+
+def _parse_seeds(text: str) -> list[int]:
+    """'0-9' | '3,5,8' | '0-4,10' -> sorted unique seeds."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                a, b = part.split("-", 1)
+                lo, hi = int(a), int(b)
+                if hi < lo:
+                    raise ValueError
+                out.update(range(lo, hi + 1))
+            elif part:
+                out.add(int(part))
+    except ValueError:
+        raise UserError(f"bad --seeds {text!r}: use e.g. '0-19' or '1,5,9'") from None
+    if not out:
+        raise UserError("--seeds selects no seeds")
+    return sorted(out)
+
+
+@app.command()
+def rollout(
+    policy: str = typer.Option("scripted", "--policy", help="scripted | student"),
+    tasks: str = typer.Option("click-test,focus-text", "--tasks", help="Comma-separated task ids, or 'all' (teacher-supported)."),
+    seeds: str = typer.Option("0-9", "--seeds", help="Env seeds, e.g. '0-19' or '1,5,9'; all must lie in one split."),
+    envs: Optional[int] = typer.Option(None, "--envs", "-n", help="Parallel env workers (default: config rollout.envs)."),
+    group_size: int = typer.Option(1, "--group-size", "-g", help="Episodes per (task, seed): the RL group G."),
+    iteration: int = typer.Option(0, "--iteration", "-i", help="Iteration partition to write under."),
+    stage: str = typer.Option("rollouts", "--stage", help="Stage partition to write under (bootstrap | rollouts | evaluate)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Student checkpoint folder (policy 'student')."),
+    config: Optional[str] = CONFIG_OPT,
+):
+    """Run episodes in parallel envs and write every one (steps, screenshots, status) to the lake."""
+    from rich.console import Console
+    from envs import registry
+    from flywheel.cli import load_cfg, print_arrow_table
+    from flywheel.rollout import PolicySpec, run_rollouts
+    from flywheel.stages import lake_for, register_tasks, rollout_spec
+    from storage.catalog import connect, run_query
+
+    cfg = load_cfg(config)
+    seed_list = _parse_seeds(seeds)
+    splits = {registry.split_of(s) for s in seed_list}
+    if len(splits) != 1:
+        raise UserError(f"--seeds mixes splits {sorted(splits)}: train and eval seeds must not be mixed")
+    known = {t.task_id for t in registry.TASKS}
+    task_list = [t.task_id for t in registry.TASKS if t.teacher_supported] if tasks == "all" else \
+        [t.strip() for t in tasks.split(",") if t.strip()]
+    unknown = [t for t in task_list if t not in known]
+    if unknown:
+        raise UserError(f"unknown task ids {unknown}; known: {', '.join(sorted(known))}")
+    if policy == "scripted":
+        spec_p = PolicySpec("scripted")
+    elif policy == "student":
+        path = model or cfg.student.model
+        spec_p = PolicySpec("student", {"model": path, "config": cfg.student.model_dump()}, version=str(path))
+    else:
+        raise UserError(f"unknown --policy {policy!r}; use scripted or student")
+    register_tasks(cfg)
+    spec = rollout_spec(cfg, iteration=iteration, stage=stage, policy=spec_p, tasks=task_list, seeds=seed_list,
+                        split=splits.pop(), group_size=group_size, n_envs=envs)
+    s = run_rollouts(spec)
+    Console().print(f"run key [bold]{spec.run_key}[/bold]: ran {s.ran}, skipped {s.skipped} already in the lake, "
+                    f"{s.successes} successes, {s.errors} errors, {s.steps_per_s:.1f} steps/s in {s.duration_s:.1f}s")
+    lk = lake_for(cfg)
+    t = run_query(connect(lk), f"""
+        SELECT task_id, count(*) AS episodes, round(avg(success::INT), 3) AS success_rate,
+               round(avg(n_steps), 2) AS avg_steps, count(*) FILTER (status = 'error') AS errors
+        FROM episodes WHERE run_key = '{spec.run_key}' GROUP BY task_id ORDER BY task_id""", lk)
+    print_arrow_table(t, title=f"{stage} iteration {iteration}")
+
+
+@app.command()
+def run(
+    config: Optional[str] = CONFIG_OPT,
+    iterations: Optional[int] = typer.Option(None, "--iterations", help="Override the config's iteration count."),
+):
+    """Run flywheel iterations on the configured environment (default: the embedded MiniWoB config).
+
+    Today this runs the stages that exist: the task registry and teacher demonstrations
+    (bootstrap). Student rollouts, curation, SFT, RL and evaluation join as they land.
+    """
+    from rich.console import Console
+    from flywheel.cli import load_cfg, print_arrow_table
+    from flywheel.stages import bootstrap, lake_for, register_tasks
+    from storage.catalog import connect, run_query
+    from storage.queries import PER_TASK_SUCCESS
+
+    cfg = load_cfg(config, {"iterations": iterations} if iterations else None)
+    console = Console()
+    reg = register_tasks(cfg)
+    console.print(f"task registry: {reg['tasks']} tasks")
+    for it in range(cfg.iterations):
+        res = bootstrap(cfg, iteration=it)
+        console.print(f"iteration {it}: bootstrap run {res['run_key']} ran {res['ran']} episodes "
+                      f"({res['skipped']} already in the lake), {res['successes']} successes")
+        lk = lake_for(cfg)
+        t = run_query(connect(lk), PER_TASK_SUCCESS.format(where=f"WHERE run_key = '{res['run_key']}'"), lk)
+        print_arrow_table(t, title=f"iteration {it}: teacher demonstrations")
+    console.print(f"lake: {lake_for(cfg).root}  (try: flywheel query \"SELECT * FROM episodes LIMIT 5\")")

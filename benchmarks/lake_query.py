@@ -1,0 +1,141 @@
+"""Benchmark: the curate-style query through the project's API vs hand-written DuckDB, same files.
+
+    .venv/bin/python benchmarks/lake_query.py [--rows 1000000] [--lake bench-out/lake] [--reps 5]
+
+Builds (once; reused while its row count matches) a synthetic lake of `--rows` step rows with
+realistic PNG screenshots (~7 KB each) spread over iterations x stages x files, then times
+"steps of successful episodes, without screenshots, joined to episodes" fetched as Arrow:
+  api:  storage.catalog.run_query(con, storage.queries.curate_steps_sql()) on a connection from
+        storage.catalog.connect(lake), opened once (its one-off cost is reported as api_connect_s)
+  hand: duckdb.connect() + the same SQL over read_parquet(...) written by hand
+side by side, alternating order, median of --reps. Prints JSON; target api <= 1 s and ratio <= 1.2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from storage.catalog import connect, run_query  # noqa: E402
+from storage.inspect import lake_stats  # noqa: E402
+from storage.lake import Lake  # noqa: E402
+from storage.queries import curate_steps_sql  # noqa: E402
+from storage.synthetic import png_pool  # noqa: E402
+
+STEPS_PER_EPISODE = 5
+TASKS = np.array(["click-test", "click-button", "focus-text", "enter-text", "click-tab", "click-link"])
+
+
+def build_part(rng: np.random.Generator, n_eps: int, ep_offset: int, pngs: list[bytes], run_key: str):
+    ids = np.char.add("ep-", np.arange(ep_offset, ep_offset + n_eps).astype(str))
+    success = rng.random(n_eps) < 0.6
+    episodes = pa.table({
+        "episode_id": ids, "task_id": TASKS[rng.integers(0, len(TASKS), n_eps)],
+        "seed": np.arange(ep_offset, ep_offset + n_eps), "policy": np.where(rng.random(n_eps) < 0.5, "scripted", "student"),
+        "task_reward": success.astype(float), "success": success, "n_steps": np.full(n_eps, STEPS_PER_EPISODE, np.int32),
+        "status": np.where(rng.random(n_eps) < 0.98, "ok", "error"), "run_key": np.full(n_eps, run_key),
+        "instruction": np.full(n_eps, "Click the button labelled OK."),
+    })
+    n = n_eps * STEPS_PER_EPISODE
+    xs, ys = rng.integers(0, 160, n), rng.integers(50, 210, n)
+    action = np.char.add(np.char.add(np.char.add('{"action":"click","x":', xs.astype(str)), ',"y":'),
+                         np.char.add(ys.astype(str), "}"))
+    shots = pa.array([pngs[i] for i in rng.integers(0, len(pngs), n)], pa.binary())
+    steps = pa.table({
+        "episode_id": np.repeat(ids, STEPS_PER_EPISODE), "step_idx": np.tile(np.arange(STEPS_PER_EPISODE, dtype=np.int32), n_eps),
+        "is_final": np.zeros(n, bool), "screenshot": shots, "screen_w": np.full(n, 160, np.int32),
+        "screen_h": np.full(n, 210, np.int32), "ui_text": np.char.add('button "OK" @ (80,', ys.astype(str)),
+        "thought": np.full(n, "The OK button is the target."), "action_desc": np.full(n, "Click OK"),
+        "action": action, "parse_ok": rng.random(n) < 0.97, "fallback_parse": rng.random(n) < 0.01,
+        "run_key": np.full(n, run_key),
+    })
+    return episodes, steps
+
+
+def build_lake(root: Path, rows: int, iterations: int, stages: list[str], files: int) -> dict:
+    lake = Lake(root)
+    if lake_stats(lake)["steps"].rows == rows:
+        return {"built": False}
+    import shutil
+    shutil.rmtree(root)
+    lake = Lake(root)
+    t0 = time.time()
+    rng = np.random.default_rng(0)
+    pngs = png_pool(64)
+    parts = iterations * len(stages) * files
+    eps_per_part = rows // STEPS_PER_EPISODE // parts
+    offset = 0
+    for it in range(iterations):
+        for stage in stages:
+            run_key = f"{stage}-it{it}"
+            for f in range(files):
+                e, s = build_part(rng, eps_per_part, offset, pngs, run_key)
+                offset += eps_per_part
+                lake.write("episodes", e, iteration=it, stage=stage, run_key=run_key, part=f)
+                lake.write("steps", s, iteration=it, stage=stage, run_key=run_key, part=f)
+        print(f"built iteration {it + 1}/{iterations}", file=sys.stderr)
+    return {"built": True, "build_s": round(time.time() - t0, 1)}
+
+
+def hand_sql(root: Path, threshold: float = 1.0) -> str:
+    def src(t):
+        return f"read_parquet('{root}/{t}/*/*/*.parquet', hive_partitioning=true, union_by_name=true)"
+    return curate_steps_sql(threshold).replace("FROM steps AS s", f"FROM {src('steps')} AS s") \
+        .replace("JOIN episodes AS e", f"JOIN {src('episodes')} AS e")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_000_000, help="step rows in the synthetic lake")
+    ap.add_argument("--lake", type=Path, default=Path("bench-out/lake"), help="where to build it (reused if complete)")
+    ap.add_argument("--iterations", type=int, default=10, help="iteration partitions")
+    ap.add_argument("--files", type=int, default=10, help="files per (iteration, stage) partition")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per side (median reported)")
+    a = ap.parse_args()
+    root = a.lake.resolve()
+    build = build_lake(root, a.rows, a.iterations, ["bootstrap", "rollouts"], a.files)
+    stats = lake_stats(Lake(root))
+
+    t0 = time.perf_counter()
+    api_con = connect(root, write_catalog_file=False)  # opened once, like any database handle
+    connect_s = time.perf_counter() - t0
+
+    def api():
+        return run_query(api_con, curate_steps_sql()).num_rows
+
+    def hand():
+        con = duckdb.connect()
+        return con.sql(hand_sql(root)).to_arrow_table().num_rows
+
+    api(), hand()  # warm the OS page cache for both
+    times = {"api": [], "hand": []}
+    counts = {}
+    for r in range(a.reps):
+        for name, fn in (("api", api), ("hand", hand)) if r % 2 == 0 else (("hand", hand), ("api", api)):
+            t0 = time.perf_counter()
+            counts[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    assert counts["api"] == counts["hand"], counts
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(json.dumps({
+        "benchmark": "lake_curate_query", "step_rows": stats["steps"].rows, "episode_rows": stats["episodes"].rows,
+        "steps_files": stats["steps"].files, "partitions": len(stats["steps"].partitions),
+        "lake_gb": round((stats["steps"].bytes + stats["episodes"].bytes) / 2**30, 2), "result_rows": counts["api"],
+        "api_s": round(med["api"], 3), "hand_duckdb_s": round(med["hand"], 3), "ratio": round(med["api"] / med["hand"], 3),
+        "api_connect_s": round(connect_s, 3),
+        "target": {"api_s": 1.0, "ratio": 1.2}, "reps": a.reps, "duckdb": duckdb.__version__, **build,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,374 @@
+"""Parallel rollouts: N env worker processes over (task, seed, policy) jobs, every episode into the lake.
+
+    spec = RolloutSpec(run_key="bootstrap-it0-1a2b", iteration=0, stage="bootstrap", lake_root="lake",
+                       jobs=make_jobs(...), policy=PolicySpec("scripted"), n_envs=2)
+    summary = run_rollouts(spec)
+
+How it stays correct under faults:
+- Each worker runs in its own session (process group); its chromium/chromedriver inherit it.
+  Any worker that dies, hangs past the episode timeout or is left at the end is ended with
+  `killpg(SIGKILL)`, so no browser outlives the run.
+- Workers write each finished episode (steps first, then the episode row, each an atomic
+  file named by episode id) before reporting it: a dead worker loses at most its in-flight
+  episode, which the runner records as status 'error' (or 'timeout'); a replacement worker
+  takes the remaining jobs.
+- A rerun with the same run key skips episodes already in the lake (except status 'error',
+  which are retried), so it fills in only what is missing.
+- Jobs go to each worker over its own pipe (no shared queue lock a SIGKILL could leave held).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from functools import lru_cache
+from multiprocessing import connection, get_context
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow.parquet as pq
+
+from flywheel.episode import EpisodeJob, Provenance, error_episode, run_episode
+from storage.lake import Lake
+
+
+class RolloutError(RuntimeError):
+    """The rollout could not run at all (e.g. the env cannot start): one clear line."""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A picklable description of a policy; each worker builds its own instance."""
+
+    kind: str  # "scripted" | "student"
+    options: dict[str, Any] = field(default_factory=dict)
+    version: str = "0"
+
+    @property
+    def tag(self) -> str:
+        return f"{self.kind}:{self.version}"
+
+
+def build_policy(spec: PolicySpec):
+    if spec.kind == "scripted":
+        from agents.teacher import ScriptedTeacher
+        return ScriptedTeacher(**spec.options)
+    if spec.kind == "student":
+        from agents.student import build_student_policy  # lands with the student issue
+        return build_student_policy(**spec.options)
+    raise RolloutError(f"unknown policy kind {spec.kind!r}; use 'scripted' or 'student'")
+
+
+@dataclass
+class RolloutSpec:
+    run_key: str
+    iteration: int
+    stage: str
+    lake_root: str
+    jobs: list[EpisodeJob]
+    policy: PolicySpec
+    env: dict[str, Any] = field(default_factory=lambda: {"name": "miniwob"})
+    n_envs: int = 2
+    max_steps: int = 8
+    episode_timeout_s: float = 120.0
+    worker_start_timeout_s: float = 60.0
+    end_on_parse_error: bool = False
+    config_hash: str | None = None
+    retry_errors: bool = True
+
+
+@dataclass
+class RolloutSummary:
+    run_key: str
+    total: int
+    skipped: int  # already in the lake from an earlier attempt
+    ran: int
+    successes: int
+    steps: int
+    errors: int
+    duration_s: float
+    per_status: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.duration_s if self.duration_s > 0 else 0.0
+
+
+@lru_cache(maxsize=1)
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def make_jobs(run_key: str, tasks: list[str], seeds: list[int], *, group_size: int = 1,
+              policy_tag: str = "policy", split: str = "train") -> list[EpisodeJob]:
+    """One job per (task, seed, sample); the G samples of a (task, seed) share a group id (GRPO)."""
+    jobs = []
+    for task in tasks:
+        for seed in seeds:
+            gid = hashlib.sha1(f"{run_key}|{task}|{seed}".encode()).hexdigest()[:12]
+            for k in range(group_size):
+                jobs.append(EpisodeJob(run_key, task, seed, split, gid, k, policy_tag))
+    return jobs
+
+
+# --------------------------------------------------------------------------- worker side
+def _make_env(env_kwargs: dict[str, Any]):
+    from envs.registry import make_env
+    kw = dict(env_kwargs)
+    return make_env(kw.pop("name", "miniwob"), **kw)
+
+
+def _env_version(env_name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+        return f"{env_name} {version(env_name)}" if env_name == "miniwob" else env_name
+    except Exception:  # noqa: BLE001
+        return env_name
+
+
+def _worker_main(conn, spec: RolloutSpec, prov: Provenance) -> None:
+    os.setsid()  # own process group: the runner can end this worker and every browser it started
+    lake = Lake(spec.lake_root)
+    env = policy = None
+    try:
+        try:
+            env = _make_env(spec.env)
+            policy = build_policy(spec.policy)
+        except Exception as e:  # noqa: BLE001 - reported to the runner as one line
+            conn.send(("init_error", f"{type(e).__name__}: {e}".splitlines()[0]))
+            return
+        conn.send(("ready", os.getpid()))
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                return
+            job = EpisodeJob(**msg)
+            ep, steps = run_episode(env, policy, job, max_steps=spec.max_steps, timeout_s=spec.episode_timeout_s,
+                                    prov=prov, end_on_parse_error=spec.end_on_parse_error,
+                                    policy_name=spec.policy.kind, policy_version=spec.policy.version)
+            part = job.episode_id
+            if steps:
+                lake.write("steps", steps, iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
+            lake.write("episodes", [ep], iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
+            conn.send(("done", {k: ep[k] for k in ("episode_id", "task_id", "status", "success", "n_steps", "error")}))
+            if ep["status"] == "error":  # the env may be broken: start a fresh one for the next job
+                try:
+                    env.close()
+                finally:
+                    env = _make_env(spec.env)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        return
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        raise
+    finally:
+        for obj in (policy, env):
+            try:
+                if obj is not None:
+                    obj.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+# --------------------------------------------------------------------------- runner side
+@dataclass
+class _Worker:
+    proc: Any
+    conn: Any
+    job: EpisodeJob | None = None
+    job_started: float = 0.0
+    ready: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+
+def kill_group(pid: int | None) -> None:
+    """SIGKILL a worker's whole process group (the worker, chromedriver, chromium)."""
+    if not pid:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def existing_episodes(lake: Lake, spec: RolloutSpec) -> dict[str, str]:
+    """episode_id -> status of the episodes this run key already wrote."""
+    out: dict[str, str] = {}
+    for f in lake.run_files("episodes", iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key):
+        try:
+            t = pq.read_table(f, columns=["episode_id", "status"])
+        except Exception:  # noqa: BLE001 - an unreadable file counts as missing (rewritten by the rerun)
+            continue
+        out.update(zip(t["episode_id"].to_pylist(), t["status"].to_pylist()))
+    return out
+
+
+class _Runner:
+    def __init__(self, spec: RolloutSpec, on_result: Callable[[dict], None] | None):
+        self.spec = spec
+        self.lake = Lake(spec.lake_root)
+        self.ctx = get_context("spawn")
+        env_name = spec.env.get("name", "miniwob")
+        self.prov = Provenance(git_sha=git_sha(), config_hash=spec.config_hash, env_version=_env_version(env_name))
+        self.on_result = on_result or (lambda r: None)
+        self.workers: list[_Worker] = []
+        self.init_failures = 0
+
+    def start_worker(self) -> None:
+        parent, child = self.ctx.Pipe(duplex=True)
+        p = self.ctx.Process(target=_worker_main, args=(child, self.spec, self.prov), daemon=False)
+        p.start()
+        child.close()
+        self.workers.append(_Worker(p, parent))
+
+    def retire(self, w: _Worker, status: str | None = None, error: str | None = None) -> None:
+        """End a worker's process group; record its in-flight episode if it had one."""
+        kill_group(w.proc.pid)
+        w.proc.join(timeout=10)
+        w.conn.close()
+        self.workers.remove(w)
+        if w.job is not None and status:
+            self.write_failed(w.job, status, error or "worker died")
+
+    def write_failed(self, job: EpisodeJob, status: str, error: str) -> None:
+        sp = self.spec
+        ep = error_episode(job, status=status, error=error, policy_name=sp.policy.kind,
+                           policy_version=sp.policy.version, env_name=sp.env.get("name"), prov=self.prov)
+        self.lake.write("episodes", [ep], iteration=sp.iteration, stage=sp.stage, run_key=sp.run_key,
+                        part=job.episode_id)
+        self.on_result({"episode_id": job.episode_id, "task_id": job.task_id, "status": status,
+                        "success": False, "n_steps": 0, "error": error})
+
+    def handle_message(self, w: _Worker, pending: deque) -> None:
+        try:
+            kind, payload = w.conn.recv()
+        except (EOFError, OSError):
+            code = w.proc.exitcode
+            self.retire(w, "error", f"rollout worker died (exit code {code}) during the episode")
+            return
+        if kind == "ready":
+            w.ready = True
+        elif kind == "init_error":
+            self.init_failures += 1
+            self.retire(w)
+            if self.init_failures >= 2:
+                raise RolloutError(f"env workers cannot start: {payload}")
+        elif kind == "done":
+            w.job = None
+            self.on_result(payload)
+
+    def run(self, jobs: list[EpisodeJob]) -> None:
+        pending = deque(jobs)
+        sp = self.spec
+        try:
+            while pending or any(w.job for w in self.workers):
+                while len(self.workers) < min(sp.n_envs, len(pending) + sum(1 for w in self.workers if w.job)):
+                    self.start_worker()
+                for w in self.workers:
+                    if w.ready and w.job is None and pending:
+                        w.job, w.job_started = pending.popleft(), time.monotonic()
+                        w.conn.send(w.job.to_dict())
+                waitables = [w.conn for w in self.workers] + [w.proc.sentinel for w in self.workers]
+                ready = set(connection.wait(waitables, timeout=0.5))
+                for w in list(self.workers):
+                    if w.conn in ready:
+                        self.handle_message(w, pending)
+                    elif w.proc.sentinel in ready and w in self.workers and not w.conn.poll():
+                        self.retire(w, "error", f"rollout worker died (exit code {w.proc.exitcode}) during the episode")
+                self.enforce_deadlines()
+        finally:
+            self.shutdown()
+
+    def enforce_deadlines(self) -> None:
+        now, sp = time.monotonic(), self.spec
+        for w in list(self.workers):
+            if w.job is not None and now - w.job_started > sp.episode_timeout_s + 15:
+                # the worker is stuck inside a step (its own timeout check runs between steps)
+                self.retire(w, "timeout", f"episode exceeded {sp.episode_timeout_s:.0f}s; worker killed")
+            elif not w.ready and now - w.started > sp.worker_start_timeout_s:
+                self.retire(w)
+                self.init_failures += 1
+                if self.init_failures >= 2:
+                    raise RolloutError(f"env workers did not start within {sp.worker_start_timeout_s:.0f}s")
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            try:
+                w.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        deadline = time.monotonic() + 10
+        for w in self.workers:
+            w.proc.join(timeout=max(0.1, deadline - time.monotonic()))
+        for w in list(self.workers):
+            kill_group(w.proc.pid)  # whatever is left of the group (browsers) goes too
+            w.proc.join(timeout=5)
+            w.conn.close()
+        self.workers.clear()
+
+
+def run_rollouts(spec: RolloutSpec, *, progress: bool = True,
+                 on_result: Callable[[dict], None] | None = None) -> RolloutSummary:
+    """Run every job of the spec not already in the lake; returns counts for this call."""
+    lake = Lake(spec.lake_root)
+    done = existing_episodes(lake, spec)
+    todo = [j for j in spec.jobs if j.episode_id not in done or (spec.retry_errors and done[j.episode_id] == "error")]
+    stats = {"ran": 0, "succ": 0, "steps": 0, "errors": 0, "status": {}}
+    t0 = time.monotonic()
+    bar = _ProgressBar(len(todo), spec.run_key) if progress and todo else None
+
+    def record(r: dict) -> None:
+        stats["ran"] += 1
+        stats["succ"] += int(bool(r.get("success")))
+        stats["steps"] += int(r.get("n_steps") or 0)
+        stats["errors"] += int(r.get("status") == "error")
+        stats["status"][r["status"]] = stats["status"].get(r["status"], 0) + 1
+        if bar:
+            bar.update(stats, time.monotonic() - t0)
+        if on_result:
+            on_result(r)
+
+    if todo:
+        try:
+            if bar:
+                bar.start()
+            _Runner(spec, record).run(todo)
+        finally:
+            if bar:
+                bar.stop()
+    return RolloutSummary(spec.run_key, len(spec.jobs), len(spec.jobs) - len(todo), stats["ran"], stats["succ"],
+                          stats["steps"], stats["errors"], time.monotonic() - t0, stats["status"])
+
+
+class _ProgressBar:
+    """Rich progress: episodes done / success rate / steps per second."""
+
+    def __init__(self, total: int, label: str):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        self.p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), transient=False)
+        self.task = self.p.add_task(label, total=total, stats="")
+
+    def start(self) -> None:
+        self.p.start()
+
+    def stop(self) -> None:
+        self.p.stop()
+
+    def update(self, stats: dict, elapsed: float) -> None:
+        n = stats["ran"]
+        text = f"success {stats['succ'] / max(n, 1):.0%} | {stats['steps'] / max(elapsed, 1e-6):.1f} steps/s"
+        if stats["errors"]:
+            text += f" | [red]{stats['errors']} errors[/red]"
+        self.p.update(self.task, completed=n, stats=text)
