@@ -35,7 +35,7 @@ class EnvConfig(_Cfg):
     chrome_binary: str = Field("/usr/bin/chromium", description="Chromium binary for MiniWoB")
     chromedriver: str = Field("/usr/bin/chromedriver", description="ChromeDriver binary for MiniWoB")
     screenshot_scale: int = Field(1, ge=1, le=4, description="Upscale factor of the MiniWoB screenshot the policy sees")
-    max_steps: int = Field(8, ge=1, le=200, description="Step cap per episode (status 'truncated' when hit)")
+    max_steps: int | None = Field(None, ge=1, le=200, description="Step cap per episode (status 'truncated' when hit); null = each task's own cap from the registry")
     server_url: str | None = Field(None, description="Env server URL for env 'remote' (OSWorld)")
 
 

@@ -30,6 +30,7 @@ class EpisodeJob:
     group_id: str | None = None
     sample_idx: int = 0
     policy_tag: str = "policy"  # part of the episode id, so two policies never collide
+    max_steps: int | None = None  # the task's step cap (None: the runner's default)
 
     @property
     def episode_id(self) -> str:
@@ -81,6 +82,7 @@ def run_episode(env: GuiEnv, policy: Policy, job: EpisodeJob, *, max_steps: int,
                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one episode to its end; never raises for env/policy failures (they become status 'error')."""
     prov = prov or Provenance()
+    max_steps = job.max_steps or max_steps
     started, t0 = _now(), time.monotonic()
     steps: list[dict[str, Any]] = []
     history: list[StepRecord] = []

@@ -81,6 +81,9 @@ class RolloutSpec:
     end_on_parse_error: bool = False
     config_hash: str | None = None
     retry_errors: bool = True
+    kill_grace_s: float = 15.0  # a worker stuck in one step this long past the episode timeout is killed
+    # Artificial policy latency per step: fault-injection tests, and benchmarks simulating a slow model.
+    step_delay_s: float = 0.0
 
 
 @dataclass
@@ -111,18 +114,38 @@ def git_sha() -> str | None:
 
 
 def make_jobs(run_key: str, tasks: list[str], seeds: list[int], *, group_size: int = 1,
-              policy_tag: str = "policy", split: str = "train") -> list[EpisodeJob]:
+              policy_tag: str = "policy", split: str = "train",
+              max_steps: dict[str, int] | None = None) -> list[EpisodeJob]:
     """One job per (task, seed, sample); the G samples of a (task, seed) share a group id (GRPO)."""
+    max_steps = max_steps or {}
     jobs = []
     for task in tasks:
         for seed in seeds:
             gid = hashlib.sha1(f"{run_key}|{task}|{seed}".encode()).hexdigest()[:12]
             for k in range(group_size):
-                jobs.append(EpisodeJob(run_key, task, seed, split, gid, k, policy_tag))
+                jobs.append(EpisodeJob(run_key, task, seed, split, gid, k, policy_tag, max_steps.get(task)))
     return jobs
 
 
 # --------------------------------------------------------------------------- worker side
+class _Delayed:
+    """Wraps a policy to add a fixed latency per decision (see RolloutSpec.step_delay_s)."""
+
+    def __init__(self, inner, delay_s: float):
+        self.inner, self.delay_s = inner, delay_s
+        self.name, self.version = inner.name, inner.version
+
+    def act(self, obs, history):
+        time.sleep(self.delay_s)
+        return self.inner.act(obs, history)
+
+    def reset(self, task_id, seed):
+        self.inner.reset(task_id, seed)
+
+    def close(self):
+        self.inner.close()
+
+
 def _make_env(env_kwargs: dict[str, Any]):
     from envs.registry import make_env
     kw = dict(env_kwargs)
@@ -145,6 +168,8 @@ def _worker_main(conn, spec: RolloutSpec, prov: Provenance) -> None:
         try:
             env = _make_env(spec.env)
             policy = build_policy(spec.policy)
+            if spec.step_delay_s > 0:
+                policy = _Delayed(policy, spec.step_delay_s)
         except Exception as e:  # noqa: BLE001 - reported to the runner as one line
             conn.send(("init_error", f"{type(e).__name__}: {e}".splitlines()[0]))
             return
@@ -161,7 +186,8 @@ def _worker_main(conn, spec: RolloutSpec, prov: Provenance) -> None:
             if steps:
                 lake.write("steps", steps, iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
             lake.write("episodes", [ep], iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
-            conn.send(("done", {k: ep[k] for k in ("episode_id", "task_id", "status", "success", "n_steps", "error")}))
+            conn.send(("done", {**{k: ep[k] for k in ("episode_id", "task_id", "status", "success", "n_steps", "error")},
+                                "worker_pid": os.getpid()}))
             if ep["status"] == "error":  # the env may be broken: start a fresh one for the next job
                 try:
                     env.close()
@@ -293,7 +319,7 @@ class _Runner:
     def enforce_deadlines(self) -> None:
         now, sp = time.monotonic(), self.spec
         for w in list(self.workers):
-            if w.job is not None and now - w.job_started > sp.episode_timeout_s + 15:
+            if w.job is not None and now - w.job_started > sp.episode_timeout_s + sp.kill_grace_s:
                 # the worker is stuck inside a step (its own timeout check runs between steps)
                 self.retire(w, "timeout", f"episode exceeded {sp.episode_timeout_s:.0f}s; worker killed")
             elif not w.ready and now - w.started > sp.worker_start_timeout_s:

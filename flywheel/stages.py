@@ -51,17 +51,19 @@ def register_tasks(cfg: FlywheelConfig) -> dict[str, Any]:
 
 def rollout_spec(cfg: FlywheelConfig, *, iteration: int, stage: str, policy: PolicySpec, tasks: list[str],
                  seeds: list[int], split: str, group_size: int = 1, n_envs: int | None = None) -> RolloutSpec:
-    env_kwargs = {"name": cfg.env.name, "max_steps": cfg.env.max_steps, "screenshot_scale": cfg.env.screenshot_scale}
+    from envs import registry
+    env_kwargs: dict[str, Any] = {"name": cfg.env.name, "screenshot_scale": cfg.env.screenshot_scale}
     if cfg.env.name == "miniwob":
         env_kwargs.update(chrome_binary=cfg.env.chrome_binary, chromedriver=cfg.env.chromedriver)
     else:
         env_kwargs.update(server_url=cfg.env.server_url)
     key = run_key_for(stage, iteration, {"policy": asdict(policy), "tasks": tasks, "seeds": seeds,
                                          "group": group_size, "env": env_kwargs, "split": split})
-    jobs = make_jobs(key, tasks, seeds, group_size=group_size, policy_tag=policy.tag, split=split)
+    caps = {t.task_id: cfg.env.max_steps or t.max_steps for t in registry.TASKS if t.task_id in tasks}
+    jobs = make_jobs(key, tasks, seeds, group_size=group_size, policy_tag=policy.tag, split=split, max_steps=caps)
     return RolloutSpec(
         run_key=key, iteration=iteration, stage=stage, lake_root=str(lake_for(cfg).root), jobs=jobs, policy=policy,
-        env=env_kwargs, n_envs=n_envs or cfg.rollout.envs, max_steps=cfg.env.max_steps,
+        env=env_kwargs, n_envs=n_envs or cfg.rollout.envs, max_steps=cfg.env.max_steps or 8,
         episode_timeout_s=cfg.rollout.episode_timeout_s, worker_start_timeout_s=cfg.rollout.worker_start_timeout_s,
         end_on_parse_error=cfg.rollout.on_parse_error == "end", config_hash=cfg.config_hash(),
     )

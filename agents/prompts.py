@@ -1,0 +1,134 @@
+"""The one prompt builder: rollouts, SFT samples and evaluation all call `build_prompt`.
+
+(The slime cookbook trains and evaluates with different prompts; here there is one code path.)
+
+    t = transform_for("qwen3-vl", obs.width, obs.height)
+    p = build_prompt(obs.instruction, obs.screenshot_png, obs.ui_text, history, PromptOptions(), t)
+    p.messages   # chat messages with {"type": "image"} placeholders, in the order of p.images
+    p.images     # PNG bytes: the last K-1 earlier screenshots, then the current one
+    sft_messages(p, target_text)   # the same messages + the assistant target (for SFT)
+
+A prompt holds: a system prompt defining the `computer_use` tool and the coordinate
+convention, the instruction, older steps as text (thought/action/result), a window of the
+last K screenshots, and optionally the UI text view (DOM / accessibility tree) with its
+element coordinates rewritten into the model's coordinate space, so a coordinate the model
+reads can be written back unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agents.base import StepRecord
+from agents.coords import CoordSpace, CoordTransform
+from agents.parsing import action_text_for_history
+
+_CONVENTION = {
+    CoordSpace.SCREEN: "x, y are pixels of the screenshot (origin top-left).",
+    CoordSpace.ABSOLUTE: "x, y are pixels of the screenshot as you see it (origin top-left).",
+    CoordSpace.RELATIVE1000: "x, y are relative positions from 0 to 1000 (0,0 top-left; 1000,1000 bottom-right).",
+    CoordSpace.SCALED: "x, y are pixels of the screenshot as you see it (origin top-left).",
+}
+
+_TOOL_DOC = """Tool computer_use(action, ...), one call per reply:
+  click(x, y[, button, clicks]) | double_click(x, y) | right_click(x, y) | move(x, y)
+  drag(x1, y1, x2, y2) | scroll(x, y, dx, dy) | type(text) | key(keys: list, e.g. ["ctrl","a"])
+  wait(seconds) | done() | fail()"""
+
+_FORMAT = ('Reply as:\n<thinking>\n...\n</thinking>\nAction: <short description>\n'
+           '<tool_call>\n{"name": "computer_use", "arguments": {"action": ..., ...}}\n</tool_call>')
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    history_images: int = 1  # K screenshots in the window, the current one included (0 = text only)
+    max_text_history: int = 8  # older steps kept as text lines
+    use_ui_text: bool = True  # the DOM / accessibility text view (tiny CPU models need it)
+    system: Literal["compact", "full"] = "compact"  # full adds the tool's action list (pretrained models)
+    max_ui_chars: int = 3000
+
+
+def transform_for(arch: str, screen_w: int, screen_h: int, image_size: tuple[int, int] | None = None) -> CoordTransform:
+    """The coordinate convention of a model family: Qwen3-VL 0-1000 relative; Qwen2.5-VL absolute
+    pixels of the resized image (`image_size` = (w, h) the processor produces); 'screen' = identity."""
+    if arch == "qwen3-vl":
+        return CoordTransform.for_qwen3(screen_w, screen_h)
+    if arch == "qwen2.5-vl":
+        if image_size:
+            return CoordTransform(CoordSpace.ABSOLUTE, screen_w, screen_h, image_size[0], image_size[1])
+        return CoordTransform.for_qwen25(screen_w, screen_h)
+    if arch == "screen":
+        return CoordTransform.identity(screen_w, screen_h)
+    raise ValueError(f"unknown model family {arch!r}: use qwen3-vl, qwen2.5-vl or screen")
+
+
+def system_prompt(opts: PromptOptions, transform: CoordTransform) -> str:
+    lines = ["You operate a computer through the computer_use tool to complete the task.",
+             _CONVENTION[transform.space]]
+    if opts.system == "full":
+        lines += [_TOOL_DOC, _FORMAT]
+    return "\n".join(lines)
+
+
+_POINT = re.compile(r"@ \((-?\d+(?:\.\d+)?),(-?\d+(?:\.\d+)?)\)(?: \[(\d+(?:\.\d+)?)x(\d+(?:\.\d+)?)\])?")
+
+
+def ui_text_in_model_space(ui_text: str, transform: CoordTransform) -> str:
+    """Rewrite `@ (x,y) [wxh]` element boxes from screen pixels into the model's coordinate space."""
+    if transform.space == CoordSpace.SCREEN:
+        return ui_text
+
+    def sub(m: re.Match) -> str:
+        x, y = transform.to_model(float(m.group(1)), float(m.group(2)))
+        out = f"@ ({round(x)},{round(y)})"
+        if m.group(3):
+            w, h = transform.to_model(float(m.group(3)), float(m.group(4)))
+            out += f" [{round(w)}x{round(h)}]"
+        return out
+    return _POINT.sub(sub, ui_text)
+
+
+def _history_line(rec: StepRecord, transform: CoordTransform) -> str:
+    act = action_text_for_history(rec.action, transform) if rec.action is not None else "(no valid action)"
+    desc = f"{rec.action_desc} -> " if rec.action_desc else ""
+    return f"Step {rec.step_idx + 1}: {desc}{act} [{rec.result}]"
+
+
+@dataclass
+class Prompt:
+    messages: list[dict[str, Any]]
+    images: list[bytes]
+    context: dict[str, Any] = field(default_factory=dict)  # what went in (stored as steps.prompt_context)
+
+
+def build_prompt(instruction: str, screenshot_png: bytes, ui_text: str | None, history: list[StepRecord],
+                 opts: PromptOptions, transform: CoordTransform) -> Prompt:
+    content: list[dict[str, Any]] = [{"type": "text", "text": f"Task: {instruction}"}]
+    text_hist = history[-opts.max_text_history:] if opts.max_text_history else []
+    if text_hist:
+        lines = "\n".join(_history_line(r, transform) for r in text_hist)
+        content.append({"type": "text", "text": f"\nPrevious steps:\n{lines}"})
+    k_prev = max(opts.history_images - 1, 0)
+    prev_shots = [r for r in history[-k_prev:] if r.screenshot_png] if k_prev else []
+    images: list[bytes] = []
+    for r in prev_shots:
+        content += [{"type": "text", "text": f"\nScreen before step {r.step_idx + 1}:"}, {"type": "image"}]
+        images.append(r.screenshot_png)  # type: ignore[arg-type]
+    if opts.history_images > 0:
+        content += [{"type": "text", "text": "\nCurrent screen:"}, {"type": "image"}]
+        images.append(screenshot_png)
+    if opts.use_ui_text and ui_text:
+        ui = ui_text_in_model_space(ui_text, transform)[: opts.max_ui_chars]
+        content.append({"type": "text", "text": f"\nUI elements:\n{ui}"})
+    messages = [{"role": "system", "content": [{"type": "text", "text": system_prompt(opts, transform)}]},
+                {"role": "user", "content": content}]
+    ctx = {"history_text_steps": len(text_hist), "history_images": len(images), "ui_text": bool(opts.use_ui_text and ui_text),
+           "coord_space": transform.space.value, "system": opts.system}
+    return Prompt(messages, images, ctx)
+
+
+def sft_messages(prompt: Prompt, target_text: str) -> list[dict[str, Any]]:
+    """The prompt's messages plus the assistant target: one SFT sample, same prompt as rollouts."""
+    return prompt.messages + [{"role": "assistant", "content": [{"type": "text", "text": target_text}]}]
