@@ -99,7 +99,7 @@ class Type(_Action):
 
 class Key(_Action):
     action: Literal["key"] = "key"
-    # e.g. ["enter"], ["ctrl", "a"]; names are normalised by agents.keys
+    # e.g. ["enter"], ["ctrl", "a"]; names are normalised by agents.compile.normalize_keys
     keys: list[Annotated[str, Field(min_length=1, max_length=24)]] = Field(min_length=1, max_length=MAX_KEYS)
 
 

@@ -79,20 +79,19 @@ def rollout(
     from envs import registry
     from flywheel.cli import load_cfg, print_arrow_table
     from flywheel.rollout import PolicySpec, run_rollouts
-    from flywheel.stages import lake_for, register_tasks, rollout_spec
+    from flywheel.stages import lake_for, register_tasks, resolve_tasks, rollout_spec
     from storage.catalog import connect, run_query
 
     cfg = load_cfg(config)
     seed_list = _parse_seeds(seeds)
-    splits = {registry.split_of(s) for s in seed_list}
+    try:
+        splits = {registry.split_of(s) for s in seed_list}
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if len(splits) != 1:
         raise UserError(f"--seeds mixes splits {sorted(splits)}: train and eval seeds must not be mixed")
-    known = {t.task_id for t in registry.TASKS}
-    task_list = [t.task_id for t in registry.TASKS if t.teacher_supported] if tasks == "all" else \
-        [t.strip() for t in tasks.split(",") if t.strip()]
-    unknown = [t for t in task_list if t not in known]
-    if unknown:
-        raise UserError(f"unknown task ids {unknown}; known: {', '.join(sorted(known))}")
+    split = splits.pop()
+    task_list = resolve_tasks([t.strip() for t in tasks.split(",") if t.strip()], for_training=stage != "evaluate")
     if policy == "scripted":
         spec_p = PolicySpec("scripted")
     elif policy == "student":
@@ -102,7 +101,7 @@ def rollout(
         raise UserError(f"unknown --policy {policy!r}; use scripted or student")
     register_tasks(cfg)
     spec = rollout_spec(cfg, iteration=iteration, stage=stage, policy=spec_p, tasks=task_list, seeds=seed_list,
-                        split=splits.pop(), group_size=group_size, n_envs=envs)
+                        split=split, group_size=group_size, n_envs=envs)
     s = run_rollouts(spec)
     Console().print(f"run key [bold]{spec.run_key}[/bold]: ran {s.ran}, skipped {s.skipped} already in the lake, "
                     f"{s.successes} successes, {s.errors} errors, {s.steps_per_s:.1f} steps/s in {s.duration_s:.1f}s")

@@ -14,7 +14,8 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from configs.models import FlywheelConfig, TaskSelection
+from configs.models import FlywheelConfig
+from flywheel.errors import UserError
 from flywheel.rollout import PolicySpec, RolloutSpec, git_sha, make_jobs, run_rollouts
 from storage.lake import Lake
 
@@ -24,15 +25,21 @@ def lake_for(cfg: FlywheelConfig) -> Lake:
     return Lake(os.environ.get("FLYWHEEL_LAKE") or cfg.lake.root)
 
 
-def resolve_tasks(sel: TaskSelection) -> list[str]:
+def resolve_tasks(tasks: list[str], *, for_training: bool) -> list[str]:
+    """Task ids from a selection; 'all' = every teacher-supported task (held-out ones only for eval).
+
+    Raises UserError for unknown ids, and for held-out tasks in a training-side stage."""
     from envs import registry
     known = {t.task_id: t for t in registry.TASKS}
-    if sel.tasks == ["all"]:
-        return [t.task_id for t in registry.TASKS if t.teacher_supported]
-    unknown = [t for t in sel.tasks if t not in known]
+    if tasks == ["all"]:
+        return registry.teacher_tasks(include_held_out=not for_training)
+    unknown = [t for t in tasks if t not in known]
     if unknown:
-        raise ValueError(f"unknown task ids {unknown}; see `flywheel query \"SELECT task_id FROM tasks\"`")
-    return list(sel.tasks)
+        raise UserError(f"unknown task ids {unknown}; known: {', '.join(sorted(known))}")
+    held = [t for t in tasks if known[t].held_out]
+    if for_training and held:
+        raise UserError(f"tasks {held} are held out for evaluation; remove them from training-side stages")
+    return list(tasks)
 
 
 def run_key_for(stage: str, iteration: int, payload: dict[str, Any]) -> str:
@@ -44,7 +51,9 @@ def run_key_for(stage: str, iteration: int, payload: dict[str, Any]) -> str:
 def register_tasks(cfg: FlywheelConfig) -> dict[str, Any]:
     """Write the task registry (ids, instruction templates, splits) to the lake's `tasks` table."""
     from envs import registry
-    rows = [dict(r, run_key="registry", git_sha=git_sha(), config_hash=None) for r in registry.tasks_table_rows()]
+    rows = [dict(r, run_key="registry", git_sha=git_sha(), config_hash=None,
+                 teacher_supported=registry.get_task(r["task_id"]).teacher_supported)
+            for r in registry.tasks_table_rows()]
     path = lake_for(cfg).replace_run("tasks", [rows], iteration=0, stage="registry", run_key="registry")
     return {"tasks": len(rows), "paths": [str(p) for p in path]}
 
@@ -75,6 +84,6 @@ def bootstrap(cfg: FlywheelConfig, iteration: int = 0, *, progress: bool = True)
     sel = cfg.bootstrap.selection
     seeds = registry.seeds("train", sel.seeds_per_task, offset=sel.seed_offset)
     spec = rollout_spec(cfg, iteration=iteration, stage="bootstrap", policy=PolicySpec(cfg.bootstrap.policy),
-                        tasks=resolve_tasks(sel), seeds=seeds, split="train")
+                        tasks=resolve_tasks(sel.tasks, for_training=True), seeds=seeds, split="train")
     summary = run_rollouts(spec, progress=progress)
     return {"run_key": spec.run_key, "iteration": iteration, "stage": "bootstrap", **asdict(summary)}
