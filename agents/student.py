@@ -1,0 +1,87 @@
+"""The student policy: prompt (agents.prompts) -> backend (hf | openai) -> strict parse -> Decision.
+
+    policy = StudentPolicy(HFBackend("models/small-qwen3vl"), arch="qwen3-vl")
+    decision = policy.act(obs, history)           # one episode
+    decisions = policy.act_batch(obs_list, hists) # several episodes in one generate call
+
+Unparseable output never raises: the Decision has `action=None` and the parse error, and
+the rollout records it (the episode continues or ends per config).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agents.backends.base import Backend, Generation, Sampling
+from agents.base import Decision, Policy, StepRecord
+from agents.parsing import parse_response
+from agents.prompts import PromptOptions, build_prompt, transform_for
+from envs.base import Observation
+
+
+@dataclass(frozen=True)
+class StudentOptions:
+    arch: str = "qwen3-vl"  # coordinate convention of the model family
+    prompt: PromptOptions = PromptOptions()
+    sampling: Sampling = Sampling()
+
+
+class StudentPolicy(Policy):
+    name = "student"
+
+    def __init__(self, backend: Backend, options: StudentOptions | None = None, version: str | None = None):
+        self.backend = backend
+        self.opts = options or StudentOptions(arch=getattr(backend, "arch", "qwen3-vl"))
+        self.version = version or backend.model_id
+        self._step = 0
+
+    def reset(self, task_id: str, seed: int) -> None:
+        self._step = 0
+
+    def _sampling(self, k: int) -> Sampling:
+        s = self.opts.sampling
+        if s.seed is None:
+            return s
+        # a distinct but reproducible seed per step, so a seeded episode is deterministic end to end
+        return Sampling(s.temperature, s.top_p, s.max_new_tokens, s.seed + 1000 * k + self._step, s.stop)
+
+    def act_batch(self, observations: list[Observation], histories: list[list[StepRecord]]) -> list[Decision]:
+        transforms = [transform_for(self.opts.arch, o.width, o.height) for o in observations]
+        prompts = [build_prompt(o.instruction, o.screenshot_png, o.ui_text, h, self.opts.prompt, t)
+                   for o, h, t in zip(observations, histories, transforms)]
+        gens = self.backend.generate(prompts, self._sampling(len(prompts)))
+        self._step += 1
+        return [self._decision(g, t, p.context) for g, t, p in zip(gens, transforms, prompts)]
+
+    def act(self, obs: Observation, history: list[StepRecord]) -> Decision:
+        return self.act_batch([obs], [history])[0]
+
+    @staticmethod
+    def _decision(g: Generation, transform, context: dict[str, Any]) -> Decision:
+        pr = parse_response(g.text, transform)
+        return Decision(response_text=g.text, action=pr.action, thought=pr.thought, action_desc=pr.action_desc,
+                        raw_action=pr.raw_args, parse_error=pr.error, fallback_parse=pr.fallback,
+                        prompt_tokens=g.prompt_tokens, completion_tokens=g.completion_tokens,
+                        token_ids=g.token_ids, logprobs=g.logprobs, latency_ms=g.latency_ms,
+                        extra={"prompt_context": {**context, "finish_reason": g.finish_reason}})
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def build_student_policy(model: str, config: dict[str, Any] | None = None, seed: int | None = None) -> StudentPolicy:
+    """Build from a StudentConfig dict (configs.models.StudentConfig): picks the backend and options."""
+    from configs.models import StudentConfig
+    cfg = StudentConfig.model_validate(config or {"model": model})
+    prompt = PromptOptions(history_images=cfg.history_images, use_ui_text=cfg.use_ui_text)
+    sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=seed)
+    if cfg.backend == "openai":
+        from agents.backends.openai import OpenAIBackend
+        backend: Backend = OpenAIBackend(cfg.base_url, model)  # type: ignore[arg-type]
+        arch = cfg.arch
+    else:
+        from agents.backends.hf import HFBackend
+        backend = HFBackend(model)
+        arch = backend.arch  # type: ignore[attr-defined]
+    return StudentPolicy(backend, StudentOptions(arch=arch, prompt=prompt, sampling=sampling), version=str(model))
