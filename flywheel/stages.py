@@ -87,3 +87,51 @@ def bootstrap(cfg: FlywheelConfig, iteration: int = 0, *, progress: bool = True)
                         tasks=resolve_tasks(sel.tasks, for_training=True), seeds=seeds, split="train")
     summary = run_rollouts(spec, progress=progress)
     return {"run_key": spec.run_key, "iteration": iteration, "stage": "bootstrap", **asdict(summary)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage contract (issues #5/#6). Each returns a small JSON-able dict; inputs/outputs are lake ids
+# and paths. Stubs raise until their issue lands; the Prefect flows call exactly these.
+def student_rollouts(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *,
+                     progress: bool = True) -> dict[str, Any]:
+    """The current student (`checkpoint`, default: cfg.student.model), G episodes per task instance,
+    on the train split (stage 'rollouts'). Returns {"run_key", "ran", "successes", ...}."""
+    from envs import registry
+    sel = cfg.rollouts.selection
+    model = checkpoint or cfg.student.model
+    policy = PolicySpec("student", {"model": model, "config": {**cfg.student.model_dump(), "model": model}},
+                        version=str(model))
+    # seeds after the bootstrap's, so student rollouts see task instances the teacher did not demo
+    offset = cfg.bootstrap.selection.seed_offset + cfg.bootstrap.selection.seeds_per_task + sel.seed_offset
+    seeds = registry.seeds("train", sel.seeds_per_task, offset=offset + iteration * sel.seeds_per_task)
+    spec = rollout_spec(cfg, iteration=iteration, stage="rollouts", policy=policy,
+                        tasks=resolve_tasks(sel.tasks, for_training=True), seeds=seeds, split="train",
+                        group_size=cfg.rollout.group_size)
+    summary = run_rollouts(spec, progress=progress)
+    return {"run_key": spec.run_key, "iteration": iteration, "stage": "rollouts", "checkpoint": model,
+            **asdict(summary)}
+
+
+def curate(cfg: FlywheelConfig, iteration: int) -> dict[str, Any]:
+    """Successful episodes up to this iteration -> a dataset manifest (`datasets`) + exported SFT set.
+    Returns {"dataset_id", "path", "n_episodes", "n_steps"}."""
+    raise UserError("stage curate is not implemented yet (issue #5)")
+
+
+def sft(cfg: FlywheelConfig, iteration: int, dataset_id: str, base: str | None = None) -> dict[str, Any]:
+    """Fine-tune `base` (default: latest checkpoint, else cfg.student.model) on a dataset manifest.
+    Returns {"checkpoint_id", "path"}; a row lands in `checkpoints`."""
+    raise UserError("stage sft is not implemented yet (issue #5)")
+
+
+def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str) -> dict[str, Any]:
+    """GRPO / SDPO on the iteration's student rollouts (skipped unless cfg.rl.enabled)."""
+    if not cfg.rl.enabled:
+        return {"skipped": True, "checkpoint": checkpoint}
+    raise UserError("stage rl is not implemented yet (RL issue)")
+
+
+def evaluate(cfg: FlywheelConfig, iteration: int, checkpoint: str) -> dict[str, Any]:
+    """Held-out seeds (and held-out tasks) for a checkpoint -> `evals` rows, a table and a plot.
+    Returns {"eval_id", "success_rate", "ci_low", "ci_high", "plot"}."""
+    raise UserError("stage evaluate is not implemented yet (issue #5)")
