@@ -101,6 +101,7 @@ class RLConfig(_Cfg):
 class EvalConfig(_Cfg):
     selection: TaskSelection = Field(default_factory=lambda: TaskSelection(seeds_per_task=20),
                                      description="Tasks and held-out seeds (eval split) to evaluate on")
+    held_out_tasks: bool = Field(True, description="Also evaluate the held-out tasks (never trained on), reported apart from the overall rate")
 
 
 class FlywheelConfig(_Cfg):

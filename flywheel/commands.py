@@ -18,7 +18,6 @@ for _name, _issue, _help in [
     ("curate", 5, "Select successful episodes into an SFT dataset manifest."),
     ("sft", 5, "Fine-tune the student on the latest dataset."),
     ("rl", 7, "GRPO / SDPO on the latest student rollouts."),
-    ("evaluate", 5, "Evaluate a checkpoint on held-out seeds and tasks."),
 ]:
     def _make(name=_name, issue=_issue):
         def cmd(iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration."),
@@ -27,6 +26,29 @@ for _name, _issue, _help in [
         cmd.__doc__ = _help
         return cmd
     stage_app.command(_name, help=_help)(_make())
+
+
+@stage_app.command("evaluate")
+def stage_evaluate(
+    iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration (partition of the eval rows)."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Model folder / Hub id, or 'scripted' for the teacher (default: the config's student.model)."),
+    config: Optional[str] = CONFIG_OPT,
+):
+    """Evaluate a checkpoint on held-out seeds (and held-out tasks): success rate with 95% CI per task,
+    average steps, parse-error rate -> the `evals` table, a table here and a PNG plot."""
+    from rich.console import Console
+    from flywheel.cli import load_cfg, print_arrow_table
+    from flywheel.stages import evaluate, lake_for
+    from storage.catalog import connect, run_query
+
+    cfg = load_cfg(config)
+    res = evaluate(cfg, iteration, checkpoint or cfg.student.model)
+    lk = lake_for(cfg)
+    t = run_query(connect(lk), f"""SELECT task_id, split, n_episodes AS n, successes, round(success_rate, 3) AS rate,
+        round(ci_low, 3) AS ci_low, round(ci_high, 3) AS ci_high, round(avg_steps, 2) AS avg_steps,
+        round(parse_error_rate, 3) AS parse_err FROM evals WHERE eval_id = '{res["eval_id"]}' ORDER BY split, task_id""", lk)
+    print_arrow_table(t, title=f"evaluation of {res['checkpoint']} (iteration {iteration})")
+    Console().print(f"overall {res['success_rate']:.1%} (95% CI {res['ci_low']:.1%}-{res['ci_high']:.1%}); plot: {res['plot']}")
 
 
 @app.command()

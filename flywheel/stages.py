@@ -131,7 +131,8 @@ def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str) -> dict[str, Any]:
     raise UserError("stage rl is not implemented yet (RL issue)")
 
 
-def evaluate(cfg: FlywheelConfig, iteration: int, checkpoint: str) -> dict[str, Any]:
+def evaluate(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, progress: bool = True) -> dict[str, Any]:
     """Held-out seeds (and held-out tasks) for a checkpoint -> `evals` rows, a table and a plot.
     Returns {"eval_id", "success_rate", "ci_low", "ci_high", "plot"}."""
-    raise UserError("stage evaluate is not implemented yet (issue #5)")
+    from flywheel.evaluate import evaluate_checkpoint
+    return evaluate_checkpoint(cfg, iteration, checkpoint, progress=progress)
