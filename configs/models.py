@@ -48,6 +48,7 @@ class TaskSelection(_Cfg):
 
 class RolloutConfig(_Cfg):
     envs: int = Field(2, ge=1, le=64, description="Parallel env worker processes")
+    envs_per_worker: int = Field(1, ge=1, le=64, description="Envs each worker steps in lockstep with one batched model call (student policies)")
     group_size: int = Field(1, ge=1, le=64, description="Episodes per task instance (the GRPO group G)")
     episode_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit per episode (status 'timeout')")
     worker_start_timeout_s: float = Field(60.0, gt=0, description="Max time for a worker to start its browser")

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agents.base import Decision, Policy, StepRecord
-from envs.base import EnvError, GuiEnv, Observation
+from envs.base import GuiEnv, Observation
 
 
 @dataclass(frozen=True)
@@ -76,76 +76,134 @@ def _decision_fields(d: Decision) -> dict[str, Any]:
     )
 
 
+class EpisodeRun:
+    """One episode as a state machine, so a worker can step several episodes in lockstep with a
+    batched policy: `start()`, then `apply(decision)` until `ended`, then `finish()` -> rows.
+
+    Never raises for env/policy failures: they end the episode with status 'error'."""
+
+    def __init__(self, env: GuiEnv, job: EpisodeJob, *, max_steps: int, timeout_s: float, prov: Provenance,
+                 end_on_parse_error: bool, policy_name: str, policy_version: str):
+        self.env, self.job, self.prov = env, job, prov
+        self.max_steps = job.max_steps or max_steps
+        self.timeout_s, self.end_on_parse_error = timeout_s, end_on_parse_error
+        self.policy_name, self.policy_version = policy_name, policy_version
+        self.steps: list[dict[str, Any]] = []
+        self.history: list[StepRecord] = []
+        self.status, self.error, self.instruction = "ok", None, None
+        self.obs: Observation | None = None
+        self.n_parse_errors, self.ended, self.env_done = 0, False, False
+        self.started, self.t0 = _now(), time.monotonic()
+
+    def fail(self, e: BaseException) -> None:
+        self.status, self.error, self.ended = "error", _one_line(e), True
+
+    def start(self) -> None:
+        try:
+            self.obs = self.env.reset(self.job.task_id, self.job.seed)
+            self.instruction = self.obs.instruction
+        except Exception as e:  # noqa: BLE001 - EnvError or a bug: this episode ends, the worker lives
+            self.fail(e)
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        if self.ended:
+            return
+        if len(self.steps) >= self.max_steps:
+            self.status, self.ended = "truncated", True
+        elif time.monotonic() - self.t0 > self.timeout_s:
+            self.status, self.ended = "timeout", True
+            self.error = f"episode exceeded {self.timeout_s:.0f}s after {len(self.steps)} steps"
+
+    def apply(self, decision: Decision) -> None:
+        """Record the policy's decision for the current observation and execute it."""
+        obs, idx = self.obs, len(self.steps)
+        assert obs is not None and not self.ended
+        row = _step_row(self.job, idx, obs, self.prov, is_final=False, **_decision_fields(decision))
+        try:
+            if decision.action is None:
+                self.n_parse_errors += 1
+                row["env_ms"] = 0.0
+                self.steps.append(row)
+                self.history.append(StepRecord(idx, decision.thought, decision.action_desc, None,
+                                               f"parse error: {decision.parse_error}", obs.screenshot_png))
+                self.ended = self.end_on_parse_error
+            else:
+                t_env = time.monotonic()
+                res = self.env.step(decision.action)
+                row.update(env_ms=(time.monotonic() - t_env) * 1000, exec_error=res.exec_error,
+                           executed=json.dumps(res.executed) if res.executed is not None else None,
+                           reward=res.info.get("reward"), feedback=res.info.get("feedback"))
+                self.steps.append(row)
+                self.history.append(StepRecord(idx, decision.thought, decision.action_desc, decision.action,
+                                               f"exec error: {res.exec_error}" if res.exec_error else "ok",
+                                               obs.screenshot_png))
+                self.obs = res.observation
+                self.env_done = self.ended = bool(res.done)
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+        self._check_limits()
+
+    def finish(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Score the episode and return (episode row, step rows incl. the final-screen row)."""
+        reward = None
+        if self.status != "error":
+            try:
+                reward = float(self.env.evaluate())
+            except Exception as e:  # noqa: BLE001
+                self.fail(e)
+        steps = list(self.steps)
+        if self.obs is not None:  # the screen after the last action (SDPO's self-teacher and the viewer need it)
+            steps.append(_step_row(self.job, len(self.steps), self.obs, self.prov, is_final=True))
+        job, prov = self.job, self.prov
+        episode = dict(
+            episode_id=job.episode_id, task_id=job.task_id, seed=job.seed, split=job.split,
+            instruction=self.instruction, env=getattr(self.env, "name", None), env_version=prov.env_version,
+            policy=self.policy_name, policy_version=self.policy_version, group_id=job.group_id,
+            sample_idx=job.sample_idx, task_reward=reward, success=(reward is not None and reward >= 1.0),
+            n_steps=len(self.steps), n_parse_errors=self.n_parse_errors, status=self.status, error=self.error,
+            started_at=self.started, ended_at=_now(), duration_s=time.monotonic() - self.t0, cost=0.0,
+            run_key=job.run_key, git_sha=prov.git_sha, config_hash=prov.config_hash,
+        )
+        return episode, steps
+
+
+def timed_decisions(policy: Policy, runs: list[EpisodeRun]) -> list[Decision]:
+    """One decision per run: a single batched call when the policy can batch, else one call each."""
+    t0 = time.monotonic()
+    if len(runs) > 1 and hasattr(policy, "act_batch"):
+        decisions = policy.act_batch([r.obs for r in runs], [r.history for r in runs])  # type: ignore[attr-defined]
+    else:
+        decisions = [policy.act(r.obs, r.history) for r in runs]  # type: ignore[arg-type]
+    per = (time.monotonic() - t0) * 1000 / max(len(runs), 1)
+    for d in decisions:
+        if d.latency_ms is None:
+            d.latency_ms = per
+    return decisions
+
+
 def run_episode(env: GuiEnv, policy: Policy, job: EpisodeJob, *, max_steps: int, timeout_s: float,
                 prov: Provenance | None = None, end_on_parse_error: bool = False,
                 policy_name: str | None = None, policy_version: str | None = None,
                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one episode to its end; never raises for env/policy failures (they become status 'error')."""
-    prov = prov or Provenance()
-    max_steps = job.max_steps or max_steps
-    started, t0 = _now(), time.monotonic()
-    steps: list[dict[str, Any]] = []
-    history: list[StepRecord] = []
-    status, error, reward, instruction = "ok", None, None, None
-    obs: Observation | None = None
-    n_parse_errors = 0
-    try:
-        obs = env.reset(job.task_id, job.seed)
-        instruction = obs.instruction
-        policy.reset(job.task_id, job.seed)
-        ended = False
-        for idx in range(max_steps):
-            if time.monotonic() - t0 > timeout_s:
-                status, error = "timeout", f"episode exceeded {timeout_s:.0f}s after {idx} steps"
-                break
-            t_pol = time.monotonic()
-            decision = policy.act(obs, history)
-            if decision.latency_ms is None:
-                decision.latency_ms = (time.monotonic() - t_pol) * 1000
-            row = _step_row(job, idx, obs, prov, is_final=False, **_decision_fields(decision))
-            if decision.action is None:
-                n_parse_errors += 1
-                row["env_ms"] = 0.0
-                steps.append(row)
-                history.append(StepRecord(idx, decision.thought, decision.action_desc, None,
-                                          f"parse error: {decision.parse_error}", obs.screenshot_png))
-                if end_on_parse_error:
-                    break
-                continue
-            t_env = time.monotonic()
-            res = env.step(decision.action)
-            row.update(env_ms=(time.monotonic() - t_env) * 1000, exec_error=res.exec_error,
-                       executed=json.dumps(res.executed) if res.executed is not None else None,
-                       reward=res.info.get("reward"), feedback=res.info.get("feedback"))
-            steps.append(row)
-            history.append(StepRecord(idx, decision.thought, decision.action_desc, decision.action,
-                                      f"exec error: {res.exec_error}" if res.exec_error else "ok", obs.screenshot_png))
-            obs = res.observation
-            if res.done:
-                ended = True
-                break
-        if status == "ok" and not ended and len(steps) >= max_steps:
-            status = "truncated"
-        reward = float(env.evaluate())
-    except EnvError as e:
-        status, error = "error", _one_line(e)
-    except Exception as e:  # noqa: BLE001 - a policy/env bug must end this episode, not the worker
-        status, error = "error", _one_line(e)
-    if obs is not None:  # the screen after the last action (SDPO's self-teacher and the viewer need it)
-        steps.append(_step_row(job, len([s for s in steps if not s["is_final"]]), obs, prov, is_final=True))
-    ended_at = _now()
-    n_actions = sum(1 for s in steps if not s["is_final"])
-    episode = dict(
-        episode_id=job.episode_id, task_id=job.task_id, seed=job.seed, split=job.split, instruction=instruction,
-        env=getattr(env, "name", None), env_version=prov.env_version,
-        policy=policy_name or policy.name, policy_version=policy_version or policy.version,
-        group_id=job.group_id, sample_idx=job.sample_idx, task_reward=reward,
-        success=(reward is not None and reward >= 1.0), n_steps=n_actions, n_parse_errors=n_parse_errors,
-        status=status, error=error, started_at=started, ended_at=ended_at,
-        duration_s=time.monotonic() - t0, cost=0.0, run_key=job.run_key, git_sha=prov.git_sha,
-        config_hash=prov.config_hash,
-    )
-    return episode, steps
+    run = EpisodeRun(env, job, max_steps=max_steps, timeout_s=timeout_s, prov=prov or Provenance(),
+                     end_on_parse_error=end_on_parse_error, policy_name=policy_name or policy.name,
+                     policy_version=policy_version or policy.version)
+    run.start()
+    if not run.ended:
+        try:
+            policy.reset(job.task_id, job.seed)
+        except Exception as e:  # noqa: BLE001
+            run.fail(e)
+    while not run.ended:
+        try:
+            decision = timed_decisions(policy, [run])[0]
+        except Exception as e:  # noqa: BLE001 - a policy bug ends this episode, not the worker
+            run.fail(e)
+            break
+        run.apply(decision)
+    return run.finish()
 
 
 def error_episode(job: EpisodeJob, *, status: str, error: str, policy_name: str, policy_version: str,

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import pyarrow.parquet as pq
 
-from flywheel.episode import EpisodeJob, Provenance, error_episode, run_episode
+from flywheel.episode import EpisodeJob, EpisodeRun, Provenance, error_episode, timed_decisions
 from storage.lake import Lake
 
 
@@ -74,7 +74,8 @@ class RolloutSpec:
     jobs: list[EpisodeJob]
     policy: PolicySpec
     env: dict[str, Any] = field(default_factory=lambda: {"name": "miniwob"})
-    n_envs: int = 2
+    n_envs: int = 2  # worker processes
+    envs_per_worker: int = 1  # envs stepped in lockstep per worker (batched policies only, e.g. the student)
     max_steps: int = 8
     episode_timeout_s: float = 120.0
     worker_start_timeout_s: float = 60.0
@@ -162,44 +163,28 @@ def _env_version(env_name: str) -> str | None:
 
 def _worker_main(conn, spec: RolloutSpec, prov: Provenance) -> None:
     os.setsid()  # own process group: the runner can end this worker and every browser it started
-    lake = Lake(spec.lake_root)
-    env = policy = None
+    envs: list = []
+    policy = None
     try:
         try:
-            env = _make_env(spec.env)
             policy = build_policy(spec.policy)
             if spec.step_delay_s > 0:
                 policy = _Delayed(policy, spec.step_delay_s)
+            # several envs per worker only pay off for a policy that decides for all of them in one call
+            slots = spec.envs_per_worker if hasattr(policy, "act_batch") else 1
+            envs = [_make_env(spec.env) for _ in range(slots)]
         except Exception as e:  # noqa: BLE001 - reported to the runner as one line
             conn.send(("init_error", f"{type(e).__name__}: {e}".splitlines()[0]))
             return
-        conn.send(("ready", os.getpid()))
-        while True:
-            msg = conn.recv()
-            if msg is None:
-                return
-            job = EpisodeJob(**msg)
-            ep, steps = run_episode(env, policy, job, max_steps=spec.max_steps, timeout_s=spec.episode_timeout_s,
-                                    prov=prov, end_on_parse_error=spec.end_on_parse_error,
-                                    policy_name=spec.policy.kind, policy_version=spec.policy.version)
-            part = job.episode_id
-            if steps:
-                lake.write("steps", steps, iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
-            lake.write("episodes", [ep], iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
-            conn.send(("done", {**{k: ep[k] for k in ("episode_id", "task_id", "status", "success", "n_steps", "error")},
-                                "worker_pid": os.getpid()}))
-            if ep["status"] == "error":  # the env may be broken: start a fresh one for the next job
-                try:
-                    env.close()
-                finally:
-                    env = _make_env(spec.env)
+        conn.send(("ready", {"pid": os.getpid(), "slots": len(envs)}))
+        _lockstep_loop(conn, spec, prov, envs, policy)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         return
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         raise
     finally:
-        for obj in (policy, env):
+        for obj in [policy, *envs]:
             try:
                 if obj is not None:
                     obj.close()
@@ -207,13 +192,65 @@ def _worker_main(conn, spec: RolloutSpec, prov: Provenance) -> None:
                 pass
 
 
+def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy) -> None:
+    """Take up to len(envs) jobs, step all running episodes together (one batched decision per
+    tick), write each finished episode to the lake and report it; until the runner says stop."""
+    lake = Lake(spec.lake_root)
+    free, active = list(range(len(envs))), {}
+    stopping = False
+    while True:
+        while free and not stopping and (not active or conn.poll()):  # block only when idle
+            msg = conn.recv()
+            if msg is None:
+                stopping = True
+                break
+            job, slot = EpisodeJob(**msg), free.pop()
+            run = EpisodeRun(envs[slot], job, max_steps=spec.max_steps, timeout_s=spec.episode_timeout_s, prov=prov,
+                             end_on_parse_error=spec.end_on_parse_error, policy_name=spec.policy.kind,
+                             policy_version=spec.policy.version)
+            run.start()
+            try:
+                policy.reset(job.task_id, job.seed)
+            except Exception as e:  # noqa: BLE001
+                run.fail(e)
+            active[slot] = run
+        if not active:
+            if stopping:
+                return
+            continue
+        running = [k for k, r in active.items() if not r.ended]
+        if running:
+            try:
+                decisions = timed_decisions(policy, [active[k] for k in running])
+            except Exception as e:  # noqa: BLE001 - a policy bug ends these episodes, not the worker
+                for k in running:
+                    active[k].fail(e)
+            else:
+                for k, d in zip(running, decisions):
+                    active[k].apply(d)
+        for k in [k for k, r in active.items() if r.ended]:
+            ep, steps = active.pop(k).finish()
+            part = ep["episode_id"]
+            if steps:
+                lake.write("steps", steps, iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
+            lake.write("episodes", [ep], iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
+            conn.send(("done", {**{f: ep[f] for f in ("episode_id", "task_id", "status", "success", "n_steps", "error")},
+                                "worker_pid": os.getpid()}))
+            if ep["status"] == "error":  # the env may be broken: a fresh one for the next job
+                try:
+                    envs[k].close()
+                finally:
+                    envs[k] = _make_env(spec.env)
+            free.append(k)
+
+
 # --------------------------------------------------------------------------- runner side
 @dataclass
 class _Worker:
     proc: Any
     conn: Any
-    job: EpisodeJob | None = None
-    job_started: float = 0.0
+    jobs: dict[str, tuple[EpisodeJob, float]] = field(default_factory=dict)  # in flight: id -> (job, sent at)
+    slots: int = 1
     ready: bool = False
     started: float = field(default_factory=time.monotonic)
 
@@ -258,14 +295,20 @@ class _Runner:
         child.close()
         self.workers.append(_Worker(p, parent))
 
-    def retire(self, w: _Worker, status: str | None = None, error: str | None = None) -> None:
-        """End a worker's process group; record its in-flight episode if it had one."""
+    def retire(self, w: _Worker, status: str | None = None, error: str | None = None,
+               culprit: str | None = None) -> None:
+        """End a worker's process group; record its in-flight episodes (the `culprit` one with `status`,
+        any others it was stepping alongside as errors)."""
         kill_group(w.proc.pid)
         w.proc.join(timeout=10)
         w.conn.close()
         self.workers.remove(w)
-        if w.job is not None and status:
-            self.write_failed(w.job, status, error or "worker died")
+        if status:
+            for eid, (job, _) in w.jobs.items():
+                if culprit is None or eid == culprit:
+                    self.write_failed(job, status, error or "worker died")
+                else:
+                    self.write_failed(job, "error", f"worker killed because episode {culprit} hung")
 
     def write_failed(self, job: EpisodeJob, status: str, error: str) -> None:
         sp = self.spec
@@ -284,27 +327,29 @@ class _Runner:
             self.retire(w, "error", f"rollout worker died (exit code {code}) during the episode")
             return
         if kind == "ready":
-            w.ready = True
+            w.ready, w.slots = True, int(payload["slots"])
         elif kind == "init_error":
             self.init_failures += 1
             self.retire(w)
             if self.init_failures >= 2:
                 raise RolloutError(f"env workers cannot start: {payload}")
         elif kind == "done":
-            w.job = None
+            w.jobs.pop(payload["episode_id"], None)
             self.on_result(payload)
 
     def run(self, jobs: list[EpisodeJob]) -> None:
         pending = deque(jobs)
         sp = self.spec
         try:
-            while pending or any(w.job for w in self.workers):
-                while len(self.workers) < min(sp.n_envs, len(pending) + sum(1 for w in self.workers if w.job)):
+            while pending or any(w.jobs for w in self.workers):
+                busy = sum(1 for w in self.workers if w.jobs)
+                while len(self.workers) < min(sp.n_envs, busy + len(pending)):
                     self.start_worker()
                 for w in self.workers:
-                    if w.ready and w.job is None and pending:
-                        w.job, w.job_started = pending.popleft(), time.monotonic()
-                        w.conn.send(w.job.to_dict())
+                    while w.ready and len(w.jobs) < w.slots and pending:
+                        job = pending.popleft()
+                        w.jobs[job.episode_id] = (job, time.monotonic())
+                        w.conn.send(job.to_dict())
                 waitables = [w.conn for w in self.workers] + [w.proc.sentinel for w in self.workers]
                 ready = set(connection.wait(waitables, timeout=0.5))
                 for w in list(self.workers):
@@ -319,9 +364,10 @@ class _Runner:
     def enforce_deadlines(self) -> None:
         now, sp = time.monotonic(), self.spec
         for w in list(self.workers):
-            if w.job is not None and now - w.job_started > sp.episode_timeout_s + sp.kill_grace_s:
+            late = [eid for eid, (_, t) in w.jobs.items() if now - t > sp.episode_timeout_s + sp.kill_grace_s]
+            if late:
                 # the worker is stuck inside a step (its own timeout check runs between steps)
-                self.retire(w, "timeout", f"episode exceeded {sp.episode_timeout_s:.0f}s; worker killed")
+                self.retire(w, "timeout", f"episode exceeded {sp.episode_timeout_s:.0f}s; worker killed", culprit=late[0])
             elif not w.ready and now - w.started > sp.worker_start_timeout_s:
                 self.retire(w)
                 self.init_failures += 1

@@ -104,3 +104,22 @@ def test_student_rollouts_on_real_miniwob_into_the_lake(tiny_path, lake_root):
     ctx = json.loads(con.execute("SELECT prompt_context FROM steps WHERE NOT is_final LIMIT 1").fetchone()[0])
     assert ctx["coord_space"] == "relative1000" and ctx["history_images"] == 1
     assert con.execute("SELECT bool_and(status = 'truncated'), max(n_parse_errors) FROM episodes").fetchone() == (True, 3)
+
+
+@pytest.mark.browser
+def test_lockstep_batched_episodes_keep_their_own_rows(tiny_path, lake_root):
+    """One worker steps 3 envs with one batched generate per tick; every row lands in its own episode."""
+    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    from storage.catalog import connect
+    cfg = {"model": str(tiny_path), "max_new_tokens": 8}
+    jobs = make_jobs("lock", ["click-test", "focus-text", "enter-text"], [0, 1], policy_tag="student")
+    spec = RolloutSpec(run_key="lock", iteration=0, stage="rollouts", lake_root=str(lake_root), jobs=jobs,
+                       policy=PolicySpec("student", {"model": str(tiny_path), "config": cfg}), n_envs=1,
+                       envs_per_worker=3, max_steps=2, episode_timeout_s=120)
+    s = run_rollouts(spec, progress=False)
+    assert s.ran == 6 and s.errors == 0
+    con = connect(lake_root)
+    # each episode's screens show its own task: focus-text/enter-text pages have a text input, click-test does not
+    rows = con.execute("""SELECT e.task_id, bool_or(s.ui_text LIKE '%input_text%'), count(*)
+                          FROM episodes e JOIN steps s USING (episode_id) GROUP BY e.task_id ORDER BY 1""").fetchall()
+    assert rows == [("click-test", False, 6), ("enter-text", True, 6), ("focus-text", True, 6)]
