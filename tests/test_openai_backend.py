@@ -404,3 +404,33 @@ def test_api_key_from_environment(server, monkeypatch):
         backend.health()
     auth = [r["headers"].get("authorization") for r in server.sent(MODELS)]
     assert auth == ["Bearer from-flywheel-var", "Bearer from-openai-var", None]
+
+
+# ---- end to end: the student policy over this backend in real MiniWoB rollouts ----------------
+
+@pytest.mark.browser
+def test_student_rollouts_through_the_openai_backend(server, tmp_path, monkeypatch):
+    """Rollout workers build a StudentPolicy on the openai backend from the config, the replayed vLLM
+    reply is parsed (Qwen3-VL 0-1000 space -> screen px), executed in Chromium and lands in the lake."""
+    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    from storage.catalog import connect
+    monkeypatch.setenv("FLYWHEEL_OPENAI_API_KEY", KEY)  # workers inherit the environment, never the lake
+    cfg = {"model": MODEL, "backend": "openai", "base_url": server.url + "/v1", "arch": "qwen3-vl"}
+    spec = RolloutSpec(run_key="oa", iteration=0, stage="rollouts", lake_root=str(tmp_path / "lake"),
+                       jobs=make_jobs("oa", ["click-test"], [0, 1], policy_tag="student"),
+                       policy=PolicySpec("student", {"model": MODEL, "config": cfg}, version=MODEL),
+                       n_envs=1, max_steps=2, episode_timeout_s=60)
+    s = run_rollouts(spec, progress=False)
+    assert s.ran == 2 and s.errors == 0
+    con = connect(tmp_path / "lake")
+    rows = con.execute("""SELECT action, raw_action, len(token_ids), len(logprobs), response_text
+                          FROM steps WHERE NOT is_final ORDER BY episode_id, step_idx""").fetchall()
+    assert rows, "no steps recorded"
+    action, raw, n_ids, n_lp, text = rows[0]
+    assert json.loads(raw) == {"action": "click", "x": 500, "y": 520}  # as the model wrote it
+    assert json.loads(action)["x"] == pytest.approx(80.0) and json.loads(action)["y"] == pytest.approx(109.2)
+    assert n_ids == n_lp > 0 and "<tool_call>" in text
+    # the key never reaches the lake
+    for table in ("steps", "episodes"):
+        dump = con.execute(f"SELECT * EXCLUDE ({'screenshot' if table == 'steps' else 'episode_id'}) FROM {table}").fetchall()
+        assert KEY not in repr(dump)
