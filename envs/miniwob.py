@@ -11,7 +11,7 @@ starting a browser (~1 s per `gym.make`). A reset, and each step, reads the task
 utterance and the DOM in ONE WebDriver round trip and takes ONE screenshot (miniwob's own
 loop makes 3-8 round trips), and Chromium runs without its 60 Hz frame-rate limit (a
 screenshot waits ~18 ms instead of ~39 ms). Measured against a bare miniwob gym loop doing
-the same actions: 1.3x (click-test) to 1.8x (enter-text) the episodes per second, the
+the same actions: 1.15-1.3x (click-test) to 1.6-1.8x (enter-text) the episodes per second, the
 final screenshot included.
 
 The screen the policy sees is the task's 160x210 area (the reward/timer panel beside it is
