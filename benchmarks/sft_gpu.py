@@ -7,7 +7,8 @@ Data: one 1280x704 screenshot (880 image tokens after the 2x2 merge) + ~600 text
 of which the last 100 (the assistant reply) carry labels; identical samples and batch on both sides.
   trainer: transformers.Trainer (fused AdamW, bf16), loss from the model's own forward (full logits)
   ours:    the same model + optimizer; loss from training.losses.labelled_token_loss (backbone once,
-           LM head and cross-entropy only at labelled positions)
+           LM head and cross-entropy only at labelled positions); --liger adds fused kernels
+           (training.kernels), --compile compiles each decoder layer
 Prints JSON: step time, tokens/s, peak memory, MFU (6*N*T / 989 TFLOP/s dense bf16, as in
 shared/research/gpu_baseline.md; for LoRA 6*N*T overstates the work, so MFU is comparable across
 sides, not across modes) and the speedup per mode. Also `ours` at --max-batch to show what the
@@ -131,6 +132,19 @@ def run_trainer(model, samples, batch: int, steps: int, warmup: int, n_params: i
     return _stats(timer.times[warmup:], batch * samples[0]["input_ids"].shape[0], n_params, batch)
 
 
+def _guard(fn, batch: int) -> dict:
+    try:
+        return fn()
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return {"batch": batch, "oom": True}
+
+
+def _text_layers(model):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model.language_model.layers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="2b")
@@ -141,29 +155,39 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--text-tokens", type=int, default=600)
     ap.add_argument("--label-tokens", type=int, default=100)
+    ap.add_argument("--liger", action="store_true", help="ours: fused RMSNorm/RoPE/SwiGLU kernels (training.kernels)")
+    ap.add_argument("--compile", action="store_true", help="ours: torch.compile each decoder layer")
     a = ap.parse_args()
     out = {"benchmark": "sft_gpu_step", "size": a.size, "gpu": torch.cuda.get_device_name(0),
            "seq_len": a.text_tokens + 880, "labelled_tokens": a.label_tokens, "results": {}}
+    # plain Trainer sides first: kernel patches are global to the transformers modules
     for mode in a.modes:
-        res = {}
-        for side, fn in (("trainer", run_trainer), ("ours", run_ours)):
-            model, proc, counts = build(a.size, mode)
-            samples = make_samples(proc, max(a.batch, a.max_batch), a.text_tokens, a.label_tokens)
-            try:
-                res[side] = fn(model, samples, a.batch, a.steps, a.warmup, counts["total"])
-            except torch.cuda.OutOfMemoryError:
-                res[side] = {"batch": a.batch, "oom": True}
-            if side == "ours" and a.max_batch > a.batch:
-                try:
-                    res["ours_max_batch"] = run_ours(model, samples, a.max_batch, a.steps, a.warmup, counts["total"])
-                except torch.cuda.OutOfMemoryError:
-                    res["ours_max_batch"] = {"batch": a.max_batch, "oom": True}
-            res["trainable_params"], res["params"] = counts["trainable"], counts["total"]
-            del model
-            torch.cuda.empty_cache()
-        if "step_s" in res.get("trainer", {}) and "step_s" in res.get("ours", {}):
+        res = out["results"].setdefault(mode, {})
+        model, proc, counts = build(a.size, mode)
+        samples = make_samples(proc, max(a.batch, a.max_batch), a.text_tokens, a.label_tokens)
+        res["trainer"] = _guard(lambda: run_trainer(model, samples, a.batch, a.steps, a.warmup, counts["total"]), a.batch)
+        res["trainable_params"], res["params"] = counts["trainable"], counts["total"]
+        del model
+        torch.cuda.empty_cache()
+    if a.liger:
+        from training.kernels import apply_fused_kernels
+        out["ours_kernels"] = apply_fused_kernels("qwen3-vl")
+    out["ours_compile"] = a.compile
+    for mode in a.modes:
+        res = out["results"][mode]
+        model, proc, counts = build(a.size, mode)
+        if a.compile:
+            for layer in _text_layers(model):
+                layer.compile()
+        samples = make_samples(proc, max(a.batch, a.max_batch), a.text_tokens, a.label_tokens)
+        res["ours"] = _guard(lambda: run_ours(model, samples, a.batch, a.steps, a.warmup, counts["total"]), a.batch)
+        if a.max_batch > a.batch:
+            res["ours_max_batch"] = _guard(
+                lambda: run_ours(model, samples, a.max_batch, a.steps, a.warmup, counts["total"]), a.max_batch)
+        del model
+        torch.cuda.empty_cache()
+        if "step_s" in res["trainer"] and "step_s" in res["ours"]:
             res["speedup"] = round(res["trainer"]["step_s"] / res["ours"]["step_s"], 3)
-        out["results"][mode] = res
         print(json.dumps({mode: res}), file=sys.stderr)
     out["target"] = {"speedup": 1.3, "mfu": 0.4}
     print(json.dumps(out, indent=1))
