@@ -6,7 +6,7 @@
     cfg = build_config("qwen3-vl", "8b")                 # config only: nothing allocated
     param_counts("qwen3-vl", "8b")                       # counted on the meta device
 
-Sizes: `tiny` (~0.5M, tests), `small` (~20M, the CPU default) and the released shapes for GPU benchmarks
+Sizes: `tiny` (~0.5M, tests), `mini` (~6M, the CPU learning-bar run), `small` (~20M, the CPU default) and the released shapes for GPU benchmarks
 (`2b`/`4b`/`8b` for Qwen3-VL, `3b`/`7b` for Qwen2.5-VL). A built folder holds model.safetensors, config.json,
 generation_config.json (eos = <|im_end|>), the locally trained tokenizer (training/tokenizer.py), the image
 processor, processor_config.json and video_preprocessor_config.json, so stock `AutoProcessor` loads it where
@@ -67,6 +67,8 @@ def _q25(h, layers, heads, kv, ffn, tie, vision, mrope=(16, 24, 24), vocab=15193
 SIZES: dict[str, dict[str, dict]] = {
     "qwen3-vl": {
         "tiny": _q3(64, 2, 4, 2, 128, True, (2, 64, 128, 4, 256), [0], head_dim=16, mrope=(4, 2, 2)),
+        # ~6M: the shape of the CPU learnability probe (shared/research/learnability.md)
+        "mini": _q3(192, 4, 6, 2, 768, True, (4, 192, 768, 3, 256), [2], head_dim=32, mrope=(6, 5, 5)),
         "small": _q3(384, 8, 6, 2, 1536, True, (4, 192, 768, 3, 256), [1, 2], head_dim=64, mrope=(12, 10, 10)),
         "2b": _q3(2048, 28, 16, 8, 6144, True, (24, 1024, 4096, 16, 2304), [5, 11, 17]),
         "4b": _q3(2560, 36, 32, 8, 9728, True, (24, 1024, 4096, 16, 2304), [5, 11, 17]),
@@ -74,12 +76,13 @@ SIZES: dict[str, dict[str, dict]] = {
     },
     "qwen2.5-vl": {
         "tiny": _q25(64, 2, 4, 2, 128, True, (2, 64, 128, 4, [1]), mrope=(4, 2, 2)),
+        "mini": _q25(192, 4, 6, 2, 768, True, (4, 192, 768, 3, [3]), mrope=(6, 5, 5)),
         "small": _q25(384, 8, 6, 2, 1536, True, (4, 192, 768, 3, [3]), mrope=(12, 10, 10)),
         "3b": _q25(2048, 36, 16, 2, 11008, True, (32, 1280, 3420, 16, [7, 15, 23, 31])),
         "7b": _q25(3584, 28, 28, 4, 18944, False, (32, 1280, 3420, 16, [7, 15, 23, 31]), vocab=152064),
     },
 }
-CPU_SIZES = ("tiny", "small")  # local vocabulary and a low image-pixel floor; the others are released shapes
+CPU_SIZES = ("tiny", "mini", "small")  # local vocabulary and a low image-pixel floor; the others are released shapes
 
 
 def _check(arch: str, size: str) -> dict:
