@@ -92,6 +92,18 @@ class SFTConfig(_Cfg):
     grad_accum: int = Field(1, ge=1, description="Gradient accumulation steps")
     max_minutes: float | None = Field(None, gt=0, description="Wall-clock budget; training stops cleanly when reached")
     lora_r: int = Field(16, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(32, ge=1, description="LoRA alpha (scale = alpha / r)")
+    lora_dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input")
+    max_steps: int | None = Field(None, ge=1, description="Cap on optimizer steps (None = from epochs)")
+    warmup_ratio: float = Field(0.05, ge=0, le=0.5, description="Linear warmup, as a fraction of the planned optimizer steps")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm")
+    save_every: int = Field(50, ge=1, description="Optimizer steps between resumable checkpoints")
+    seed: int = Field(0, ge=0, description="Seed of data order, LoRA init and dropout")
+    schedule_to_budget: bool = Field(True, description="With max_minutes: fit the cosine schedule's length to the steps the budget allows (re-estimated every 4 steps)")
+    merge: bool = Field(True, description="LoRA: also save a merged full model in <checkpoint>/merged (for vLLM and the next iteration's base)")
+    output_root: str | None = Field(None, description="Folder for checkpoints (None = 'checkpoints' beside the lake root)")
+    unsloth: bool = Field(False, description="Load through Unsloth FastVisionModel when it is installed and CUDA is available (ignored otherwise)")
 
 
 class RLConfig(_Cfg):

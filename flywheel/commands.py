@@ -15,8 +15,6 @@ def _not_yet(what: str, issue: int) -> None:
 
 
 for _name, _issue, _help in [
-    ("curate", 5, "Select successful episodes into an SFT dataset manifest."),
-    ("sft", 5, "Fine-tune the student on the latest dataset."),
     ("rl", 7, "GRPO / SDPO on the latest student rollouts."),
 ]:
     def _make(name=_name, issue=_issue):
@@ -26,6 +24,46 @@ for _name, _issue, _help in [
         cmd.__doc__ = _help
         return cmd
     stage_app.command(_name, help=_help)(_make())
+
+
+@stage_app.command("curate")
+def stage_curate(
+    iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration: episodes of iterations <= N are used."),
+    config: Optional[str] = CONFIG_OPT,
+):
+    """Select successful train episodes (deduplicated, capped per task, fit steps only) into an SFT dataset:
+    a `datasets` manifest row and a Parquet export under <lake>/_datasets/."""
+    import json
+
+    from rich.console import Console
+    from flywheel.cli import load_cfg
+    from flywheel.stages import curate
+
+    res = curate(load_cfg(config), iteration)
+    Console().print(f"dataset [bold]{res['dataset_id']}[/bold]: {res['n_episodes']} episodes, {res['n_steps']} steps "
+                    f"-> {res['data_files']}\nsources: {json.dumps(res['source_counts']['by_policy_iteration'])}")
+
+
+@stage_app.command("sft")
+def stage_sft(
+    iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration (partition of the checkpoint row)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Dataset id (default: this iteration's curate output under this config)."),
+    base: Optional[str] = typer.Option(None, "--base", help="Base model folder or checkpoint id (default: the latest earlier checkpoint, else student.model)."),
+    max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="Wall-clock budget (overrides sft.max_minutes)."),
+    config: Optional[str] = CONFIG_OPT,
+):
+    """Fine-tune the student (LoRA or full, vision frozen) on a curated dataset; resumes an interrupted run,
+    reuses a finished one, and records the checkpoint in the `checkpoints` table."""
+    from rich.console import Console
+    from flywheel.cli import load_cfg
+    from flywheel.stages import sft
+    from storage.curate import dataset_id_for
+
+    cfg = load_cfg(config, {"sft.max_minutes": max_minutes} if max_minutes else None)
+    res = sft(cfg, iteration, dataset or dataset_id_for(cfg, iteration), base)
+    verb = "reused" if res["skipped"] else "trained"
+    Console().print(f"{verb} checkpoint [bold]{res['checkpoint_id']}[/bold]: {res['steps']} steps, final loss "
+                    f"{res['final_loss']:.4f}, {res['tokens_per_s']:,.0f} tokens/s\nmodel: {res['model_path']}")
 
 
 @stage_app.command("evaluate")
@@ -52,15 +90,30 @@ def stage_evaluate(
 
 
 @app.command()
-def up():
-    """Start a local Prefect server, work pools, deployments and workers."""
-    _not_yet("flywheel up", 6)
+def up(
+    port: int = typer.Option(4200, "--port", help="Port of the Prefect server (API and UI)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (0.0.0.0 lets workers on other machines connect)."),
+):
+    """Start a local Prefect server, the cpu/gpu work pools, the deployments of prefect.yaml and one worker per pool."""
+    from rich.console import Console
+    from flywheel.orchestrate import up as start
+    console = Console()
+    console.print(f"starting the Prefect server on {host}:{port}, pools, deployments and workers (about a minute)...")
+    st = start(host=host, port=port)
+    for p in st["processes"]:
+        console.print(f"  {p['name']:<12} pid {p['pid']:<8} log {p['log']}")
+    console.print(f"UI: [bold]{st['ui_url']}[/bold]   API: {st['api_url']}")
+    console.print("`flywheel run` now shows in that UI; `flywheel run --mode deployed` sends stages to the pools; "
+                  "`flywheel down` stops all of the above.")
 
 
 @app.command()
 def down():
-    """Stop what `flywheel up` started."""
-    _not_yet("flywheel down", 6)
+    """Stop exactly the processes `flywheel up` started (by process group; nothing else)."""
+    from rich.console import Console
+    from flywheel.orchestrate import down as stop
+    stopped = stop()
+    Console().print(f"stopped: {', '.join(stopped)}" if stopped else "nothing to stop (no running `flywheel up`)")
 
 
 def _parse_seeds(text: str) -> list[int]:
@@ -139,27 +192,42 @@ def rollout(
 def run(
     config: Optional[str] = CONFIG_OPT,
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Override the config's iteration count."),
+    start: int = typer.Option(0, "--start", help="First iteration number (continue a flywheel where it stopped)."),
+    mode: str = typer.Option("local", "--mode", help="local: every stage in this process | deployed: each stage on its work pool (needs `flywheel up`)."),
+    refresh: bool = typer.Option(False, "--refresh", help="Run every stage again even where a finished result is cached."),
 ):
-    """Run flywheel iterations on the configured environment (default: the embedded MiniWoB config).
+    """Run flywheel iterations through Prefect (default: one iteration of the embedded MiniWoB config).
 
-    Today this runs the stages that exist: the task registry and teacher demonstrations
-    (bootstrap). Student rollouts, curation, SFT, RL and evaluation join as they land.
+    Each iteration: bootstrap (iteration 0, or when the last evaluation fell below
+    bootstrap.success_threshold), student rollouts, curate, SFT, RL, evaluate. Finished stages are
+    cached, so after a failure the same command (or `prefect flow-run retry`) resumes at the failed stage.
     """
     from rich.console import Console
-    from flywheel.cli import load_cfg, print_arrow_table
-    from flywheel.stages import bootstrap, lake_for, register_tasks
-    from storage.catalog import connect, run_query
-    from storage.queries import PER_TASK_SUCCESS
+    from rich.table import Table
+    from configs.models import default_config_path
+    from flywheel.cli import err_console
+    from flywheel.orchestrate import RunFailed, run_flywheel
+    from flows.common import output_id, stage_status
 
-    cfg = load_cfg(config, {"iterations": iterations} if iterations else None)
     console = Console()
-    reg = register_tasks(cfg)
-    console.print(f"task registry: {reg['tasks']} tasks")
-    for it in range(cfg.iterations):
-        res = bootstrap(cfg, iteration=it)
-        console.print(f"iteration {it}: bootstrap run {res['run_key']} ran {res['ran']} episodes "
-                      f"({res['skipped']} already in the lake), {res['successes']} successes")
-        lk = lake_for(cfg)
-        t = run_query(connect(lk), PER_TASK_SUCCESS.format(where=f"WHERE run_key = '{res['run_key']}'"), lk)
-        print_arrow_table(t, title=f"iteration {it}: teacher demonstrations")
-    console.print(f"lake: {lake_for(cfg).root}  (try: flywheel query \"SELECT * FROM episodes LIMIT 5\")")
+    try:
+        out = run_flywheel(str(config or default_config_path()), iterations=iterations, start_iteration=start,
+                           mode=mode, refresh=refresh)
+    except RunFailed as e:
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, markup=True)
+        if e.flow_run_id:
+            err_console.print(f"resume: rerun this command, or `prefect flow-run retry {e.flow_run_id} "
+                              f"--entrypoint flows.flywheel:flywheel`", highlight=False, markup=False)
+        raise typer.Exit(2 if e.user_error else 1)
+    for it in out:
+        table = Table(title=f"iteration {it['iteration']}", header_style="bold cyan")
+        for c in ("stage", "status", "wall s", "result"):
+            table.add_column(c)
+        for stage, res in it["stages"].items():
+            orch = res.get("orchestration", {})
+            table.add_row(stage, stage_status(res, it["started_at"]), f"{orch.get('wall_s', 0):.1f}",
+                          output_id(stage, res))
+        console.print(table)
+        ev = it["stages"]["evaluate"]
+        console.print(f"held-out success {ev['success_rate']:.1%} (95% CI {ev['ci_low']:.1%}-{ev['ci_high']:.1%}) "
+                      f"for {it['checkpoint']}")

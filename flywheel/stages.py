@@ -114,14 +114,25 @@ def student_rollouts(cfg: FlywheelConfig, iteration: int, checkpoint: str | None
 
 def curate(cfg: FlywheelConfig, iteration: int) -> dict[str, Any]:
     """Successful episodes up to this iteration -> a dataset manifest (`datasets`) + exported SFT set.
-    Returns {"dataset_id", "path", "n_episodes", "n_steps"}."""
-    raise UserError("stage curate is not implemented yet (issue #5)")
+    Returns {"dataset_id", "path", "data_files", "n_episodes", "n_steps", "source_counts"}; rerunning
+    replaces the manifest row and the export (the dataset id is deterministic)."""
+    from envs import registry
+    from storage.curate import curate as curate_lake
+    return curate_lake(cfg, iteration, lake_for(cfg), held_out=registry.HELD_OUT, git_sha=git_sha())
 
 
-def sft(cfg: FlywheelConfig, iteration: int, dataset_id: str, base: str | None = None) -> dict[str, Any]:
-    """Fine-tune `base` (default: latest checkpoint, else cfg.student.model) on a dataset manifest.
-    Returns {"checkpoint_id", "path"}; a row lands in `checkpoints`."""
-    raise UserError("stage sft is not implemented yet (issue #5)")
+def sft(cfg: FlywheelConfig, iteration: int, dataset_id: str, base: str | None = None, *,
+        progress: bool = True) -> dict[str, Any]:
+    """Fine-tune `base` (a folder or checkpoint id; default: latest checkpoint of an earlier iteration, else
+    cfg.student.model) on a dataset manifest, within cfg.sft.max_minutes if set. Returns {"checkpoint_id",
+    "path", "model_path" (full model for rollouts/eval), "final_loss", "steps", "skipped", ...}; a row lands
+    in `checkpoints`. A finished checkpoint (same data, base and settings) is reused, not retrained."""
+    from training.models import ModelError
+    from training.sft import sft_stage
+    try:
+        return sft_stage(cfg, iteration, dataset_id, base, lake=lake_for(cfg), progress=progress, git_sha=git_sha())
+    except (FileNotFoundError, ModelError) as e:  # missing export, unloadable base or parent checkpoint
+        raise UserError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
 
 def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str) -> dict[str, Any]:

@@ -1,0 +1,205 @@
+"""Curation over a real lake: scripted-teacher rollouts in Chromium, plus variants of those rows (student copies,
+duplicates, failed/held-out/eval/later-iteration episodes, unfit steps) -> selection, manifest, Parquet export."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from agents.parsing import parse_response
+from agents.prompts import build_prompt, sft_messages, transform_for
+from configs.models import load_config
+from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+from storage.catalog import connect
+from storage.curate import CurateError, curate
+from storage.lake import Lake
+from training.data import episode_samples, history_record, prompt_options
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[1]
+TASKS, SEEDS = ("click-test", "focus-text"), (0, 1, 2)
+
+
+def _variant(lake: Lake, ep: dict, steps: list[dict], tag: str, *, iteration: int, stage: str = "rollouts",
+             step_edit=None, **ep_changes) -> str:
+    """Write a copy of a real episode (new id) with changed fields; step_edit(step_row) edits each step."""
+    eid = hashlib.sha1(f"{ep['episode_id']}|{tag}".encode()).hexdigest()[:16]
+    new_steps = []
+    for s in steps:
+        s = dict(s, episode_id=eid, run_key=tag)
+        if step_edit and not s["is_final"]:
+            step_edit(s)
+        new_steps.append(s)
+    lake.write("steps", new_steps, iteration=iteration, stage=stage, run_key=tag, part=eid)
+    lake.write("episodes", [dict(ep, episode_id=eid, run_key=tag, **ep_changes)], iteration=iteration, stage=stage,
+               run_key=tag, part=eid)
+    return eid
+
+
+def _shift_clicks(s: dict) -> None:
+    """A policy that clicked one pixel to the right: same task, a different action sequence (not a duplicate).
+    Its thought and raw call name the new point, in screen pixels as the teacher writes them."""
+    a, raw = json.loads(s["action"]), json.loads(s["raw_action"])
+    if "x" in a:
+        s["thought"] = s["thought"].replace(f"at ({raw['x']},", f"at ({raw['x'] + 1},")
+        a["x"] += 1
+        raw["x"] += 1
+    s["action"], s["raw_action"] = json.dumps(a), json.dumps(raw)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("curate") / "lake"
+    jobs = make_jobs("boot", list(TASKS), list(SEEDS), policy_tag="scripted:0")
+    spec = RolloutSpec(run_key="boot", iteration=0, stage="bootstrap", lake_root=str(root), jobs=jobs,
+                       policy=PolicySpec("scripted"), max_steps=6, episode_timeout_s=60, n_envs=2)
+    assert run_rollouts(spec, progress=False).successes == len(TASKS) * len(SEEDS)
+    lk = Lake(root)
+    con = connect(lk)
+    eps = {(e["task_id"], e["seed"]): e for e in con.sql("SELECT * EXCLUDE (iteration, stage) FROM episodes")
+           .to_arrow_table().to_pylist()}
+    steps = {}
+    for s in con.sql("SELECT * EXCLUDE (iteration, stage) FROM steps ORDER BY step_idx").to_arrow_table().to_pylist():
+        steps.setdefault(s["episode_id"], []).append(s)
+    ids: dict[str, list[str]] = {"teacher": [e["episode_id"] for e in eps.values()]}
+    S = lambda t, sd: steps[eps[(t, sd)]["episode_id"]]  # noqa: E731
+    E = lambda t, sd: eps[(t, sd)]  # noqa: E731
+    # iteration 1: an exact duplicate of a teacher demo, and student successes (different clicks)
+    ids["duplicate"] = [_variant(lk, E("click-test", 0), S("click-test", 0), "dup", iteration=1)]
+    ids["student"] = [_variant(lk, E(t, sd), S(t, sd), f"stu-{t}-{sd}", iteration=1, step_edit=_shift_clicks,
+                               policy="student") for t in TASKS for sd in SEEDS]
+
+    # a student episode whose first action came from a fallback parse: only its second step is a target
+    def two_steps(s):  # the real click, preceded by an unfit copy of itself
+        _shift_clicks(s)
+    ep, st = E("click-test", 1), S("click-test", 1)
+    unfit = dict(st[0], step_idx=0, fallback_parse=True)
+    fit = dict(st[0], step_idx=1)
+    final = dict(st[-1], step_idx=2)
+    ids["fallback"] = [_variant(lk, dict(ep, n_steps=2), [unfit, fit, final], "fallback", iteration=1,
+                                step_edit=two_steps, policy="student")]
+    # never selected: failed (high shaped reward), error-only steps, held-out task, eval split, later iteration
+    ids["excluded"] = [
+        _variant(lk, E("click-test", 2), S("click-test", 2), "failed", iteration=1, task_reward=0.0, success=False,
+                 shaped_reward=1.0, policy="student"),
+        _variant(lk, E("focus-text", 2), S("focus-text", 2), "exec-err", iteration=1, policy="student",
+                 step_edit=lambda s: s.update(exec_error="element not interactable")),
+        _variant(lk, E("click-test", 0), S("click-test", 0), "held", iteration=1, task_id="click-test-2"),
+        _variant(lk, E("focus-text", 0), S("focus-text", 0), "eval", iteration=1, split="eval"),
+        _variant(lk, E("focus-text", 1), S("focus-text", 1), "later", iteration=2, step_edit=_shift_clicks),
+    ]
+    return {"root": root, "ids": ids}
+
+
+def _cfg(lake_root: Path, **curate_kw):
+    over = {"lake.root": str(lake_root), **{f"curate.{k}": v for k, v in curate_kw.items()}}
+    return load_config(ROOT / "configs" / "tiny.yaml", over)
+
+
+def _selected(res: dict) -> list[dict]:
+    return pq.read_table(res["data_files"], columns=["episode_id", "step_idx", "task_id", "policy"]).to_pylist()
+
+
+def test_selection_dedupes_and_excludes(lake):
+    res = curate(_cfg(lake["root"]), iteration=1, held_out=["click-test-2"])
+    rows = _selected(res)
+    chosen = {r["episode_id"] for r in rows}
+    ids = lake["ids"]
+    assert chosen == set(ids["teacher"]) | set(ids["student"]) | set(ids["fallback"])
+    assert not chosen & (set(ids["duplicate"]) | set(ids["excluded"]))  # the duplicate and the never-selected
+    assert res["n_episodes"] == len(chosen) == 13 and res["n_steps"] == len(rows)
+    # only the fit step of the fallback episode is a target
+    assert [r["step_idx"] for r in rows if r["episode_id"] == ids["fallback"][0]] == [1]
+    assert res["source_counts"]["by_source"] == {"student": 7, "teacher": 6}
+    # iteration 0 sees only the teacher demos
+    assert curate(_cfg(lake["root"]), iteration=0)["n_episodes"] == 6
+
+
+def test_cap_and_teacher_ratio(lake):
+    capped = _selected(curate(_cfg(lake["root"], max_episodes_per_task=2), iteration=1))
+    per_task = {t: len({r["episode_id"] for r in capped if r["task_id"] == t}) for t in TASKS}
+    assert per_task == {"click-test": 2, "focus-text": 2}
+    # click-test: 3 teacher + 4 student; focus-text: 3 + 3. Ratio 0.5 -> equal numbers per task
+    half = curate(_cfg(lake["root"], teacher_ratio=0.5), iteration=1)
+    assert half["source_counts"]["by_source"] == {"student": 6, "teacher": 6}
+    assert curate(_cfg(lake["root"], teacher_ratio=1.0), iteration=1)["source_counts"]["by_source"] == {"teacher": 6}
+    third = curate(_cfg(lake["root"], teacher_ratio=0.25, max_episodes_per_task=4), iteration=1)
+    assert third["source_counts"]["by_source"] == {"student": 6, "teacher": 2}  # 4 per task: 1 teacher + 3 student
+
+
+def test_manifest_row_and_rerun_is_idempotent(lake):
+    cfg = _cfg(lake["root"])
+    a = curate(cfg, iteration=1)
+    b = curate(cfg, iteration=1)
+    assert a["dataset_id"] == b["dataset_id"] and a["n_steps"] == b["n_steps"]
+    con = connect(lake["root"])
+    rows = con.sql(f"SELECT * FROM datasets WHERE dataset_id = '{a['dataset_id']}'").to_arrow_table().to_pylist()
+    assert len(rows) == 1  # replaced, not duplicated
+    row = rows[0]
+    assert row["n_episodes"] == a["n_episodes"] and row["n_steps"] == a["n_steps"]
+    assert sorted(row["episode_ids"]) == sorted({r["episode_id"] for r in _selected(a)})
+    assert row["run_key"] == a["dataset_id"] and row["iteration"] == 1 and row["stage"] == "curate"
+    assert "task_reward >= 1.0" in row["query"] and "shaped_reward" not in row["query"]
+    assert json.loads(row["source_counts"])["by_policy_iteration"] == {"scripted/it0": 6, "student/it1": 7}
+    assert Path(row["path"]) == lake["root"] / "_datasets" / a["dataset_id"]
+    assert not list(Path(row["path"]).glob(".*tmp"))  # the export was renamed into place
+
+
+def test_load_dataset_roundtrip_same_prompt_as_rollouts(lake, tmp_path):
+    import datasets
+
+    cfg = _cfg(lake["root"])
+    res = curate(cfg, iteration=1)
+    ds = datasets.load_dataset("parquet", data_files=res["data_files"], cache_dir=str(tmp_path))["train"]
+    assert len(ds) == res["n_steps"]
+    fb = lake["ids"]["fallback"][0]
+    row = next(r for r in ds if r["episode_id"] == fb)
+    img = row["images"][0]
+    assert img.size == (160, 210)  # decodable PIL image
+    # rebuild the prompt as the student policy would, from the lake rows, and compare with the export
+    con = connect(lake["root"])
+    steps = con.sql(f"SELECT * FROM steps WHERE episode_id = '{fb}' AND NOT is_final ORDER BY step_idx") \
+        .to_arrow_table().to_pylist()
+    instruction = con.sql(f"SELECT instruction FROM episodes WHERE episode_id = '{fb}'").fetchall()[0][0]
+    t = transform_for(cfg.student.arch, steps[1]["screen_w"], steps[1]["screen_h"])
+    prompt = build_prompt(instruction, steps[1]["screenshot"], steps[1]["ui_text"], [history_record(steps[0])],
+                          prompt_options(cfg.student), t)
+    got = [{"role": m["role"], "content": [{k: v for k, v in c.items() if v is not None} for c in m["content"]]}
+           for m in row["messages"]]
+    target = got[-1]["content"][0]["text"]
+    assert got == sft_messages(prompt, target)
+    assert "Step 1:" in got[1]["content"][1]["text"] and "[ok]" in got[1]["content"][1]["text"]  # unfit step in history
+    # the target parses back (strictly) to the executed screen action, in the 0-1000 convention
+    parsed = parse_response(target, t)
+    action = json.loads(steps[1]["action"])
+    assert parsed.ok and not parsed.fallback
+    assert abs(parsed.action.x - action["x"]) <= 1 and abs(parsed.action.y - action["y"]) <= 1
+    x_model = round(t.to_model(action["x"], action["y"])[0])
+    assert f'"x": {x_model}' in target and f"({x_model}," in target  # thought and call in the same space
+
+
+def test_episode_samples_rejects_incomplete_steps():
+    with pytest.raises(ValueError, match="complete and ordered"):
+        episode_samples("x", [{"episode_id": "e", "step_idx": 1, "fit": True}], "qwen3-vl", prompt_options(
+            load_config(ROOT / "configs" / "tiny.yaml").student))
+
+
+def test_empty_lake_and_cli(lake, tmp_path):
+    with pytest.raises(CurateError, match="no episodes"):
+        curate(_cfg(tmp_path / "empty"), iteration=0)
+    with pytest.raises(CurateError, match="no successful train episodes"):
+        curate(_cfg(lake["root"]), iteration=0, held_out=list(TASKS))
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(f"lake:\n  root: {lake['root']}\n")
+    r = subprocess.run([sys.executable, "-m", "flywheel", "stage", "curate", "--iteration", "1", "-c", str(cfg_file)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "COLUMNS": "400"})  # rich would fold the long path at 80 columns
+    assert r.returncode == 0, r.stderr
+    assert "13 episodes" in r.stdout and "train.parquet" in r.stdout

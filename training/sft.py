@@ -1,0 +1,518 @@
+"""Supervised fine-tuning of the student on a curated dataset: a lean, resumable torch loop.
+
+    metrics = train("models/small-qwen3vl", "lake/_datasets/<id>/train.parquet", Path("checkpoints/x"),
+                    TrainSettings(method="lora", lr=1e-3, epochs=3, batch_size=8, max_minutes=5))
+    res = sft_stage(cfg, iteration=1, dataset_id="curate-it1-...")   # the flywheel stage (checkpoints row)
+    $ python -m training.sft --base models/tiny --data train.parquet --out ckpt --settings '{"epochs": 1}'
+
+Why a lean loop and not TRL's SFTTrainer: resume must be exact (data-order position, schedule, RNG and
+optimizer state restored mid-epoch, so a SIGKILLed run ends with the same weights as an uninterrupted one);
+the loss is summed per target token and divided by the target tokens of the whole optimizer step, so
+batch 1 x accum 4 is the same update as batch 4 x accum 1 (a mean per micro-batch is not); the collator is
+ours (training.data.SFTCollator: the rollouts' chat template, assistant-only labels, right padding); and on a
+2-core CPU the loop has no accelerate/Trainer overhead.
+
+- LoRA (default; training.models.apply_lora) or full fine-tune; the vision tower is frozen in both.
+- bf16 on CUDA, fp32 on CPU (training.models.load_model's "auto"); AdamW; linear warmup + cosine decay;
+  global-norm gradient clipping; an optional wall-clock budget (stop cleanly, save) that can shorten the
+  cosine schedule to the steps that fit (`schedule_to_budget`).
+- Every `save_every` steps `<out>/state/step-N/` holds the trainable weights, optimizer, RNG and trainer state
+  (step, samples consumed, loss curve); `train` resumes from the newest one.
+- Output `<out>/`: the adapter (or full model) with the processor beside it, loadable by
+  training.models.load_model; for LoRA also `<out>/merged/` (merge_and_unload); `sft_result.json` last.
+- Unsloth's FastVisionModel is used only when asked, installed and on CUDA (never on CPU); same data/outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+RESULT_FILE = "sft_result.json"
+STATE_DIR = "state"
+MERGED_DIR = "merged"
+
+
+@dataclass
+class TrainSettings:
+    """What one SFT run needs (configs.models.SFTConfig holds the same knobs, documented)."""
+
+    method: str = "lora"  # lora | full
+    lr: float = 1e-3
+    epochs: float = 3.0
+    batch_size: int = 8
+    grad_accum: int = 1
+    max_minutes: float | None = None
+    max_steps: int | None = None
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    save_every: int = 50
+    seed: int = 0
+    schedule_to_budget: bool = True
+    merge: bool = True
+    unsloth: bool = False
+    keep_state: bool = False  # keep <out>/state after success (tests inspect it)
+    step_sleep_s: float = 0.0  # artificial delay per step: lets the kill/resume test land mid-run
+
+    @classmethod
+    def from_config(cls, sft_cfg: Any) -> "TrainSettings":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in sft_cfg.model_dump().items() if k in names})
+
+    def __post_init__(self):
+        if self.method not in ("lora", "full"):
+            raise ValueError(f"sft method must be 'lora' or 'full', got {self.method!r}")
+        if self.batch_size < 1 or self.grad_accum < 1 or self.epochs <= 0:
+            raise ValueError("batch_size and grad_accum must be >= 1 and epochs > 0")
+
+
+# ------------------------------------------------------------------------------------------------ pieces
+def read_samples(data_files: str | Path) -> list[dict[str, Any]]:
+    """Rows (messages, images) of an exported SFT Parquet file (storage.curate's layout)."""
+    import pyarrow.parquet as pq
+
+    path = Path(data_files)
+    if not path.exists():
+        raise FileNotFoundError(f"no SFT dataset at {path}: run the curate stage first")
+    rows = pq.read_table(path, columns=["messages", "images"]).to_pylist()
+    if not rows:
+        raise ValueError(f"{path} holds no samples")
+    return rows
+
+
+def sample_at(i: int, n: int, seed: int) -> int:
+    """Index of the i-th sample of the training stream: epoch after epoch, each a seeded permutation."""
+    return int(_perm(n, seed, i // n)[i % n])
+
+
+_PERMS: dict[tuple[int, int, int], Any] = {}
+
+
+def _perm(n: int, seed: int, epoch: int):
+    import numpy as np
+
+    key = (n, seed, epoch)
+    if key not in _PERMS:
+        _PERMS.clear()  # one epoch at a time is all the loop needs
+        _PERMS[key] = np.random.default_rng([seed, epoch]).permutation(n)
+    return _PERMS[key]
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Multiplier of the peak lr for update number `step` (1-based): linear warmup, then cosine to 0."""
+    if warmup > 0 and step <= warmup:
+        return step / warmup
+    span = max(total - warmup, 1)
+    return 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, span) / span))
+
+
+def token_loss_sum(logits, labels):
+    """Summed next-token cross-entropy over labelled positions (labels -100 elsewhere) and their count."""
+    import torch.nn.functional as F
+
+    shift_labels = labels[:, 1:]
+    sel = shift_labels != -100
+    picked = logits[:, :-1][sel.to(logits.device)].float()
+    loss = F.cross_entropy(picked, shift_labels[sel].to(logits.device), reduction="sum")
+    return loss, int(sel.sum())
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer updates done
+    samples_seen: int = 0  # position in the sample stream (the data-order cursor)
+    planned_steps: int = 0  # length of the cosine schedule (a budget can shorten it)
+    total_steps: int = 0  # what epochs / max_steps allow
+    warmup_steps: int = 0
+    elapsed_s: float = 0.0  # training wall time, summed over resumed runs
+    tokens: int = 0  # input tokens processed (prompt + target, image pads included)
+    target_tokens: int = 0
+    losses: list = None  # per-step mean target-token loss
+    stopped: str = ""  # "done" | "budget"
+    n_samples: int = 0  # dataset size the data order was drawn for (a resume must see the same data)
+
+    def __post_init__(self):
+        self.losses = self.losses or []
+
+
+# ------------------------------------------------------------------------------------------------ model
+def load_for_training(base: str, s: TrainSettings):
+    """(model, processor) ready to train: LoRA on the LM or full, vision frozen, seeded adapter init."""
+    import torch
+
+    from training.models import LoraSpec, freeze_vision, load_model
+
+    torch.manual_seed(s.seed)
+    if s.unsloth and s.method == "lora" and torch.cuda.is_available():
+        got = _unsloth_model(base, s)
+        if got is not None:
+            return got
+    if s.method == "lora":
+        return load_model(base, lora=LoraSpec(r=s.lora_r, alpha=s.lora_alpha, dropout=s.lora_dropout))
+    model, proc = load_model(base)
+    freeze_vision(model)
+    return model, proc
+
+
+def _unsloth_model(base: str, s: TrainSettings):
+    """Unsloth FastVisionModel with LoRA on the language layers only; None when Unsloth is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("unsloth") is None:
+        return None
+    from unsloth import FastVisionModel  # GPU-only import: it refuses CPU-only machines
+
+    from training.models import freeze_vision
+    from training.tokenizer import load_processor
+
+    model, _ = FastVisionModel.from_pretrained(base, load_in_4bit=False)
+    model = FastVisionModel.get_peft_model(model, finetune_vision_layers=False, finetune_language_layers=True,
+                                           r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
+                                           random_state=s.seed)
+    freeze_vision(model)
+    return model, load_processor(base)  # our processor: the same chat template and collator as the torch path
+
+
+def _trainable(model) -> dict[str, Any]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+# ------------------------------------------------------------------------------------------------ state
+def latest_state(out: Path) -> Path | None:
+    d = out / STATE_DIR
+    done = sorted(p for p in d.glob("step-*") if (p / "trainer_state.json").exists()) if d.exists() else []
+    return done[-1] if done else None
+
+
+def save_state(out: Path, model, opt, st: TrainState, keep: int = 2) -> Path:
+    """Write a resumable checkpoint to a temp folder and rename it into place (never half-written)."""
+    import torch
+    from safetensors.torch import save_file
+
+    root = out / STATE_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    save_file({n: p.detach().cpu().contiguous() for n, p in _trainable(model).items()}, tmp / "trainable.safetensors")
+    torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, tmp / "rng.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(asdict(st)))
+    final = root / f"step-{st.step:07d}"
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    older = sorted(p for p in root.glob("step-*") if p != final)
+    for old in older[:max(len(older) - (keep - 1), 0)]:  # keep the newest `keep`, this one included
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_state(path: Path, model, opt) -> TrainState:
+    import torch
+    from safetensors.torch import load_file
+
+    params = _trainable(model)
+    saved = load_file(str(path / "trainable.safetensors"))
+    if set(saved) != set(params):
+        raise ValueError(f"checkpoint {path} does not match this model's trainable parameters")
+    with torch.no_grad():
+        for n, t in saved.items():
+            params[n].copy_(t.to(params[n].device, params[n].dtype))
+    opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    rng = torch.load(path / "rng.pt", weights_only=True)
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return TrainState(**json.loads((path / "trainer_state.json").read_text()))
+
+
+# ------------------------------------------------------------------------------------------------ loop
+def _plan(n: int, s: TrainSettings) -> tuple[int, int]:
+    """(optimizer steps, warmup steps) for n samples: the stream is ceil(epochs * n) samples long."""
+    per_step = s.batch_size * s.grad_accum
+    steps = math.ceil(math.ceil(s.epochs * n) / per_step)
+    if s.max_steps:
+        steps = min(steps, s.max_steps)
+    return steps, min(math.ceil(s.warmup_ratio * steps), steps)
+
+
+def train_step(model, collator, rows, idx: list[int], s: TrainSettings, device) -> tuple[float, int, int]:
+    """Forward/backward over grad_accum micro-batches; the loss is normalised by the step's target tokens."""
+    batches = [collator([rows[i] for i in idx[k:k + s.batch_size]]) for k in range(0, len(idx), s.batch_size)]
+    n_target = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+    total, tokens = 0.0, 0
+    for b in batches:
+        labels = b.pop("labels")
+        tokens += int(b["attention_mask"].sum())
+        b = {k: v.to(device) for k, v in b.items()}
+        loss_sum, _ = token_loss_sum(model(**b).logits, labels)
+        (loss_sum / n_target).backward()
+        total += float(loss_sum.detach())
+    return total / n_target, n_target, tokens
+
+
+def fit_budget(st: TrainState, s: TrainSettings, step_s: float) -> None:
+    """Set the cosine schedule's length to the steps that fit the remaining wall-clock budget at `step_s`
+    seconds per step (never beyond what epochs / max_steps allow). Called every few steps, so a box whose load
+    changes mid-run still ends its decay near the budget."""
+    remaining = s.max_minutes * 60 - st.elapsed_s
+    st.planned_steps = min(st.total_steps, st.step + max(int(remaining / max(step_s, 1e-6)), 1))
+    st.warmup_steps = min(st.warmup_steps, math.ceil(s.warmup_ratio * st.planned_steps))
+
+
+def _optimizer(model, s: TrainSettings):
+    import torch
+
+    params = list(_trainable(model).values())
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    return torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.98), weight_decay=s.weight_decay)
+
+
+def _start_state(out: Path, n: int, model, opt, s: TrainSettings) -> TrainState:
+    """The newest checkpoint's state (weights, optimizer and RNG restored), or a fresh plan for n samples."""
+    ckpt = latest_state(out)
+    if ckpt is None:
+        planned, warmup = _plan(n, s)
+        return TrainState(planned_steps=planned, total_steps=planned, warmup_steps=warmup, n_samples=n)
+    st = load_state(ckpt, model, opt)
+    if st.n_samples != n:
+        raise ValueError(f"{ckpt} was trained on {st.n_samples} samples but the dataset has {n}: resume with "
+                         f"the same data, or use a new output folder")
+    return st
+
+
+def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings, *, progress: bool = True,
+          model_and_processor: tuple | None = None) -> dict[str, Any]:
+    """Train (or resume) and save the result into `out`; returns the metrics (also in out/sft_result.json).
+
+    `model_and_processor` trains a model already in memory (tests); with LoRA and `merge`, it ends merged."""
+    import torch
+
+    from training.data import SFTCollator
+
+    out = Path(out)
+    base = str(Path(base).resolve()) if Path(base).exists() else str(base)  # adapters record an absolute base
+    rows = read_samples(data_files)
+    model, proc = model_and_processor or load_for_training(base, s)
+    device = next(model.parameters()).device
+    opt = _optimizer(model, s)
+    st = _start_state(out, len(rows), model, opt, s)
+    resumed_from = st.step
+    collator, per_step = SFTCollator(proc), s.batch_size * s.grad_accum
+    params = list(_trainable(model).values())
+    bar = _Bar(st.planned_steps, st.step) if progress else None
+    model.train()
+    t_run, recent = time.monotonic(), deque(maxlen=10)  # step times: the budget fit follows the current load
+    try:
+        while st.step < st.planned_steps:
+            if s.max_minutes and st.elapsed_s >= s.max_minutes * 60:
+                st.stopped = "budget"
+                break
+            t0 = time.monotonic()
+            idx = [sample_at(st.samples_seen + k, len(rows), s.seed) for k in range(per_step)]
+            for g in opt.param_groups:
+                g["lr"] = s.lr * lr_factor(st.step + 1, st.planned_steps, st.warmup_steps)
+            loss, n_target, tokens = train_step(model, collator, rows, idx, s, device)
+            torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if s.step_sleep_s:
+                time.sleep(s.step_sleep_s)
+            st.step, st.samples_seen = st.step + 1, st.samples_seen + per_step
+            st.tokens, st.target_tokens = st.tokens + tokens, st.target_tokens + n_target
+            st.losses.append(round(loss, 6))
+            st.elapsed_s += time.monotonic() - t0
+            recent.append(time.monotonic() - t0)
+            if s.max_minutes and s.schedule_to_budget and len(recent) >= 4 and st.step % 4 == 0:
+                # leave out the oldest time in the window: early on that is the first step, which pays
+                # one-off costs (allocations, lazy init)
+                fit_budget(st, s, sum(list(recent)[1:]) / (len(recent) - 1))
+                if bar:
+                    bar.total(st.planned_steps)
+            if bar:
+                bar.update(st, time.monotonic() - t_run)
+            if st.step % s.save_every == 0 and st.step < st.planned_steps:
+                save_state(out, model, opt, st)
+    finally:
+        if bar:
+            bar.stop()
+    st.stopped = st.stopped or "done"
+    save_state(out, model, opt, st)  # a crash while saving the final model resumes here and only re-saves
+    return _finish(model, proc, out, s, st, base, resumed_from)
+
+
+def _metrics(st: TrainState, s: TrainSettings, model, base: str) -> dict[str, Any]:
+    from training.models import count_parameters
+
+    tail = st.losses[-10:] or [float("nan")]
+    curve = st.losses if len(st.losses) <= 200 else st.losses[:: math.ceil(len(st.losses) / 200)]
+    wall = max(st.elapsed_s, 1e-9)
+    return {"final_loss": sum(tail) / len(tail), "first_loss": st.losses[0] if st.losses else None,
+            "steps": st.step, "planned_steps": st.planned_steps, "total_steps": st.total_steps,
+            "samples_seen": st.samples_seen,
+            "tokens": st.tokens, "target_tokens": st.target_tokens, "wall_s": round(st.elapsed_s, 2),
+            "steps_per_s": st.step / wall, "tokens_per_s": st.tokens / wall, "target_tokens_per_s": st.target_tokens / wall,
+            "stopped": st.stopped, "loss_curve": curve, "trainable_params": count_parameters(model)["trainable"],
+            "method": s.method, "base_model": base, "settings": asdict(s)}
+
+
+def _finish(model, proc, out: Path, s: TrainSettings, st: TrainState, base: str, resumed_from: int) -> dict[str, Any]:
+    """Save the adapter/full model + processor (+ merged model), then sft_result.json as the completion mark."""
+    metrics = dict(_metrics(st, s, model, base), resumed_from_step=resumed_from)
+    model.eval()
+    model.save_pretrained(out)
+    proc.save_pretrained(out)
+    merged = None
+    if s.method == "lora" and s.merge:
+        from training.models import _quiet_peft
+
+        with _quiet_peft():
+            full = model.merge_and_unload()
+        full.save_pretrained(out / MERGED_DIR)
+        proc.save_pretrained(out / MERGED_DIR)
+        merged = str(out / MERGED_DIR)
+    metrics.update(adapter=s.method == "lora", merged_path=merged, model_path=merged or str(out))
+    tmp = out / f".{RESULT_FILE}.tmp"
+    tmp.write_text(json.dumps(metrics, indent=1))
+    os.replace(tmp, out / RESULT_FILE)
+    if not s.keep_state:
+        shutil.rmtree(out / STATE_DIR, ignore_errors=True)
+    return metrics
+
+
+class _Bar:
+    """Rich progress: optimizer step / planned, loss, input tokens per second."""
+
+    def __init__(self, total: int, done: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.p = Progress(TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),
+                          TimeElapsedColumn())
+        self.task = self.p.add_task("sft", total=total, completed=done, stats="")
+        self.p.start()
+
+    def total(self, n: int) -> None:
+        self.p.update(self.task, total=n)
+
+    def update(self, st: TrainState, elapsed: float) -> None:
+        self.p.update(self.task, completed=st.step,
+                      stats=f"loss {st.losses[-1]:.4f} | {st.tokens / max(st.elapsed_s, 1e-9):,.0f} tok/s")
+
+    def stop(self) -> None:
+        self.p.stop()
+
+
+# ------------------------------------------------------------------------------------------------ stage
+def output_root(cfg: Any, lake_root: Path) -> Path:
+    """Where checkpoints go: cfg.sft.output_root, else 'checkpoints' beside the lake (never inside its tables)."""
+    return Path(cfg.sft.output_root).expanduser().resolve() if cfg.sft.output_root else lake_root.parent / "checkpoints"
+
+
+def _model_path_of(row: dict[str, Any]) -> str:
+    """The full-model folder of a checkpoints row (its merged model when it is a LoRA adapter)."""
+    path = Path(row["path"])
+    if row.get("adapter"):
+        if not (path / MERGED_DIR).exists():
+            from training.models import ModelError
+            raise ModelError(f"checkpoint {row['checkpoint_id']} is an adapter without {MERGED_DIR}/: train it with "
+                             f"sft.merge: true to continue from it")
+        return str(path / MERGED_DIR)
+    return str(path)
+
+
+def resolve_base(cfg: Any, con, iteration: int, base: str | None) -> tuple[str, str | None]:
+    """(base model folder or Hub id, parent checkpoint id). `base` may be a checkpoint id or a folder (a known
+    checkpoint's folder or merged folder keeps the lineage); default: the newest checkpoint of an earlier
+    iteration, else cfg.student.model."""
+    if base is not None:
+        folder = str(Path(base).expanduser().resolve()) if Path(base).exists() else base
+        rows = con.sql(f"SELECT * FROM checkpoints WHERE checkpoint_id = ? OR path = ? OR path || '/{MERGED_DIR}' = ? "
+                       "ORDER BY created_at DESC LIMIT 1", params=[base, folder, folder]).to_arrow_table().to_pylist()
+        if not rows:
+            return base, None
+        return (_model_path_of(rows[0]) if rows[0]["checkpoint_id"] == base else folder), rows[0]["checkpoint_id"]
+    rows = con.sql("SELECT * FROM checkpoints WHERE iteration < ? ORDER BY iteration DESC, created_at DESC LIMIT 1",
+                   params=[iteration]).to_arrow_table().to_pylist()
+    return (_model_path_of(rows[0]), rows[0]["checkpoint_id"]) if rows else (cfg.student.model, None)
+
+
+def checkpoint_id_for(iteration: int, dataset: dict[str, Any], base: str, s: TrainSettings) -> str:
+    """Deterministic in the data (the manifest's episodes, not just its id), the base and the settings."""
+    knobs = {k: v for k, v in asdict(s).items() if k not in ("keep_state", "step_sleep_s")}
+    payload = {"dataset": dataset["dataset_id"], "episodes": sorted(dataset["episode_ids"]),
+               "n_steps": dataset["n_steps"], "base": base, "settings": knobs}
+    h = hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"sft-it{int(iteration)}-{h}"
+
+
+def sft_stage(cfg: Any, iteration: int, dataset_id: str, base: str | None = None, *, lake: Any = None,
+              progress: bool = True, git_sha: str | None = None) -> dict[str, Any]:
+    """Fine-tune on a dataset manifest; a finished checkpoint is reused, not retrained. Writes a `checkpoints` row."""
+    from datetime import datetime, timezone
+
+    from storage.catalog import connect
+    from storage.curate import EXPORT_FILE, manifest
+    from storage.lake import Lake
+
+    lake = lake or Lake(cfg.lake.root)
+    dataset = manifest(lake, dataset_id)
+    base_path, parent = resolve_base(cfg, connect(lake), iteration, base)
+    s = TrainSettings.from_config(cfg.sft)
+    ckpt_id = checkpoint_id_for(iteration, dataset, base_path, s)
+    out = output_root(cfg, lake.root) / ckpt_id
+    done = out / RESULT_FILE
+    skipped = done.exists()
+    if skipped:
+        metrics = json.loads(done.read_text())
+    else:
+        metrics = train(base_path, Path(dataset["path"]) / EXPORT_FILE, out, s, progress=progress)
+    row = dict(checkpoint_id=ckpt_id, path=str(out), method="sft", base_model=metrics["base_model"],
+               parent_checkpoint=parent, dataset_id=dataset_id, adapter=metrics["adapter"],
+               metrics=json.dumps({k: v for k, v in metrics.items() if k != "settings"}),
+               created_at=datetime.now(timezone.utc), run_key=ckpt_id, git_sha=git_sha,
+               config_hash=cfg.config_hash("sft"))
+    lake.replace_run("checkpoints", [[row]], iteration=iteration, stage="sft", run_key=ckpt_id)
+    return {"checkpoint_id": ckpt_id, "path": str(out), "model_path": metrics["model_path"],
+            "merged_path": metrics["merged_path"], "adapter": metrics["adapter"], "dataset_id": dataset_id,
+            "base_model": metrics["base_model"], "parent_checkpoint": parent, "skipped": skipped,
+            "final_loss": metrics["final_loss"], "steps": metrics["steps"], "tokens_per_s": metrics["tokens_per_s"]}
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def main(argv: list[str] | None = None) -> None:
+    """`python -m training.sft`: one training run outside the flywheel (and the kill/resume test's subprocess)."""
+    ap = argparse.ArgumentParser(description="SFT a Qwen-VL student on an exported SFT Parquet file.")
+    ap.add_argument("--base", required=True, help="Base model folder (or Hub id)")
+    ap.add_argument("--data", required=True, help="train.parquet exported by the curate stage")
+    ap.add_argument("--out", required=True, help="Output folder (resumes from its state/ if present)")
+    ap.add_argument("--settings", default="{}", help="JSON of TrainSettings fields, e.g. '{\"epochs\": 1}'")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--no-progress", action="store_true", help="No progress bar")
+    a = ap.parse_args(argv)
+    if a.threads:
+        import torch
+        torch.set_num_threads(a.threads)
+    m = train(a.base, a.data, Path(a.out), TrainSettings(**json.loads(a.settings)), progress=not a.no_progress)
+    print(json.dumps({k: m[k] for k in ("final_loss", "steps", "tokens_per_s", "model_path")}))
+
+
+if __name__ == "__main__":
+    main()
