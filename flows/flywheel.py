@@ -1,0 +1,157 @@
+"""Flow `flywheel`: N iterations of bootstrap -> rollouts -> curate -> sft -> rl -> evaluate.
+
+    flywheel run [-c configs/tiny.yaml] [--iterations 2]       # local mode: every stage in this process
+    python -m flows.flywheel --config configs/tiny.yaml --iterations 1
+    prefect deployment run flywheel/cpu                          # deployed mode: stages on their pools
+
+Two modes, one code path. `local` calls each stage flow as a subflow in this process. `deployed`
+starts each stage's deployment with `run_deployment` (cpu or gpu pool, prefect.yaml) and waits for
+it; a stage counts as done only when its flow run is Completed. Either way a stage returns a small
+dict of lake ids and paths that the next stage takes as input.
+
+Bootstrap runs on iteration 0, and again whenever the last evaluation's success rate fell below
+`bootstrap.success_threshold` (or no evaluation exists yet). Every stage's result is cached on its
+inputs, so a retried or re-triggered run resumes at the stage that failed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger, runtime, tags
+from prefect.deployments import run_deployment
+
+from configs.models import FlywheelConfig
+from flows.bootstrap import bootstrap
+from flows.common import FLOW_OPTS, main, one_line, output_id, stage_status
+from flows.curate import curate
+from flows.evaluate import evaluate
+from flows.rl import rl
+from flows.rollouts import rollouts
+from flows.sft import sft
+from tasks import stages as t
+from tasks.artifacts import publish_iteration, stage_stats
+from tasks.common import ConfigRef, checkpoint_of
+
+STAGE_FLOWS = {"bootstrap": bootstrap, "rollouts": rollouts, "curate": curate, "sft": sft, "rl": rl,
+               "evaluate": evaluate}
+# flow/deployment names from prefect.yaml: the pool a stage runs on is in the deployment name
+DEPLOYMENTS = {"bootstrap": "bootstrap/cpu", "rollouts": "rollouts/cpu", "curate": "curate/cpu",
+               "sft": "sft/gpu", "rl": "rl/gpu", "evaluate": "evaluate/cpu"}
+
+
+class StageFailed(RuntimeError):
+    """A stage did not complete; the message names the iteration, the stage and the cause."""
+
+
+def run_name() -> str:
+    p = runtime.flow_run.parameters
+    start, n = p.get("start_iteration", 0), p.get("iterations")
+    return f"flywheel-it{start}" if not n or n == 1 else f"flywheel-it{start}-{start + n - 1}"
+
+
+def last_eval_success(cfg: FlywheelConfig, before: int) -> float | None:
+    """Overall held-out success of the latest evaluation of an earlier iteration (None: none yet)."""
+    from flywheel.evaluate import OVERALL
+    from flywheel.stages import lake_for
+    from storage.catalog import connect
+    lake = lake_for(cfg)
+    if not lake.has_data("evals"):
+        return None
+    row = connect(lake, write_catalog_file=False).execute(
+        "SELECT success_rate FROM evals WHERE task_id = ? AND iteration < ? ORDER BY iteration DESC, created_at DESC LIMIT 1",
+        [OVERALL, before]).fetchone()
+    return None if row is None else float(row[0])
+
+
+def latest_checkpoint(cfg: FlywheelConfig, before: int) -> str | None:
+    """The newest checkpoint an earlier iteration trained (where a resumed flywheel continues from)."""
+    from flywheel.stages import lake_for
+    from storage.catalog import connect
+    lake = lake_for(cfg)
+    if before == 0 or not lake.has_data("checkpoints"):
+        return None
+    row = connect(lake, write_catalog_file=False).execute(
+        "SELECT path FROM checkpoints WHERE iteration < ? ORDER BY iteration DESC, created_at DESC LIMIT 1",
+        [before]).fetchone()
+    return row[0] if row else None
+
+
+def call_stage(stage: str, config: ConfigRef, iteration: int, mode: str, refresh: bool, **inputs: Any) -> dict[str, Any]:
+    """Run one stage in this process (local) or through its deployment (deployed); its result dict."""
+    params = {"config": config, "iteration": iteration, "refresh": refresh, **inputs}
+    try:
+        if mode == "local":
+            with tags(f"stage:{stage}", f"iteration:{iteration}"):
+                return STAGE_FLOWS[stage](**params)
+        params["config"] = config.model_dump()
+        fr = run_deployment(DEPLOYMENTS[stage], parameters=params, flow_run_name=f"{stage}-it{iteration}",
+                            tags=[f"stage:{stage}", f"iteration:{iteration}"], poll_interval=2)
+    except Exception as e:  # noqa: BLE001 - one line naming stage and cause; the original is chained
+        raise StageFailed(f"iteration {iteration}, stage {stage}: {one_line(e)}") from e
+    if not fr.state or not fr.state.is_completed():  # run_deployment returns on any final state
+        state = fr.state.name if fr.state else "no state"
+        raise StageFailed(f"iteration {iteration}, stage {stage}: flow run {fr.name} ended {state}: "
+                          f"{(fr.state.message if fr.state else '') or ''}".rstrip(": "))
+    return fr.state.result()
+
+
+def report_row(cfg: FlywheelConfig, stage: str, res: dict[str, Any], attempt_started: float) -> dict[str, Any]:
+    orch = res.get("orchestration") or {}
+    row = {"stage": stage, "status": stage_status(res, attempt_started), "wall_s": orch.get("wall_s", 0.0),
+           "output": output_id(stage, res)}
+    if stage in ("bootstrap", "rollouts", "evaluate"):
+        total = next((r for r in stage_stats(cfg, stage, res) if r.get("task_id") == "all"), {})
+        row.update(episodes=total.get("episodes"), success_rate=total.get("success_rate"))
+    return row
+
+
+@flow(name="flywheel", flow_run_name=run_name, **FLOW_OPTS)
+def flywheel(config: ConfigRef = ConfigRef(), iterations: int | None = None, start_iteration: int = 0,
+             checkpoint: str | None = None, mode: Literal["local", "deployed"] = "local",
+             refresh: bool = False) -> list[dict[str, Any]]:
+    """The data flywheel: teacher demos, student rollouts, curation, SFT, RL and evaluation, N times.
+
+    Args:
+        config: Flywheel config file and dotted-key overrides.
+        iterations: Iterations to run; empty means the config's `iterations`.
+        start_iteration: First iteration number (continue a flywheel from where it stopped).
+        checkpoint: Student to start from; empty means the newest checkpoint of an earlier iteration, else the config's student.model.
+        mode: local runs every stage in this flow's process; deployed sends each stage to its work pool.
+        refresh: Run every stage again even where a finished result is cached (the lake keeps no duplicates).
+    """
+    log, started = get_run_logger(), time.time()
+    cfg = config.load()
+    n = iterations or cfg.iterations
+    if n < 1 or start_iteration < 0:
+        raise ValueError(f"iterations must be >= 1 and start_iteration >= 0, got {n} and {start_iteration}")
+    ck = checkpoint or latest_checkpoint(cfg, start_iteration)
+    reg = (t.register_tasks.with_options(refresh_cache=True) if refresh else t.register_tasks)(config)
+    log.info(f"{cfg.name}: {n} iteration(s) from {start_iteration} in {mode} mode; {reg['tasks']} tasks registered")
+    out = []
+    for it in range(start_iteration, start_iteration + n):
+        results: dict[str, dict[str, Any]] = {}
+
+        def step(stage: str, **inputs: Any) -> dict[str, Any]:
+            results[stage] = call_stage(stage, config, it, mode, refresh, **inputs)
+            return results[stage]
+
+        with tags(f"iteration:{it}"):
+            last = last_eval_success(cfg, it)
+            if it == 0 or last is None or last < cfg.bootstrap.success_threshold:
+                log.info(f"iteration {it}: bootstrap (last eval success: {'none' if last is None else f'{last:.1%}'})")
+                step("bootstrap")
+            step("rollouts", checkpoint=ck)
+            cur = step("curate")
+            trained = step("sft", dataset_id=cur["dataset_id"], base=ck)
+            ck = checkpoint_of(step("rl", checkpoint=checkpoint_of(trained))) or checkpoint_of(trained)
+            ev = step("evaluate", checkpoint=ck)
+        publish_iteration(cfg, it, [report_row(cfg, s, r, started) for s, r in results.items()], ev)
+        log.info(f"iteration {it} done: held-out success {ev['success_rate']:.1%} for {ck}")
+        out.append({"iteration": it, "checkpoint": ck, "stages": results, "started_at": started})
+    return out
+
+
+if __name__ == "__main__":
+    main(flywheel)

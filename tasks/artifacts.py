@@ -1,0 +1,178 @@
+"""The flywheel's report module: what users see in the Prefect UI, built from the lake with DuckDB.
+
+    publish_stage(cfg, "rollouts", result, iteration=2, wall_s=41.0, cached=False)
+    publish_iteration(cfg, iteration=2, rows=[...], evaluation=result)    # markdown iteration report
+    with RolloutProgress("rollouts", total=8) as p: run(..., on_result=p.on_result)
+
+Stages never write reports; the flows call these after a stage returns its small result dict.
+Artifact keys (lowercase, digits, dashes) are `<config name>-<stage>-stats` and
+`<config name>-iteration-report`, so the Artifacts page keeps one versioned entry per kind.
+Every function here is cheap (one DuckDB query, no screenshot columns) and never raises into
+the flow: a broken report must not fail a finished stage, so errors are logged and skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.artifacts import (create_link_artifact, create_markdown_artifact, create_progress_artifact,
+                               create_table_artifact, update_progress_artifact)
+
+from configs.models import FlywheelConfig
+
+ROLLOUT_STAGES = ("bootstrap", "rollouts", "evaluate")
+
+_STATS_SQL = """
+SELECT task_id, count(*) AS episodes, round(avg(success::INT), 3) AS success_rate,
+       sum(n_steps) AS steps, round(avg(n_steps), 2) AS avg_steps,
+       count(*) FILTER (status <> 'ok') AS not_ok, round(avg(duration_s), 2) AS avg_episode_s
+FROM episodes WHERE run_key = ? GROUP BY ROLLUP (task_id) ORDER BY task_id NULLS LAST
+"""
+
+
+def artifact_key(*parts: str) -> str:
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
+
+
+def stage_stats(cfg: FlywheelConfig, stage: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-task rows (plus a total row, task_id 'all') for a rollout-type stage; for the other
+    stages, the scalar fields of the stage's result as one row."""
+    if stage in ROLLOUT_STAGES and result.get("run_key"):
+        from flywheel.stages import lake_for
+        from storage.catalog import connect
+        con = connect(lake_for(cfg), write_catalog_file=False)
+        cur = con.execute(_STATS_SQL, [result["run_key"]])
+        names = [d[0] for d in cur.description]
+        rows = [dict(zip(names, r)) for r in cur.fetchall()]
+        for r in rows:
+            r["task_id"] = r["task_id"] or "all"
+        return rows
+    return [{k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}]
+
+
+def lake_links(cfg: FlywheelConfig, stage: str, iteration: int, result: dict[str, Any]) -> list[tuple[str, str]]:
+    """(link text, file:// URL) for the lake partitions a stage wrote and the checkpoint it made."""
+    from flywheel.stages import lake_for
+    from tasks.common import checkpoint_of
+    if result.get("skipped"):  # e.g. rl with rl.enabled false: nothing was written
+        return []
+    root = lake_for(cfg).root
+    table = {"bootstrap": "episodes", "rollouts": "episodes", "evaluate": "evals", "curate": "datasets",
+             "sft": "checkpoints", "rl": "checkpoints"}[stage]
+    links = [(f"lake: {table}/iteration={iteration}/stage={stage}",
+              (root / table / f"iteration={iteration}" / f"stage={stage}").as_uri())]
+    ck = checkpoint_of(result) if stage in ("sft", "rl") else None
+    if ck:
+        links.append((f"checkpoint: {ck}", Path(ck).resolve().as_uri()))
+    if stage == "curate" and result.get("path"):
+        links.append((f"dataset: {result['path']}", Path(result["path"]).resolve().as_uri()))
+    return links
+
+
+def publish_stage(cfg: FlywheelConfig, stage: str, result: dict[str, Any], *, iteration: int,
+                  wall_s: float, cached: bool) -> None:
+    """A table of the stage's stats and links to what it wrote, on the current flow run."""
+    try:
+        rows = stage_stats(cfg, stage, result)
+        for r in rows:
+            r["stage_wall_s"] = round(wall_s, 2)
+        how = "cached result of an earlier run" if cached else f"ran in {wall_s:.1f}s"
+        create_table_artifact(rows, key=artifact_key(cfg.name, stage, "stats"),
+                              description=f"{stage}, iteration {iteration} ({how})")
+        for text, url in lake_links(cfg, stage, iteration, result):
+            create_link_artifact(url, link_text=text)
+        if stage == "evaluate" and result.get("plot") and Path(result["plot"]).exists():
+            create_markdown_artifact(plot_markdown(result["plot"]), key=artifact_key(cfg.name, "success-rate-plot"),
+                                     description="held-out success rate per iteration")
+    except Exception as e:  # noqa: BLE001 - reporting must never fail a finished stage
+        get_run_logger().warning(f"{stage}: stats artifact skipped ({type(e).__name__}: {e})")
+
+
+def plot_markdown(png: str | Path) -> str:
+    """The evaluate stage's PNG, inlined (the UI cannot load file:// images from the browser)."""
+    data = base64.b64encode(Path(png).read_bytes()).decode()
+    return f"![success rate](data:image/png;base64,{data})\n\n`{png}`"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return "–" if v is None else str(v)
+
+
+def iteration_markdown(cfg: FlywheelConfig, iteration: int, rows: list[dict[str, Any]],
+                       evaluation: dict[str, Any] | None) -> str:
+    """The iteration report: one line per stage (what it produced, how long, cached or not), the
+    held-out success rate with its interval, and where everything lives."""
+    from flywheel.stages import lake_for
+    lines = [f"# {cfg.name}: iteration {iteration}", "",
+             "| stage | status | wall s | episodes | success | output |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['stage']} | {r['status']} | {r['wall_s']:.1f} | {_fmt(r.get('episodes'))} | "
+                     f"{_fmt(r.get('success_rate'))} | {r.get('output') or ''} |")
+    if evaluation:
+        lines += ["", f"**Held-out success**: {evaluation['success_rate']:.1%} "
+                      f"(95% CI {evaluation['ci_low']:.1%}–{evaluation['ci_high']:.1%}, "
+                      f"{evaluation.get('n_episodes', '?')} episodes) for `{evaluation.get('checkpoint')}`"]
+        per_task = evaluation.get("per_task") or {}
+        if per_task:
+            lines += ["", "| task | success |", "|---|---|"] + [f"| {t} | {s:.0%} |" for t, s in per_task.items()]
+    lines += ["", f"Lake: `{lake_for(cfg).root}` (query: `flywheel query \"SELECT * FROM episodes "
+                  f"WHERE iteration = {iteration} LIMIT 5\"`)"]
+    if evaluation and evaluation.get("plot") and Path(evaluation["plot"]).exists():
+        lines += ["", plot_markdown(evaluation["plot"])]
+    return "\n".join(lines)
+
+
+def publish_iteration(cfg: FlywheelConfig, iteration: int, rows: list[dict[str, Any]],
+                      evaluation: dict[str, Any] | None) -> None:
+    try:
+        create_markdown_artifact(iteration_markdown(cfg, iteration, rows, evaluation),
+                                 key=artifact_key(cfg.name, "iteration-report"),
+                                 description=f"flywheel iteration {iteration}")
+    except Exception as e:  # noqa: BLE001 - see publish_stage
+        get_run_logger().warning(f"iteration report skipped ({type(e).__name__}: {e})")
+
+
+class RolloutProgress:
+    """A progress artifact fed by the rollout runner's per-episode `on_result` callback.
+
+    Updates are throttled (one API call per `min_interval_s`) so a fast scripted teacher does not
+    turn every episode into a server round trip; the last update is always sent."""
+
+    def __init__(self, stage: str, total: int | None, key: str | None = None, min_interval_s: float = 1.0):
+        self.stage, self.total, self.key = stage, total, key
+        self.done = self.successes = 0
+        self.min_interval_s, self._last = min_interval_s, 0.0
+        self.id = None
+
+    def __enter__(self) -> "RolloutProgress":
+        self.id = create_progress_artifact(0.0, key=self.key, description=f"{self.stage}: episodes done")
+        return self
+
+    def on_result(self, r: dict[str, Any]) -> None:
+        self.done += 1
+        self.successes += int(bool(r.get("success")))
+        if time.monotonic() - self._last >= self.min_interval_s:
+            self._send()
+
+    def percent(self) -> float:
+        return min(100.0, 100.0 * self.done / self.total) if self.total else 0.0
+
+    def _send(self, final: bool = False) -> None:
+        self._last = time.monotonic()
+        pct = 100.0 if final else self.percent()
+        desc = f"{self.stage}: {self.done} episodes, {self.successes} successes"
+        try:
+            update_progress_artifact(self.id, pct, description=desc)
+        except Exception as e:  # noqa: BLE001 - progress is informational
+            get_run_logger().debug(f"progress update failed: {e}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.id is not None:
+            self._send(final=exc[0] is None)

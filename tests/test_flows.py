@@ -1,0 +1,285 @@
+"""Prefect orchestration: the flywheel as flows on the tiny config, with real stages and real Prefect.
+
+One session-scoped `prefect_test_harness` (heartbeats off: each flow run would otherwise wait up to
+a second for the heartbeat thread). The main scenario runs the real flywheel once into a fresh
+lake whose student model folder does not exist yet: bootstrap finishes, rollouts fail; the test
+then builds the model and retries the same flow run the way `prefect flow-run retry` does, which
+must resume at rollouts and finish the iteration. The tests below assert on that scenario; a
+`slow` test starts a real server and process workers (`flywheel up`) and runs stages through
+`run_deployment`.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from flows.flywheel import DEPLOYMENTS, STAGE_FLOWS, StageFailed, call_stage, flywheel
+from storage.catalog import connect
+from tasks.common import ConfigRef, checkpoint_of, stage_cache_key
+from tasks.stages import expected_episodes
+
+pytestmark = pytest.mark.flow
+ROOT = Path(__file__).resolve().parents[1]
+TABLES = ("episodes", "steps", "datasets", "checkpoints", "evals")
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    from prefect.settings import (PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+                                  temporary_settings)
+    from prefect.testing.utilities import prefect_test_harness
+    results = tmp_path_factory.mktemp("prefect-results")
+    with prefect_test_harness(server_startup_timeout=120):
+        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+                                 PREFECT_RESULTS_LOCAL_STORAGE_PATH: str(results)}):
+            yield
+
+
+def tiny_ref(root: Path, **overrides) -> ConfigRef:
+    # held-out tasks off: 4 eval episodes instead of ~30 keeps the scenario near a minute
+    return ConfigRef(path=str(ROOT / "configs" / "tiny.yaml"),
+                     overrides={"lake.root": str(root / "lake"), "student.model": str(root / "student"),
+                                "evaluate.held_out_tasks": False, **overrides})
+
+
+def counts(lake: Path) -> dict[str, int]:
+    con = connect(lake)
+    return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+
+
+def mtimes(lake: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in lake.rglob("*.parquet")}
+
+
+def retry_like_cli(flow_run_id):
+    """What `prefect flow-run retry <id> --entrypoint ...` does for a run without a deployment:
+    force the run back to Scheduled and run the flow again under the same id and parameters."""
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow
+    from prefect.states import Scheduled
+    with get_client(sync_client=True) as c:
+        c.set_flow_run_state(flow_run_id, Scheduled(message="retry"), force=True)
+        fr = c.read_flow_run(flow_run_id)
+    return run_flow(flow=flywheel, flow_run=fr, parameters=dict(fr.parameters), return_type="state")
+
+
+@pytest.fixture(scope="module")
+def scenario(prefect_api, tmp_path_factory):
+    from training.models import init_model
+    root = tmp_path_factory.mktemp("flywheel")
+    ref = tiny_ref(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("FLYWHEEL_LAKE", raising=False)  # the lake is the config's, per test
+        failed = flywheel(config=ref, return_state=True)
+        after_failure = mtimes(root / "lake")
+        boot_files = {p: t for p, t in after_failure.items() if "stage=bootstrap" in p}
+        init_model("qwen3-vl", "tiny", root / "student", seed=0)  # the fix: the missing student now exists
+        retried = retry_like_cli(failed.state_details.flow_run_id)
+        yield SimpleNamespace(root=root, lake=root / "lake", ref=ref, failed=failed, retried=retried,
+                              boot_files=boot_files, after_failure=after_failure)
+
+
+# ------------------------------------------------------------------------ logic (no Prefect runs)
+def test_cache_key_follows_stage_iteration_config_lake_and_inputs(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
+    ctx = SimpleNamespace(task=SimpleNamespace(name="rollouts"))
+    ref = tiny_ref(tmp_path)
+    key = stage_cache_key(ctx, {"config": ref, "iteration": 1, "checkpoint": None})
+    assert key == stage_cache_key(ctx, {"config": ref.model_dump(), "iteration": 1, "checkpoint": None})
+    assert key.startswith("rollouts-it1-")
+    others = [
+        stage_cache_key(ctx, {"config": ref, "iteration": 2, "checkpoint": None}),
+        stage_cache_key(ctx, {"config": tiny_ref(tmp_path, **{"rollout.group_size": 3}), "iteration": 1, "checkpoint": None}),
+        stage_cache_key(ctx, {"config": tiny_ref(tmp_path / "other"), "iteration": 1, "checkpoint": None}),
+        stage_cache_key(ctx, {"config": ref, "iteration": 1, "checkpoint": "ck-1"}),
+        stage_cache_key(SimpleNamespace(task=SimpleNamespace(name="bootstrap")), {"config": ref, "iteration": 1, "checkpoint": None}),
+    ]
+    assert len({key, *others}) == 6
+
+
+def test_checkpoint_of_prefers_the_merged_model():
+    assert checkpoint_of({"path": "ck/a", "model_path": "ck/a/merged"}) == "ck/a/merged"
+    assert checkpoint_of({"skipped": True, "checkpoint": "ck/b"}) == "ck/b"
+    assert checkpoint_of(None) is None and checkpoint_of({}) is None
+
+
+def test_prefect_yaml_deploys_every_stage_on_its_pool():
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    pools = doc["definitions"]["work_pools"]
+    assert pools["gpu"]["concurrency_limit"] == 1 and pools["gpu"]["worker_limit"] == 1
+    deps = {}
+    for d in doc["deployments"]:
+        module, fn = d["entrypoint"].split(":")
+        assert module.startswith("flows.") and d["enforce_parameter_schema"] is True
+        deps[f"{fn}/{d['name']}"] = d
+    assert set(deps) == set(DEPLOYMENTS.values()) | {"flywheel/cpu"}
+    for stage, name in DEPLOYMENTS.items():
+        d = deps[name]
+        assert d["work_pool"]["name"] == ("gpu" if stage in ("sft", "rl") else "cpu"), stage
+        assert d["entrypoint"] == f"flows.{stage}:{stage}"
+        # the YAML's default parameters fit the flow's schema (required ones come with each run)
+        assert set(d["parameters"]) <= set(STAGE_FLOWS[stage].parameters.properties)
+        ConfigRef.model_validate(d["parameters"]["config"]).load()
+    for stage in ("sft", "rl"):
+        assert deps[DEPLOYMENTS[stage]]["concurrency_limit"] == 1
+    parent = deps["flywheel/cpu"]
+    assert parent["parameters"]["mode"] == "deployed"
+    assert [s["active"] for s in parent["schedules"]] == [False] and parent["schedules"][0]["cron"]
+    flywheel.validate_parameters(parent["parameters"])
+
+
+def test_flow_parameters_carry_descriptions_for_the_ui():
+    schema = flywheel.parameters.model_dump()
+    props = schema["properties"]
+    assert props["mode"]["enum"] == ["local", "deployed"]
+    assert all(p.get("description") for p in props.values())
+    assert schema["definitions"]["ConfigRef"]["properties"]["overrides"]["description"]
+    for f in STAGE_FLOWS.values():
+        assert all(p.get("description") for p in f.parameters.model_dump()["properties"].values()), f.name
+
+
+def test_bootstrap_rule_and_checkpoint_hand_off(prefect_api, tmp_path, monkeypatch):
+    """Orchestration logic only, so the stages are stand-ins (the real ones run in `scenario`)."""
+    import flows.flywheel as fw
+    monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
+    success = {0: 0.9, 1: 0.1, 2: 0.5}  # held-out success per iteration; the threshold is 0.3
+    calls = []
+
+    def stage(name, config, iteration, mode, refresh, **inputs):
+        calls.append((iteration, name, inputs))
+        return {"curate": {"dataset_id": f"ds-{iteration}"},
+                "sft": {"checkpoint_id": f"ck-{iteration}", "model_path": f"/ck/{iteration}"},
+                "rl": {"skipped": True, "checkpoint": inputs.get("checkpoint")},
+                "evaluate": {"success_rate": success[iteration], "ci_low": 0.0, "ci_high": 1.0,
+                             "checkpoint": inputs.get("checkpoint")}}.get(name, {"stage": name})
+
+    monkeypatch.setattr(fw, "call_stage", stage)
+    monkeypatch.setattr(fw, "last_eval_success", lambda cfg, before: success.get(before - 1))
+    state = fw.flywheel(config=tiny_ref(tmp_path), iterations=3, return_state=True)
+    out = state.result()
+    assert [it for it, name, _ in calls if name == "bootstrap"] == [0, 2]  # 0.9 >= 0.3 skips, 0.1 < 0.3 re-bootstraps
+    inputs = {(it, name): kw for it, name, kw in calls}
+    assert inputs[(0, "rollouts")] == {"checkpoint": None}
+    assert inputs[(1, "rollouts")] == {"checkpoint": "/ck/0"} and inputs[(1, "sft")] == {"dataset_id": "ds-1", "base": "/ck/0"}
+    assert inputs[(1, "rl")] == {"checkpoint": "/ck/1"} and inputs[(1, "evaluate")] == {"checkpoint": "/ck/1"}
+    assert [o["checkpoint"] for o in out] == ["/ck/0", "/ck/1", "/ck/2"]
+    from prefect.client.orchestration import get_client
+    with get_client(sync_client=True) as c:
+        assert c.read_flow_run(state.state_details.flow_run_id).name == "flywheel-it0-2"
+
+
+# ------------------------------------------------------------------------ the real flywheel
+def test_failed_stage_names_its_cause_in_one_line(scenario):
+    st = scenario.failed
+    assert st.is_failed()
+    assert "stage rollouts" in st.message and "no model folder" in st.message and "\n" not in st.message
+    assert not [p for p in scenario.after_failure if "/datasets/" in p]  # no stage after the failed one ran
+    assert scenario.boot_files  # bootstrap had finished before the failure
+
+
+def test_retry_resumes_at_the_failed_stage(scenario):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    assert scenario.retried.is_completed(), scenario.retried.message
+    with get_client(sync_client=True) as c:
+        fr = c.read_flow_run(scenario.failed.state_details.flow_run_id)
+        subs = c.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[fr.id])), limit=50)
+    assert fr.run_count == 2 and fr.name == "flywheel-it0"  # the same flow run, retried
+    runs = sorted((r.name, r.state.name, r.run_count) for r in subs)
+    print(runs)
+    # bootstrap's finished subflow run was reused as is; rollouts failed once and ran again
+    assert [r for r in runs if r[0] == "bootstrap-it0"] == [("bootstrap-it0", "Completed", 1)], runs
+    assert sorted(r[1] for r in runs if r[0] == "rollouts-it0") in (["Completed", "Failed"], ["Completed"]), runs
+    stages = scenario.retried.result()[0]["stages"]
+    assert not any(stages[s]["orchestration"]["cached"] for s in ("rollouts", "curate", "sft", "rl", "evaluate"))
+    now = mtimes(scenario.lake)
+    assert all(now[p] == t for p, t in scenario.boot_files.items())  # bootstrap's files were not rewritten
+
+
+def test_full_iteration_fills_the_lake_and_publishes_artifacts(scenario):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter,
+                                                FlowRunFilterParentFlowRunId)
+    st = scenario.retried.result()[0]["stages"]
+    con = connect(scenario.lake)
+    cfg = scenario.ref.load()
+    assert dict(con.execute("SELECT stage, count(*) FROM episodes GROUP BY 1").fetchall()) == \
+        {s: expected_episodes(cfg, s) for s in ("bootstrap", "rollouts", "evaluate")}
+    c = counts(scenario.lake)
+    assert c["datasets"] == 1 and c["checkpoints"] >= 1 and c["evals"] >= 3
+    trained = checkpoint_of(st["sft"])
+    assert Path(trained).is_dir() and st["evaluate"]["checkpoint"] == trained
+    assert st["rollouts"]["checkpoint"] == str(scenario.root / "student")
+    with get_client(sync_client=True) as client:
+        parent = scenario.failed.state_details.flow_run_id
+        subs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent])), limit=50)
+        done = {r.name: r for r in subs if r.state.is_completed()}
+        assert set(done) == {f"{s}-it0" for s in STAGE_FLOWS}
+        assert {"stage:rollouts", "iteration:0"} <= set(done["rollouts-it0"].tags)
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=[parent, done["rollouts-it0"].id, done["evaluate-it0"].id])), limit=50)
+    by_key = {a.key: a for a in arts if a.key}
+    report = by_key["tiny-iteration-report"].data
+    assert "Held-out success" in report and "| sft | ran |" in report and "| bootstrap | reused |" in report
+    rows = yaml.safe_load(by_key["tiny-rollouts-stats"].data)  # JSON rows
+    assert next(r for r in rows if r["task_id"] == "all")["episodes"] == expected_episodes(cfg, "rollouts")
+    assert "data:image/png;base64," in by_key["tiny-success-rate-plot"].data
+    assert any(a.type == "progress" and float(a.data) == 100.0 for a in arts)
+    assert any(a.type == "markdown" and "file://" in str(a.data) for a in arts)  # link artifacts render as markdown
+
+
+def test_rerun_leaves_row_counts_unchanged(scenario):
+    before, files = counts(scenario.lake), None
+    again = flywheel(config=scenario.ref, refresh=True)  # every stage runs again
+    assert not any(r["orchestration"]["cached"] for r in again[0]["stages"].values())
+    assert counts(scenario.lake) == before
+    files = mtimes(scenario.lake)
+    cached = flywheel(config=scenario.ref)  # a plain rerun finds every stage finished
+    assert all(r["orchestration"]["cached"] for r in cached[0]["stages"].values())
+    assert mtimes(scenario.lake) == files and counts(scenario.lake) == before
+
+
+# ------------------------------------------------------------------------ deployed mode
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_deployed_mode_runs_stages_on_process_workers(prefect_api, tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from flywheel.orchestrate import _start_time, down, read_state, up
+    monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
+    monkeypatch.setenv("FLYWHEEL_RESULTS", str(tmp_path / "results"))
+    ref = tiny_ref(tmp_path, **{"bootstrap.selection.seeds_per_task": 1})
+    state_dir, st = tmp_path / "state", None
+    try:
+        # workers poll every second instead of 10 (the test waits on them three times)
+        st = up(port=free_port(), state_dir=state_dir, extra_env={"PREFECT_WORKER_QUERY_SECONDS": "1"})
+        with temporary_settings({PREFECT_API_URL: st["api_url"]}):
+            boot = call_stage("bootstrap", ref, 0, "deployed", False)
+            cur = call_stage("curate", ref, 0, "deployed", False)
+            with pytest.raises(StageFailed, match=r"^iteration 0, stage sft: flow run sft-it0 ended Failed"):
+                call_stage("sft", ref, 0, "deployed", False, dataset_id="no-such-dataset")
+            with get_client(sync_client=True) as c:
+                runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(
+                    name=FlowRunFilterName(any_=["bootstrap-it0", "curate-it0", "sft-it0"])), limit=10)
+    finally:
+        procs = (st or read_state(state_dir) or {}).get("processes", [])
+        stopped = down(state_dir=state_dir)
+    n = expected_episodes(ref.load(), "bootstrap")  # 2 tasks x 1 seed; the scripted teacher solves both
+    assert boot["ran"] == n and boot["successes"] == n and cur["dataset_id"]
+    assert {r.name: r.work_pool_name for r in runs} == {"bootstrap-it0": "cpu", "curate-it0": "cpu", "sft-it0": "gpu"}
+    assert counts(tmp_path / "lake")["datasets"] == 1
+    assert sorted(stopped) == ["server", "worker-cpu", "worker-gpu"]
+    assert all(_start_time(p["pid"]) is None for p in procs) and not read_state(state_dir)
