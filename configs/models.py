@@ -62,7 +62,7 @@ class BootstrapConfig(_Cfg):
 
 
 class StudentConfig(_Cfg):
-    model: str = Field("models/small-qwen3vl", description="Local model folder or Hub id of the base student")
+    model: str = Field("./models/small-qwen3vl", description="Local model folder or Hub id of the base student")
     arch: Literal["qwen3-vl", "qwen2.5-vl"] = Field("qwen3-vl", description="Architecture family (coordinate convention follows it)")
     size: str = Field("small", description="Size preset used when the model folder must be built")
     backend: Literal["hf", "openai"] = Field("hf", description="Inference backend")

@@ -209,7 +209,11 @@ def run(
     from flywheel.orchestrate import RunFailed, run_flywheel
     from flows.common import output_id, stage_status
 
+    from flywheel.cli import load_cfg
+    from flywheel.stages import ensure_student
+
     console = Console()
+    ensure_student(load_cfg(config))
     try:
         out = run_flywheel(str(config or default_config_path()), iterations=iterations, start_iteration=start,
                            mode=mode, refresh=refresh)

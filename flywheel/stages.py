@@ -92,6 +92,20 @@ def bootstrap(cfg: FlywheelConfig, iteration: int = 0, *, progress: bool = True)
 # ----------------------------------------------------------------------------------------------
 # Stage contract (issues #5/#6). Each returns a small JSON-able dict; inputs/outputs are lake ids
 # and paths. Stubs raise until their issue lands; the Prefect flows call exactly these.
+def ensure_student(cfg: FlywheelConfig) -> str:
+    """The base student folder, built (random init, cfg.student.arch/size, seed 0) if it is a missing local
+    path. `flywheel run` calls this first, so a fresh clone's main job needs no manual `flywheel model init`;
+    the stages themselves fail clearly on a missing model instead of building one behind a user's back."""
+    from pathlib import Path
+
+    from training.models import _looks_local, init_model
+    model = cfg.student.model
+    p = Path(model).expanduser()
+    if _looks_local(model) and not p.exists():
+        init_model(cfg.student.arch, cfg.student.size, p, seed=0)
+    return model
+
+
 def student_rollouts(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *,
                      progress: bool = True) -> dict[str, Any]:
     """The current student (`checkpoint`, default: cfg.student.model), G episodes per task instance,
