@@ -106,6 +106,10 @@ def _px(v: float) -> int:
     return int(round(v))
 
 
+# The strings OSWorld's DesktopEnv.step checks for, the same in both of its action spaces.
+_OSWORLD_SPECIAL = {ActionType.WAIT: "WAIT", ActionType.DONE: "DONE", ActionType.FAIL: "FAIL"}
+
+
 def to_pyautogui(action: Action) -> str:
     """OSWorld ``pyautogui`` action string (Python source the VM executes), or "WAIT"/"DONE"/"FAIL".
 
@@ -145,12 +149,8 @@ def to_pyautogui(action: Action) -> str:
         if len(keys) == 1:
             return f"pyautogui.press({keys[0]!r})"
         return f"pyautogui.hotkey({', '.join(repr(k) for k in keys)})"
-    if t == ActionType.WAIT:
-        return "WAIT"
-    if t == ActionType.DONE:
-        return "DONE"
-    if t == ActionType.FAIL:
-        return "FAIL"
+    if t in _OSWORLD_SPECIAL:
+        return _OSWORLD_SPECIAL[t]
     raise UnsupportedAction(f"no pyautogui form for {t.value}")  # pragma: no cover - closed schema
 
 
@@ -191,12 +191,8 @@ def to_computer13(action: Action) -> dict[str, Any] | list[dict[str, Any]] | str
     if t == ActionType.KEY:
         keys = normalize_keys(list(action.keys))
         return d("PRESS", key=keys[0]) if len(keys) == 1 else d("HOTKEY", keys=keys)
-    if t == ActionType.WAIT:
-        return "WAIT"
-    if t == ActionType.DONE:
-        return "DONE"
-    if t == ActionType.FAIL:
-        return "FAIL"
+    if t in _OSWORLD_SPECIAL:
+        return _OSWORLD_SPECIAL[t]
     raise UnsupportedAction(f"no computer_13 form for {t.value}")  # pragma: no cover
 
 
