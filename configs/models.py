@@ -104,6 +104,8 @@ class SFTConfig(_Cfg):
     merge: bool = Field(True, description="LoRA: also save a merged full model in <checkpoint>/merged (for vLLM and the next iteration's base)")
     output_root: str | None = Field(None, description="Folder for checkpoints (None = 'checkpoints' beside the lake root)")
     unsloth: bool = Field(False, description="Load through Unsloth FastVisionModel when it is installed and CUDA is available (ignored otherwise)")
+    targets: Literal["full", "action", "tool_call"] = Field("full", description="Assistant targets: full (thought + Action line + tool call), action (no thought) or tool_call (the call alone); shorter targets train a small CPU student faster")
+    fused_kernels: bool = Field(True, description="On CUDA with liger-kernel installed: fused RMSNorm/SwiGLU/RoPE kernels")
 
 
 class RLConfig(_Cfg):

@@ -15,12 +15,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from agents.parsing import parse_response
 from configs.models import load_config
 from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 from storage.catalog import connect
-from training.data import IGNORE_INDEX, SFTCollator, prompt_options
+from training.data import IGNORE_INDEX, SFTCollator, prompt_options, retarget_sample, with_images
 from training.models import LoraSpec, freeze_vision, is_lora_param, load_model
-from training.sft import (TrainSettings, TrainState, fit_budget, lr_factor, read_samples, token_loss_sum, train,
+from training.sft import (EncodedSamples, TrainSettings, TrainState, fit_budget, lr_factor, read_samples, token_loss_sum, train,
                           train_step)
 
 pytestmark = pytest.mark.browser
@@ -65,6 +66,43 @@ def test_labels_are_exactly_the_assistant_tokens(env):
         assert (batch["labels"][i][batch["attention_mask"][i] == 0] == IGNORE_INDEX).all()
     assert batch["pixel_values"].shape[0] > 0 and batch["image_grid_thw"].shape[0] == len(rows)
     assert "mm_token_type_ids" in batch
+
+
+def test_per_sample_encoding_pads_to_the_processors_batch(env):
+    """The cached per-sample path (encode once, pad per batch) gives the tensors of one batched processor call."""
+    _, proc = load_model(env["tiny"])
+    rows = read_samples(env["data"])
+    rows = [r for r in rows if len(r["messages"][1]["content"]) > 3][:1] + rows[:3]  # mixed lengths
+    convs = [with_images(r["messages"], r["images"]) for r in rows]
+    ref = proc.apply_chat_template(convs, tokenize=True, return_dict=True, return_tensors="pt",
+                                   processor_kwargs={"padding": True, "padding_side": "right"})
+    cached = EncodedSamples(rows, SFTCollator(proc))
+    first = cached.batch([0, 1, 2, 3])
+    again = cached.batch([0, 1, 2, 3])
+    assert len(cached.cache) == 4 and cached.bytes > 0
+    for key in ref:
+        assert torch.equal(first[key], ref[key]), key
+        assert torch.equal(again[key], first[key]), key
+    assert set(first) == set(ref) | {"labels"}
+    none_kept = EncodedSamples(rows, SFTCollator(proc), max_bytes=0)  # over budget: encoded on every use
+    assert torch.equal(none_kept.batch([2, 0])["labels"], cached.batch([2, 0])["labels"]) and not none_kept.cache
+
+
+def test_shorter_targets_label_only_what_is_kept(env):
+    _, proc = load_model(env["tiny"])
+    row = read_samples(env["data"])[0]
+    full = row["messages"][-1]["content"][0]["text"]
+    assert full.startswith("<thinking>") and "Action:" in full
+    tok = proc.tokenizer
+    for fmt, expect in (("action", full[full.index("Action:"):]), ("tool_call", full[full.index("<tool_call>"):])):
+        sample = retarget_sample(row, fmt)
+        assert sample["messages"][:-1] == row["messages"][:-1]  # the prompt is untouched
+        labels = SFTCollator(proc)([sample])["labels"][0]
+        assert labels[labels != IGNORE_INDEX].tolist() == tok(expect + "<|im_end|>")["input_ids"]
+        assert parse_response(expect).action is not None  # what the student learns to write still parses
+    assert retarget_sample(row, "full") is row
+    with pytest.raises(ValueError, match="targets must be one of"):
+        TrainSettings(targets="short")
 
 
 def test_lora_learns_and_changes_only_adapters(env, tmp_path):
@@ -114,8 +152,8 @@ def test_grad_accum_invariant(env):
     for bs, acc in ((1, 4), (4, 1)):
         model, proc = load_model(env["tiny"])
         model.train()
-        loss, n_target, _ = train_step(model, SFTCollator(proc), rows, idx, TrainSettings(batch_size=bs, grad_accum=acc),
-                                        torch.device("cpu"))
+        loss, n_target, _ = train_step(model, EncodedSamples(rows, SFTCollator(proc)), idx,
+                                       TrainSettings(batch_size=bs, grad_accum=acc), torch.device("cpu"))
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         losses.append(loss)
     assert abs(losses[0] - losses[1]) < 1e-5

@@ -134,6 +134,42 @@ def with_images(messages: list[dict[str, Any]], images: Sequence[Any]) -> list[d
     return out
 
 
+TARGET_FORMATS = ("full", "action", "tool_call")
+
+
+def retarget(text: str, fmt: str) -> str:
+    """An assistant target in a shorter format: `full` keeps it; `action` drops the <thinking> block; `tool_call`
+    keeps only the <tool_call> (no thought, no "Action:" line). A small CPU student trained on `action` spends its
+    few minutes on the coordinates instead of on 40 tokens of restated thought per step; the policy's parser
+    takes all three formats."""
+    from agents.parsing import CALL_OPEN, THINK_CLOSE, THINK_OPEN
+
+    if fmt == "full":
+        return text
+    if fmt not in TARGET_FORMATS:
+        raise ValueError(f"unknown SFT target format {fmt!r}: use one of {', '.join(TARGET_FORMATS)}")
+    i, j = text.find(THINK_OPEN), text.find(THINK_CLOSE)
+    if i != -1 and j > i:
+        text = (text[:i] + text[j + len(THINK_CLOSE):]).lstrip("\n")
+    if fmt == "tool_call":
+        k = text.find(CALL_OPEN)
+        text = text[k:] if k != -1 else text
+    return text
+
+
+def retarget_sample(sample: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """The sample with each assistant message's text in target format `fmt` (the prompt is untouched)."""
+    if fmt == "full":
+        return sample
+    msgs = []
+    for m in sample["messages"]:
+        if m["role"] == "assistant" and isinstance(m["content"], list):
+            m = {**m, "content": [{**c, "text": retarget(c["text"], fmt)} if c.get("type") == "text" and c.get("text")
+                                  else c for c in m["content"]]}
+        msgs.append(m)
+    return {**sample, "messages": msgs}
+
+
 class SFTCollator:
     """Samples -> a padded batch of processor inputs plus `labels` (assistant tokens only, else -100).
 
@@ -141,20 +177,43 @@ class SFTCollator:
     reply and its <|im_end|> in {% generation %}, so the mask is exactly the reply tokens. Image pads, the
     system/user turns and padding are never labelled. Pads go on the right (the processor's own side is left,
     for generation): with left padding, CUDA SDPA's backward over the fully masked pad rows gives NaN
-    gradients in bf16 (measured on an H100 at step 13 of the small model; right padding ran clean)."""
+    gradients in bf16 (measured on an H100 at step 13 of the small model; right padding ran clean).
+
+    Each sample is encoded on its own (`encode`: one chat-template + image-processor call) and a batch is the
+    right-padded concatenation (`pad`), so a training loop can encode every sample once and reuse the tensors
+    every epoch (training.sft caches them); `collator(samples)` is `pad([encode(s) for s in samples])`."""
 
     def __init__(self, processor):
         self.processor = processor
+        tok = getattr(processor, "tokenizer", processor)
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
 
-    def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def encode(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """One sample -> tensors with a batch dimension of 1, `labels` included."""
         import torch
 
-        convs = [with_images(s["messages"], s.get("images") or []) for s in samples]
-        out = self.processor.apply_chat_template(convs, tokenize=True, return_dict=True, return_tensors="pt",
-                                                 return_assistant_tokens_mask=True,
-                                                 processor_kwargs={"padding": True, "padding_side": "right"})
+        conv = with_images(sample["messages"], sample.get("images") or [])
+        out = self.processor.apply_chat_template([conv], tokenize=True, return_dict=True, return_tensors="pt",
+                                                 return_assistant_tokens_mask=True)
         mask = torch.as_tensor(out.pop("assistant_masks")).bool() & out["attention_mask"].bool()
-        if not mask.any(dim=1).all():
+        if not mask.any():
             raise ValueError("a sample has no assistant tokens to train on (does its template mark {% generation %}?)")
         out["labels"] = out["input_ids"].masked_fill(~mask, IGNORE_INDEX)
         return dict(out)
+
+    def pad(self, encoded: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Right-pad per-sample encodings into one batch; image tensors (pixel_values, grid) are concatenated."""
+        import torch
+
+        width = max(e["input_ids"].shape[1] for e in encoded)
+        fill = {"input_ids": self.pad_id, "attention_mask": 0, "labels": IGNORE_INDEX}
+        out: dict[str, Any] = {}
+        for key in dict.fromkeys(k for e in encoded for k in e):
+            parts = [e[key] for e in encoded if key in e]  # image keys: only samples with images have them
+            if parts[0].dim() == 2 and parts[0].shape[0] == 1 and key not in ("pixel_values", "image_grid_thw"):
+                parts = [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=fill.get(key, 0)) for p in parts]
+            out[key] = torch.cat(parts, dim=0)
+        return out
+
+    def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return self.pad([self.encode(s) for s in samples])

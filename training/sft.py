@@ -65,6 +65,8 @@ class TrainSettings:
     schedule_to_budget: bool = True
     merge: bool = True
     unsloth: bool = False
+    targets: str = "full"  # full | action | tool_call (training.data.retarget)
+    fused_kernels: bool = True  # Liger RMSNorm/SwiGLU/RoPE on CUDA when installed
     keep_state: bool = False  # keep <out>/state after success (tests inspect it)
     step_sleep_s: float = 0.0  # artificial delay per step: lets the kill/resume test land mid-run
 
@@ -76,6 +78,10 @@ class TrainSettings:
     def __post_init__(self):
         if self.method not in ("lora", "full"):
             raise ValueError(f"sft method must be 'lora' or 'full', got {self.method!r}")
+        from training.data import TARGET_FORMATS
+
+        if self.targets not in TARGET_FORMATS:
+            raise ValueError(f"sft targets must be one of {', '.join(TARGET_FORMATS)}, got {self.targets!r}")
         if self.batch_size < 1 or self.grad_accum < 1 or self.epochs <= 0:
             raise ValueError("batch_size and grad_accum must be >= 1 and epochs > 0")
 
@@ -121,14 +127,33 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
 
 
 def token_loss_sum(logits, labels):
-    """Summed next-token cross-entropy over labelled positions (labels -100 elsewhere) and their count."""
-    import torch.nn.functional as F
+    """Summed next-token cross-entropy over labelled positions (training.losses; re-exported for callers)."""
+    from training.losses import token_loss_sum as f
 
-    shift_labels = labels[:, 1:]
-    sel = shift_labels != -100
-    picked = logits[:, :-1][sel.to(logits.device)].float()
-    loss = F.cross_entropy(picked, shift_labels[sel].to(logits.device), reduction="sum")
-    return loss, int(sel.sum())
+    return f(logits, labels)
+
+
+class EncodedSamples:
+    """Samples encoded once (chat template + image processor) and kept, so later epochs only pad and stack.
+
+    Bounded by `max_bytes`: past it, samples are encoded on every use (same tensors, just slower)."""
+
+    def __init__(self, rows: list[dict[str, Any]], collator, max_bytes: int = 4 << 30):
+        self.rows, self.collator, self.max_bytes = rows, collator, max_bytes
+        self.cache: dict[int, dict[str, Any]] = {}
+        self.bytes = 0
+
+    def batch(self, idx: list[int]) -> dict[str, Any]:
+        return self.collator.pad([self._get(i) for i in idx])
+
+    def _get(self, i: int) -> dict[str, Any]:
+        got = self.cache.get(i)
+        if got is None:
+            got = self.collator.encode(self.rows[i])
+            size = sum(t.numel() * t.element_size() for t in got.values())
+            if self.bytes + size <= self.max_bytes:
+                self.cache[i], self.bytes = got, self.bytes + size
+        return got
 
 
 @dataclass
@@ -253,16 +278,21 @@ def _plan(n: int, s: TrainSettings) -> tuple[int, int]:
     return steps, min(math.ceil(s.warmup_ratio * steps), steps)
 
 
-def train_step(model, collator, rows, idx: list[int], s: TrainSettings, device) -> tuple[float, int, int]:
-    """Forward/backward over grad_accum micro-batches; the loss is normalised by the step's target tokens."""
-    batches = [collator([rows[i] for i in idx[k:k + s.batch_size]]) for k in range(0, len(idx), s.batch_size)]
+def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings, device) -> tuple[float, int, int]:
+    """Forward/backward over grad_accum micro-batches; the loss is normalised by the step's target tokens.
+
+    The loss projects only the labelled positions through the LM head (training.losses.labelled_token_loss:
+    the same value as the full-logits loss, without the [tokens x vocab] matrix)."""
+    from training.losses import labelled_token_loss
+
+    batches = [samples.batch(idx[k:k + s.batch_size]) for k in range(0, len(idx), s.batch_size)]
     n_target = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
     total, tokens = 0.0, 0
     for b in batches:
         labels = b.pop("labels")
         tokens += int(b["attention_mask"].sum())
-        b = {k: v.to(device) for k, v in b.items()}
-        loss_sum, _ = token_loss_sum(model(**b).logits, labels)
+        b = {k: v.to(device, non_blocking=True) for k, v in b.items()}
+        loss_sum, _ = labelled_token_loss(model, b, labels)
         (loss_sum / n_target).backward()
         total += float(loss_sum.detach())
     return total / n_target, n_target, tokens
@@ -306,17 +336,18 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
     `model_and_processor` trains a model already in memory (tests); with LoRA and `merge`, it ends merged."""
     import torch
 
-    from training.data import SFTCollator
+    from training.data import SFTCollator, retarget_sample
 
     out = Path(out)
     base = str(Path(base).resolve()) if Path(base).exists() else str(base)  # adapters record an absolute base
-    rows = read_samples(data_files)
+    rows = [retarget_sample(r, s.targets) for r in read_samples(data_files)]
+    kernels = _fused_kernels(base) if s.fused_kernels and model_and_processor is None else []
     model, proc = model_and_processor or load_for_training(base, s)
     device = next(model.parameters()).device
     opt = _optimizer(model, s)
     st = _start_state(out, len(rows), model, opt, s)
     resumed_from = st.step
-    collator, per_step = SFTCollator(proc), s.batch_size * s.grad_accum
+    samples, per_step = EncodedSamples(rows, SFTCollator(proc)), s.batch_size * s.grad_accum
     params = list(_trainable(model).values())
     bar = _Bar(st.planned_steps, st.step) if progress else None
     model.train()
@@ -330,7 +361,7 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
             idx = [sample_at(st.samples_seen + k, len(rows), s.seed) for k in range(per_step)]
             for g in opt.param_groups:
                 g["lr"] = s.lr * lr_factor(st.step + 1, st.planned_steps, st.warmup_steps)
-            loss, n_target, tokens = train_step(model, collator, rows, idx, s, device)
+            loss, n_target, tokens = train_step(model, samples, idx, s, device)
             torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -356,7 +387,21 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
             bar.stop()
     st.stopped = st.stopped or "done"
     save_state(out, model, opt, st)  # a crash while saving the final model resumes here and only re-saves
-    return _finish(model, proc, out, s, st, base, resumed_from)
+    return _finish(model, proc, out, s, st, base, resumed_from, kernels)
+
+
+def _fused_kernels(base: str) -> list[str]:
+    """Liger's fused kernels for the base's architecture, on CUDA with liger-kernel installed (else [])."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    from training.kernels import apply_fused_kernels
+
+    cfg = Path(base) / "config.json"
+    model_type = json.loads(cfg.read_text()).get("model_type", "") if cfg.exists() else str(base).lower()
+    arch = "qwen2.5-vl" if "2_5" in model_type or "2.5" in model_type else "qwen3-vl"
+    return apply_fused_kernels(arch)
 
 
 def _metrics(st: TrainState, s: TrainSettings, model, base: str) -> dict[str, Any]:
@@ -374,9 +419,10 @@ def _metrics(st: TrainState, s: TrainSettings, model, base: str) -> dict[str, An
             "method": s.method, "base_model": base, "settings": asdict(s)}
 
 
-def _finish(model, proc, out: Path, s: TrainSettings, st: TrainState, base: str, resumed_from: int) -> dict[str, Any]:
+def _finish(model, proc, out: Path, s: TrainSettings, st: TrainState, base: str, resumed_from: int,
+            kernels: list[str]) -> dict[str, Any]:
     """Save the adapter/full model + processor (+ merged model), then sft_result.json as the completion mark."""
-    metrics = dict(_metrics(st, s, model, base), resumed_from_step=resumed_from)
+    metrics = dict(_metrics(st, s, model, base), resumed_from_step=resumed_from, fused_kernels=kernels)
     model.eval()
     model.save_pretrained(out)
     proc.save_pretrained(out)
