@@ -117,6 +117,7 @@ class EvalConfig(_Cfg):
     selection: TaskSelection = Field(default_factory=lambda: TaskSelection(seeds_per_task=20),
                                      description="Tasks and held-out seeds (eval split) to evaluate on")
     held_out_tasks: bool = Field(True, description="Also evaluate the held-out tasks (never trained on), reported apart from the overall rate")
+    held_out_seeds_per_task: int | None = Field(None, ge=1, description="Seeds per held-out task (None = selection.seeds_per_task); a student that fails them uses every step of each episode")
 
 
 class FlywheelConfig(_Cfg):

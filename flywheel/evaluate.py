@@ -116,11 +116,13 @@ def evaluate_checkpoint(cfg: FlywheelConfig, iteration: int, checkpoint: str, *,
     sel = cfg.evaluate.selection
     tasks = resolve_tasks(sel.tasks, for_training=False)
     held_out = {t.task_id for t in registry.TASKS if t.held_out and t.teacher_supported}
-    if cfg.evaluate.held_out_tasks:
-        tasks += [t for t in sorted(held_out) if t not in tasks]
+    extra = [t for t in sorted(held_out) if t not in tasks] if cfg.evaluate.held_out_tasks else []
+    tasks += extra
     seeds = registry.seeds("eval", sel.seeds_per_task, offset=sel.seed_offset)
+    n_held = cfg.evaluate.held_out_seeds_per_task
+    fewer = {t: n_held for t in extra} if extra and n_held is not None and n_held < len(seeds) else None
     spec = rollout_spec(cfg, iteration=iteration, stage="evaluate", policy=eval_policy(cfg, checkpoint),
-                        tasks=tasks, seeds=seeds, split="eval")
+                        tasks=tasks, seeds=seeds, split="eval", max_seeds=fewer)
     summary = run_rollouts(spec, progress=progress)
     lake = lake_for(cfg)
     eval_id = "eval-" + hashlib.sha1(f"{spec.run_key}|{checkpoint}".encode()).hexdigest()[:12]

@@ -59,17 +59,25 @@ def register_tasks(cfg: FlywheelConfig) -> dict[str, Any]:
 
 
 def rollout_spec(cfg: FlywheelConfig, *, iteration: int, stage: str, policy: PolicySpec, tasks: list[str],
-                 seeds: list[int], split: str, group_size: int = 1, n_envs: int | None = None) -> RolloutSpec:
+                 seeds: list[int], split: str, group_size: int = 1, n_envs: int | None = None,
+                 max_seeds: dict[str, int] | None = None) -> RolloutSpec:
+    """The rollout job list of a stage. `max_seeds` runs only the first n of `seeds` for the named tasks."""
     from envs import registry
     env_kwargs: dict[str, Any] = {"name": cfg.env.name, "screenshot_scale": cfg.env.screenshot_scale}
     if cfg.env.name == "miniwob":
         env_kwargs.update(chrome_binary=cfg.env.chrome_binary, chromedriver=cfg.env.chromedriver)
     else:
         env_kwargs.update(server_url=cfg.env.server_url)
-    key = run_key_for(stage, iteration, {"policy": asdict(policy), "tasks": tasks, "seeds": seeds,
-                                         "group": group_size, "env": env_kwargs, "split": split})
+    payload = {"policy": asdict(policy), "tasks": tasks, "seeds": seeds, "group": group_size, "env": env_kwargs,
+               "split": split}
+    if max_seeds:
+        payload["max_seeds"] = max_seeds
+    key = run_key_for(stage, iteration, payload)
     caps = {t.task_id: cfg.env.max_steps or t.max_steps for t in registry.TASKS if t.task_id in tasks}
     jobs = make_jobs(key, tasks, seeds, group_size=group_size, policy_tag=policy.tag, split=split, max_steps=caps)
+    if max_seeds:
+        keep = {t: set(seeds[:n]) for t, n in max_seeds.items()}
+        jobs = [j for j in jobs if j.task_id not in keep or j.seed in keep[j.task_id]]
     return RolloutSpec(
         run_key=key, iteration=iteration, stage=stage, lake_root=str(lake_for(cfg).root), jobs=jobs, policy=policy,
         env=env_kwargs, n_envs=n_envs or cfg.rollout.envs, envs_per_worker=cfg.rollout.envs_per_worker, max_steps=cfg.env.max_steps or 8,
