@@ -67,12 +67,12 @@ def collate(samples: list[dict]) -> dict:
     return b
 
 
-def build(size: str, mode: str):
+def build(size: str, mode: str, fp32_adapters: bool = True):
     from training.models import apply_lora, build_model, count_parameters, freeze_vision
     model, proc = build_model("qwen3-vl", size, seed=0, dtype="bfloat16", device="cuda")
     model.config.use_cache = False
     if mode == "lora":
-        model = apply_lora(model, r=16, alpha=32, dropout=0.0)
+        model = apply_lora(model, r=16, alpha=32, dropout=0.0, fp32_adapters=fp32_adapters)
     else:
         freeze_vision(model)
     model.train()
@@ -157,6 +157,8 @@ def main() -> None:
     ap.add_argument("--label-tokens", type=int, default=100)
     ap.add_argument("--liger", action="store_true", help="ours: fused RMSNorm/RoPE/SwiGLU kernels (training.kernels)")
     ap.add_argument("--compile", action="store_true", help="ours: torch.compile each decoder layer")
+    ap.add_argument("--bf16-adapters", action="store_true",
+                    help="ours, LoRA: adapters in bf16 (the Trainer side keeps PEFT's fp32 adapters)")
     a = ap.parse_args()
     out = {"benchmark": "sft_gpu_step", "size": a.size, "gpu": torch.cuda.get_device_name(0),
            "seq_len": a.text_tokens + 880, "labelled_tokens": a.label_tokens, "results": {}}
@@ -172,10 +174,10 @@ def main() -> None:
     if a.liger:
         from training.kernels import apply_fused_kernels
         out["ours_kernels"] = apply_fused_kernels("qwen3-vl")
-    out["ours_compile"] = a.compile
+    out["ours_compile"], out["ours_bf16_adapters"] = a.compile, a.bf16_adapters
     for mode in a.modes:
         res = out["results"][mode]
-        model, proc, counts = build(a.size, mode)
+        model, proc, counts = build(a.size, mode, fp32_adapters=not a.bf16_adapters)
         if a.compile:
             for layer in _text_layers(model):
                 layer.compile()

@@ -268,3 +268,33 @@ def test_schedule_fits_the_budget():
     assert (st.planned_steps, st.warmup_steps) == (12, 1)  # 4 + 4 s / 0.5 s; warmup 5% of 12, rounded up
     fit_budget(st, s, step_s=0.001)  # a faster box later: the schedule grows back, but never past epochs' worth
     assert st.planned_steps == 150
+
+
+def test_bf16_lora_keeps_fp32_master_weights(tmp_path):
+    """bf16 adapters (fast on GPU) with fp32 masters: updates too small for bf16 still accumulate, and the
+    resumable state holds the fp32 values."""
+    from training.models import apply_lora, build_model
+    from training.sft import TrainableWeights, _optimizer, latest_state, load_state, save_state
+
+    model, _ = build_model("qwen3-vl", "tiny", seed=0, dtype="bfloat16", device="cpu")
+    model = apply_lora(model, r=4, alpha=8, dropout=0.0, fp32_adapters=False)
+    w = TrainableWeights(model, master=True)
+    assert w.master and all(p.dtype == torch.bfloat16 for p in w.params.values())
+    assert all(p.dtype == torch.float32 for p in w.opt_params)
+    name = next(n for n in w.params if "lora_A" in n)
+    opt = torch.optim.SGD(w.opt_params, lr=1.0)
+    start = w.params[name].detach().clone()
+    for _ in range(50):  # 50 updates of 1e-5: each far below bf16's resolution at these magnitudes
+        w.params[name].grad = torch.full_like(w.params[name], -1e-5)
+        w.grads_ready()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        w.stepped()
+    assert torch.allclose(w.master[name], start.float() + 5e-4, atol=1e-6)  # nothing lost in the masters
+    assert not torch.equal(w.params[name], start)  # and the model got the accumulated change
+    st = TrainState(step=50, planned_steps=60, total_steps=60)
+    save_state(tmp_path, w, opt, st)
+    model2, _ = build_model("qwen3-vl", "tiny", seed=1, dtype="bfloat16", device="cpu")
+    w2 = TrainableWeights(apply_lora(model2, r=4, alpha=8, dropout=0.0, fp32_adapters=False), master=True)
+    load_state(latest_state(tmp_path), w2, _optimizer(w2, TrainSettings()))
+    assert torch.equal(w2.master[name], w.master[name]) and torch.equal(w2.params[name], w.params[name])

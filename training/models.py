@@ -213,6 +213,7 @@ class LoraSpec:
     alpha: int = 32
     dropout: float = 0.05
     target_modules: str = _LM_TARGETS
+    fp32_adapters: bool = True  # False: adapters in the model's dtype (bf16 on GPU), see apply_lora
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # "name" or "owner/name"
@@ -271,7 +272,8 @@ def load_model(name_or_path: str | Path, dtype: str = "auto", device: str = "aut
     except OSError as e:
         raise ModelError(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
     if lora is not None:
-        model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
+        model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules,
+                           fp32_adapters=lora.fp32_adapters)
     return model, proc
 
 
@@ -334,16 +336,22 @@ def freeze_vision(model) -> int:
     return n
 
 
-def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.05, target_modules: str = _LM_TARGETS):
+def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.05, target_modules: str = _LM_TARGETS, *,
+               fp32_adapters: bool = True):
     """Wrap `model` with PEFT LoRA on the language model only (regex, because the Qwen2.5-VL vision MLP also has
-    gate/up/down_proj); every base weight, the vision tower included, is frozen."""
+    gate/up/down_proj); every base weight, the vision tower included, is frozen.
+
+    `fp32_adapters` (PEFT's default) keeps the adapter weights in fp32 on a bf16 model, so every adapted
+    projection casts its input to fp32 and keeps that copy for the backward pass; False keeps them in the
+    model's dtype (faster and smaller on GPU; the optimizer then updates bf16 weights)."""
     from peft import LoraConfig, get_peft_model
 
     if r < 1 or alpha <= 0 or not 0 <= dropout < 1:
         raise ModelError(f"bad LoRA settings r={r} alpha={alpha} dropout={dropout}")
     with _quiet_peft():
         peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
-                                                      target_modules=target_modules))
+                                                      target_modules=target_modules),
+                                    autocast_adapter_dtype=fp32_adapters)
     freeze_vision(peft_model)
     return peft_model
 

@@ -187,7 +187,10 @@ def load_for_training(base: str, s: TrainSettings):
         if got is not None:
             return got
     if s.method == "lora":
-        return load_model(base, lora=LoraSpec(r=s.lora_r, alpha=s.lora_alpha, dropout=s.lora_dropout))
+        # adapters in the model's dtype (bf16 on GPU: no fp32 copy of every projection's input); the optimizer
+        # keeps fp32 masters of them (TrainableWeights)
+        return load_model(base, lora=LoraSpec(r=s.lora_r, alpha=s.lora_alpha, dropout=s.lora_dropout,
+                                              fp32_adapters=False))
     model, proc = load_model(base)
     freeze_vision(model)
     return model, proc
@@ -216,6 +219,57 @@ def _trainable(model) -> dict[str, Any]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
+class TrainableWeights:
+    """The weights the optimizer updates: the model's trainable parameters, or fp32 master copies of them.
+
+    With `master` (LoRA on a bf16 model: adapters kept in bf16 so each adapted projection runs in bf16 without
+    an fp32 copy of its input), the optimizer steps fp32 copies and the model's bf16 adapters are refreshed
+    from them after every step, so small updates are not rounded away. Resumable state saves the fp32 copies."""
+
+    def __init__(self, model, master: bool = False):
+        import torch
+
+        self.params = _trainable(model)
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.master = ({n: p.detach().float().clone().requires_grad_(True) for n, p in self.params.items()}
+                       if master and any(p.dtype != torch.float32 for p in self.params.values()) else None)
+
+    @property
+    def opt_params(self) -> list[Any]:
+        return list((self.master or self.params).values())
+
+    def named(self) -> dict[str, Any]:
+        return self.master or self.params
+
+    def grads_ready(self) -> None:
+        """After backward: move the model's gradients onto the master copies (fp32)."""
+        if self.master:
+            for n, p in self.params.items():
+                self.master[n].grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+
+    def stepped(self) -> None:
+        """After the optimizer step: copy the master weights into the model."""
+        import torch
+
+        if self.master:
+            with torch.no_grad():
+                for n, p in self.params.items():
+                    p.copy_(self.master[n])
+
+    def load(self, saved: dict[str, Any]) -> None:
+        import torch
+
+        if set(saved) != set(self.params):
+            raise ValueError("saved weights do not match this model's trainable parameters")
+        with torch.no_grad():
+            for n, t in saved.items():
+                self.params[n].copy_(t.to(self.params[n].device, self.params[n].dtype))
+                if self.master:
+                    self.master[n].copy_(t.to(self.master[n].device, torch.float32))
+
+
 # ------------------------------------------------------------------------------------------------ state
 def latest_state(out: Path) -> Path | None:
     d = out / STATE_DIR
@@ -223,7 +277,7 @@ def latest_state(out: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def save_state(out: Path, model, opt, st: TrainState, keep: int = 2) -> Path:
+def save_state(out: Path, weights: TrainableWeights, opt, st: TrainState, keep: int = 2) -> Path:
     """Write a resumable checkpoint to a temp folder and rename it into place (never half-written)."""
     import torch
     from safetensors.torch import save_file
@@ -232,7 +286,7 @@ def save_state(out: Path, model, opt, st: TrainState, keep: int = 2) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    save_file({n: p.detach().cpu().contiguous() for n, p in _trainable(model).items()}, tmp / "trainable.safetensors")
+    save_file({n: p.detach().cpu().contiguous() for n, p in weights.named().items()}, tmp / "trainable.safetensors")
     torch.save(opt.state_dict(), tmp / "optimizer.pt")
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -249,17 +303,14 @@ def save_state(out: Path, model, opt, st: TrainState, keep: int = 2) -> Path:
     return final
 
 
-def load_state(path: Path, model, opt) -> TrainState:
+def load_state(path: Path, weights: TrainableWeights, opt) -> TrainState:
     import torch
     from safetensors.torch import load_file
 
-    params = _trainable(model)
     saved = load_file(str(path / "trainable.safetensors"))
-    if set(saved) != set(params):
+    if set(saved) != set(weights.params):
         raise ValueError(f"checkpoint {path} does not match this model's trainable parameters")
-    with torch.no_grad():
-        for n, t in saved.items():
-            params[n].copy_(t.to(params[n].device, params[n].dtype))
+    weights.load(saved)
     opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
@@ -307,22 +358,19 @@ def fit_budget(st: TrainState, s: TrainSettings, step_s: float) -> None:
     st.warmup_steps = min(st.warmup_steps, math.ceil(s.warmup_ratio * st.planned_steps))
 
 
-def _optimizer(model, s: TrainSettings):
+def _optimizer(weights: TrainableWeights, s: TrainSettings):
     import torch
 
-    params = list(_trainable(model).values())
-    if not params:
-        raise ValueError("the model has no trainable parameters")
-    return torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.98), weight_decay=s.weight_decay)
+    return torch.optim.AdamW(weights.opt_params, lr=s.lr, betas=(0.9, 0.98), weight_decay=s.weight_decay)
 
 
-def _start_state(out: Path, n: int, model, opt, s: TrainSettings) -> TrainState:
+def _start_state(out: Path, n: int, weights: TrainableWeights, opt, s: TrainSettings) -> TrainState:
     """The newest checkpoint's state (weights, optimizer and RNG restored), or a fresh plan for n samples."""
     ckpt = latest_state(out)
     if ckpt is None:
         planned, warmup = _plan(n, s)
         return TrainState(planned_steps=planned, total_steps=planned, warmup_steps=warmup, n_samples=n)
-    st = load_state(ckpt, model, opt)
+    st = load_state(ckpt, weights, opt)
     if st.n_samples != n:
         raise ValueError(f"{ckpt} was trained on {st.n_samples} samples but the dataset has {n}: resume with "
                          f"the same data, or use a new output folder")
@@ -344,11 +392,12 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
     kernels = _fused_kernels(base) if s.fused_kernels and model_and_processor is None else []
     model, proc = model_and_processor or load_for_training(base, s)
     device = next(model.parameters()).device
-    opt = _optimizer(model, s)
-    st = _start_state(out, len(rows), model, opt, s)
+    weights = TrainableWeights(model, master=s.method == "lora")  # fp32 masters only for bf16 adapters
+    opt = _optimizer(weights, s)
+    st = _start_state(out, len(rows), weights, opt, s)
     resumed_from = st.step
     samples, per_step = EncodedSamples(rows, SFTCollator(proc)), s.batch_size * s.grad_accum
-    params = list(_trainable(model).values())
+    params = weights.opt_params
     bar = _Bar(st.planned_steps, st.step) if progress else None
     model.train()
     t_run, recent = time.monotonic(), deque(maxlen=10)  # step times: the budget fit follows the current load
@@ -362,9 +411,11 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
             for g in opt.param_groups:
                 g["lr"] = s.lr * lr_factor(st.step + 1, st.planned_steps, st.warmup_steps)
             loss, n_target, tokens = train_step(model, samples, idx, s, device)
+            weights.grads_ready()
             torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            weights.stepped()
             if s.step_sleep_s:
                 time.sleep(s.step_sleep_s)
             st.step, st.samples_seen = st.step + 1, st.samples_seen + per_step
@@ -381,12 +432,12 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
             if bar:
                 bar.update(st, time.monotonic() - t_run)
             if st.step % s.save_every == 0 and st.step < st.planned_steps:
-                save_state(out, model, opt, st)
+                save_state(out, weights, opt, st)
     finally:
         if bar:
             bar.stop()
     st.stopped = st.stopped or "done"
-    save_state(out, model, opt, st)  # a crash while saving the final model resumes here and only re-saves
+    save_state(out, weights, opt, st)  # a crash while saving the final model resumes here and only re-saves
     return _finish(model, proc, out, s, st, base, resumed_from, kernels)
 
 
