@@ -94,6 +94,7 @@ class SFTConfig(_Cfg):
     lora_r: int = Field(16, ge=1, description="LoRA rank")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha (scale = alpha / r)")
     lora_dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input")
+    lora_fp32_adapters: bool = Field(False, description="Keep LoRA adapters in fp32 (PEFT's default: every adapted projection then casts its input to fp32). Default: adapters in the model's dtype (bf16 on GPU) with fp32 master copies in the optimizer")
     max_steps: int | None = Field(None, ge=1, description="Cap on optimizer steps (None = from epochs)")
     warmup_ratio: float = Field(0.05, ge=0, le=0.5, description="Linear warmup, as a fraction of the planned optimizer steps")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")

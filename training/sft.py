@@ -57,6 +57,7 @@ class TrainSettings:
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
+    lora_fp32_adapters: bool = False  # PEFT's default; False = adapters in the model dtype + fp32 masters
     warmup_ratio: float = 0.05
     weight_decay: float = 0.01
     grad_clip: float = 1.0
@@ -190,7 +191,7 @@ def load_for_training(base: str, s: TrainSettings):
         # adapters in the model's dtype (bf16 on GPU: no fp32 copy of every projection's input); the optimizer
         # keeps fp32 masters of them (TrainableWeights)
         return load_model(base, lora=LoraSpec(r=s.lora_r, alpha=s.lora_alpha, dropout=s.lora_dropout,
-                                              fp32_adapters=False))
+                                              fp32_adapters=s.lora_fp32_adapters))
     model, proc = load_model(base)
     freeze_vision(model)
     return model, proc
@@ -392,7 +393,8 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
     kernels = _fused_kernels(base) if s.fused_kernels and model_and_processor is None else []
     model, proc = model_and_processor or load_for_training(base, s)
     device = next(model.parameters()).device
-    weights = TrainableWeights(model, master=s.method == "lora")  # fp32 masters only for bf16 adapters
+    # fp32 masters only for low-precision LoRA adapters (a bf16 full fine-tune would double its memory)
+    weights = TrainableWeights(model, master=s.method == "lora")
     opt = _optimizer(weights, s)
     st = _start_state(out, len(rows), weights, opt, s)
     resumed_from = st.step
