@@ -32,15 +32,28 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
 def learning_bar(config: str | Path, workdir: Path, overrides: dict[str, Any] | None = None, *,
                  baseline: bool = True, baseline_seeds: int = 5, progress: bool = True) -> dict[str, Any]:
     """Run the bar in `workdir` (its lake, checkpoints and student folder are replaced); returns the JSON dict."""
+    workdir = Path(workdir).resolve()
+    lake = workdir / "learn-lake"
+    before = os.environ.get("FLYWHEEL_LAKE")
+    os.environ["FLYWHEEL_LAKE"] = str(lake)  # it outranks lake.root: point it here, and put it back after
+    try:
+        return _run(config, workdir, lake, overrides, baseline, baseline_seeds, progress)
+    finally:
+        if before is None:
+            os.environ.pop("FLYWHEEL_LAKE", None)
+        else:
+            os.environ["FLYWHEEL_LAKE"] = before
+
+
+def _run(config, workdir: Path, lake: Path, overrides, baseline: bool, baseline_seeds: int,
+         progress: bool) -> dict[str, Any]:
     from configs.models import load_config
     from flywheel import stages
     from training.models import init_model
 
-    workdir = Path(workdir).resolve()
-    lake, ckpts = workdir / "learn-lake", workdir / "learn-checkpoints"
+    ckpts = workdir / "learn-checkpoints"
     for d in (lake, ckpts):
         shutil.rmtree(d, ignore_errors=True)
-    os.environ["FLYWHEEL_LAKE"] = str(lake)
     over = {**(overrides or {}), "lake.root": str(lake), "sft.output_root": str(ckpts),
             "evaluate.held_out_tasks": False}
     cfg = load_config(config, over)

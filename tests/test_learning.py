@@ -1,17 +1,18 @@
 """The learning bar, small: SFT on scripted-teacher demos must clearly beat the untrained student.
 
-A smaller version of benchmarks/learning_bar.py (README: "The learning bar"): the embedded default's
-mini Qwen3-VL, two tasks, fewer demos, a shorter SFT budget and fewer held-out seeds. Real Chromium,
-real lake, real training, real greedy decoding; nothing is replaced.
+A smaller version of benchmarks/learning_bar.py (README: "The learning bar"), run through that very
+command in its own process: the embedded default's mini Qwen3-VL, two tasks, fewer demos, a shorter SFT
+budget and fewer held-out seeds. Real Chromium, real lake, real training, real greedy decoding.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-
-from flywheel.learning import learning_bar
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ["click-test", "click-tab"]
@@ -22,7 +23,12 @@ def test_sft_on_teacher_demos_beats_the_untrained_student(tmp_path):
     over = {"bootstrap.selection.tasks": TASKS, "bootstrap.selection.seeds_per_task": 80,
             "rollouts.selection.tasks": TASKS, "evaluate.selection.tasks": TASKS,
             "evaluate.selection.seeds_per_task": 10, "sft.max_minutes": 2.5}
-    res = learning_bar(ROOT / "configs" / "local.yaml", tmp_path, over, baseline_seeds=3, progress=False)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "learning_bar.py"), "--config", str(ROOT / "configs" / "local.yaml"),
+           "--workdir", str(tmp_path), "--baseline-seeds", "3", "--no-progress", "--out", str(tmp_path / "bar.json")]
+    cmd += [f"--set={k}={json.dumps(v)}" for k, v in over.items()]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((tmp_path / "bar.json").read_text())
     before, after = res["before"], res["after"]
     assert res["bootstrap"]["successes"] == 160 and res["dataset"]["n_steps"] == 160
     assert before["success_rate"] <= 0.2, before  # random init: it cannot even write a tool call
