@@ -20,8 +20,9 @@ from configs.models import load_config
 from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 from storage.catalog import connect
 from training.data import IGNORE_INDEX, SFTCollator, prompt_options, retarget_sample, with_images
+from training.losses import token_loss_sum
 from training.models import LoraSpec, freeze_vision, is_lora_param, load_model
-from training.sft import (EncodedSamples, TrainSettings, TrainState, fit_budget, lr_factor, read_samples, token_loss_sum, train,
+from training.sft import (EncodedSamples, TrainSettings, TrainState, fit_budget, lr_factor, read_samples, train,
                           train_step)
 
 pytestmark = pytest.mark.browser

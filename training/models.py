@@ -309,10 +309,14 @@ def _load_adapter(path: Path, dtype: str, device: str, lora: LoraSpec | None):
 
 def model_arch(model) -> str:
     """qwen3-vl or qwen2.5-vl, from a (PEFT-wrapped or plain) model's config."""
-    mt = getattr(model.config, "model_type", "")
-    if mt not in _MODEL_TYPES:
-        raise ModelError(f"model type {mt!r} is not Qwen3-VL or Qwen2.5-VL")
-    return _MODEL_TYPES[mt]
+    return arch_for_model_type(getattr(model.config, "model_type", ""))
+
+
+def arch_for_model_type(model_type: str) -> str:
+    """qwen3-vl or qwen2.5-vl for a transformers `model_type` (qwen3_vl, qwen2_5_vl)."""
+    if model_type not in _MODEL_TYPES:
+        raise ModelError(f"model type {model_type!r} is not Qwen3-VL or Qwen2.5-VL")
+    return _MODEL_TYPES[model_type]
 
 
 # --------------------------------------------------------------------------------------------- LoRA

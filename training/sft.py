@@ -57,7 +57,7 @@ class TrainSettings:
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
-    lora_fp32_adapters: bool = False  # PEFT's default; False = adapters in the model dtype + fp32 masters
+    lora_fp32_adapters: bool = False  # True = PEFT's default; False = adapters in the model dtype + fp32 masters
     warmup_ratio: float = 0.05
     weight_decay: float = 0.01
     grad_clip: float = 1.0
@@ -125,13 +125,6 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
         return step / warmup
     span = max(total - warmup, 1)
     return 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, span) / span))
-
-
-def token_loss_sum(logits, labels):
-    """Summed next-token cross-entropy over labelled positions (training.losses; re-exported for callers)."""
-    from training.losses import token_loss_sum as f
-
-    return f(logits, labels)
 
 
 class EncodedSamples:
@@ -259,11 +252,11 @@ class TrainableWeights:
                 for n, p in self.params.items():
                     p.copy_(self.master[n])
 
-    def load(self, saved: dict[str, Any]) -> None:
+    def load(self, saved: dict[str, Any], source: str = "saved weights") -> None:
         import torch
 
         if set(saved) != set(self.params):
-            raise ValueError("saved weights do not match this model's trainable parameters")
+            raise ValueError(f"checkpoint {source} does not match this model's trainable parameters")
         with torch.no_grad():
             for n, t in saved.items():
                 self.params[n].copy_(t.to(self.params[n].device, self.params[n].dtype))
@@ -308,10 +301,7 @@ def load_state(path: Path, weights: TrainableWeights, opt) -> TrainState:
     import torch
     from safetensors.torch import load_file
 
-    saved = load_file(str(path / "trainable.safetensors"))
-    if set(saved) != set(weights.params):
-        raise ValueError(f"checkpoint {path} does not match this model's trainable parameters")
-    weights.load(saved)
+    weights.load(load_file(str(path / "trainable.safetensors")), source=str(path))
     opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["cpu"])
@@ -449,11 +439,15 @@ def _fused_kernels(base: str) -> list[str]:
 
     if not torch.cuda.is_available():
         return []
-    from training.kernels import apply_fused_kernels
+    from transformers import AutoConfig
 
-    cfg = Path(base) / "config.json"
-    model_type = json.loads(cfg.read_text()).get("model_type", "") if cfg.exists() else str(base).lower()
-    arch = "qwen2.5-vl" if "2_5" in model_type or "2.5" in model_type else "qwen3-vl"
+    from training.kernels import apply_fused_kernels
+    from training.models import ModelError, arch_for_model_type
+
+    try:
+        arch = arch_for_model_type(AutoConfig.from_pretrained(base).model_type)
+    except (OSError, ValueError, ModelError):
+        return []  # unknown here: load_for_training reports it in its own words
     return apply_fused_kernels(arch)
 
 
