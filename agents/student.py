@@ -10,6 +10,7 @@ the rollout records it (the episode continues or ends per config).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,12 @@ class StudentPolicy(Policy):
         self.opts = options or StudentOptions(arch=getattr(backend, "arch", "qwen3-vl"))
         self.version = version or backend.model_id
         self._step = 0
+        self._prompt_s = 0.0
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds spent building prompts, plus the backend's own split (encode / generate / ...)."""
+        return {"prompt": self._prompt_s, **getattr(self.backend, "timings", {})}
 
     def reset(self, task_id: str, seed: int) -> None:
         self._step = 0
@@ -47,9 +54,11 @@ class StudentPolicy(Policy):
         return Sampling(s.temperature, s.top_p, s.max_new_tokens, s.seed + 1000 * k + self._step, s.stop)
 
     def act_batch(self, observations: list[Observation], histories: list[list[StepRecord]]) -> list[Decision]:
+        t0 = time.perf_counter()
         transforms = [transform_for(self.opts.arch, o.width, o.height) for o in observations]
         prompts = [build_prompt(o.instruction, o.screenshot_png, o.ui_text, h, self.opts.prompt, t)
                    for o, h, t in zip(observations, histories, transforms)]
+        self._prompt_s += time.perf_counter() - t0
         gens = self.backend.generate(prompts, self._sampling(len(prompts)))
         self._step += 1
         return [self._decision(g, t, p.context) for g, t, p in zip(gens, transforms, prompts)]

@@ -27,7 +27,7 @@ class _Cfg(BaseModel):
 
 
 class LakeConfig(_Cfg):
-    root: str = Field("lake", description="Lake root folder (relative to the working directory); $FLYWHEEL_LAKE overrides")
+    root: str = Field("lake", description="Lake root folder (relative to the working directory); $FLYWHEEL_LAKE and a command's --lake override it")
 
 
 class EnvConfig(_Cfg):
@@ -103,7 +103,7 @@ class SFTConfig(_Cfg):
     seed: int = Field(0, ge=0, description="Seed of data order, LoRA init and dropout")
     schedule_to_budget: bool = Field(True, description="With max_minutes: fit the cosine schedule's length to the steps the budget allows (re-estimated every 4 steps)")
     merge: bool = Field(True, description="LoRA: also save a merged full model in <checkpoint>/merged (for vLLM and the next iteration's base)")
-    output_root: str | None = Field(None, description="Folder for checkpoints (None = 'checkpoints' beside the lake root)")
+    output_root: str | None = Field(None, description="Folder for checkpoints (None = <lake>/_checkpoints); a relative path is under the lake root, so the checkpoints move with the lake")
     unsloth: bool = Field(False, description="Load through Unsloth FastVisionModel when it is installed and CUDA is available (ignored otherwise)")
     targets: Literal["full", "action", "tool_call"] = Field("full", description="Assistant targets: full (thought + Action line + tool call), action (no thought) or tool_call (the call alone); shorter targets train a small CPU student faster")
     fused_kernels: bool = Field(True, description="On CUDA with liger-kernel installed: fused RMSNorm/SwiGLU/RoPE kernels")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -47,8 +49,14 @@ def summary(stage: str, r: dict[str, Any]) -> str:
 
 
 def output_id(stage: str, r: dict[str, Any]) -> str:
-    """The id a stage's result is known by (run key, dataset, checkpoint or eval id)."""
-    key = {"curate": "dataset_id", "sft": "checkpoint_id", "rl": "checkpoint_id", "evaluate": "eval_id"}.get(stage, "run_key")
+    """What a stage produced, as the iteration table shows it: run key, dataset id, eval id, or for a training
+    stage the checkpoint it made (id and the model folder the next stage gets) or passed on unchanged."""
+    if stage in ("sft", "rl"):
+        path = r.get("model_path") or r.get("path") or r.get("checkpoint")
+        if r.get("checkpoint_id"):
+            return f"{r['checkpoint_id']} ({path})" if path else str(r["checkpoint_id"])
+        return str(path or "")
+    key = {"curate": "dataset_id", "evaluate": "eval_id"}.get(stage, "run_key")
     return str(r.get(key) or r.get("checkpoint") or "")
 
 
@@ -75,13 +83,26 @@ def run_stage(stage_task: Task, stage: str, config: ConfigRef, iteration: int, r
     return result
 
 
-def stage_status(result: dict[str, Any], attempt_started: float) -> str:
-    """'ran', 'cached' (the task found a finished result), or 'reused': a retried parent got the
-    stage's earlier, finished subflow run back without running it at all."""
+def stage_status(result: dict[str, Any], attempt_started: float, stage: str | None = None) -> str:
+    """'skipped' (the stage chose to do nothing, e.g. rl with rl.enabled false), 'cached' (the task found a
+    finished result), 'reused' (a retried parent got the stage's earlier, finished subflow run back without
+    running it at all), else 'ran'.
+
+    Only rl's `skipped` means that: sft's is True when it found its checkpoint already trained (it still ran and
+    recorded it) and the rollout stages' is a count of episodes already in the lake."""
     orch = result.get("orchestration") or {}
+    if stage == "rl" and result.get("skipped") is True:
+        return "skipped"
     if orch.get("cached"):
         return "cached"
     return "reused" if orch.get("finished_at", attempt_started) < attempt_started else "ran"
+
+
+def stage_row(stage: str, result: dict[str, Any], attempt_started: float) -> dict[str, Any]:
+    """One stage's line of the iteration report (`flywheel run`'s table and the Prefect artifact)."""
+    orch = result.get("orchestration") or {}
+    return {"stage": stage, "status": stage_status(result, attempt_started, stage),
+            "wall_s": orch.get("wall_s", 0.0), "output": output_id(stage, result)}
 
 
 def _value(text: str) -> Any:
@@ -95,6 +116,7 @@ def main(fl: Flow, argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog=f"python -m flows.{fl.name}", description=(fl.description or "").split("\n")[0])
     p.add_argument("--config", default="configs/local.yaml", help="YAML config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. rollout.envs=1")
+    p.add_argument("--lake", default=None, help="lake root (default: $FLYWHEEL_LAKE, else the config's lake.root)")
     for name, param in inspect.signature(fl.fn).parameters.items():
         if name != "config":
             p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_value, default=param.default)
@@ -103,6 +125,9 @@ def main(fl: Flow, argv: list[str] | None = None) -> dict[str, Any]:
     if bad:
         p.error(f"--set needs KEY=VALUE, got {bad[0]!r}")
     ref = ConfigRef(path=a.pop("config"), overrides={k: _value(v) for k, v in (kv.split("=", 1) for kv in a.pop("set"))})
+    lake = a.pop("lake")
+    if lake:  # as the CLI's --lake: $FLYWHEEL_LAKE, which the stages read first and rollout workers inherit
+        os.environ["FLYWHEEL_LAKE"] = str(Path(lake).expanduser().resolve())
     with local_settings():
         result = fl(config=ref, **a)
     print(json.dumps(result, indent=2, default=str))

@@ -24,7 +24,7 @@ from prefect.deployments import run_deployment
 
 from configs.models import FlywheelConfig
 from flows.bootstrap import bootstrap
-from flows.common import FLOW_OPTS, main, one_line, output_id, stage_status
+from flows.common import FLOW_OPTS, main, one_line, stage_row
 from flows.curate import curate
 from flows.evaluate import evaluate
 from flows.rl import rl
@@ -75,7 +75,7 @@ def latest_checkpoint(cfg: FlywheelConfig, before: int) -> str | None:
     row = connect(lake, write_catalog_file=False).execute(
         "SELECT path FROM checkpoints WHERE iteration < ? ORDER BY iteration DESC, created_at DESC LIMIT 1",
         [before]).fetchone()
-    return row[0] if row else None
+    return str(lake.resolve(row[0])) if row else None  # rows store lake-relative paths
 
 
 def call_stage(stage: str, config: ConfigRef, iteration: int, mode: str, refresh: bool, **inputs: Any) -> dict[str, Any]:
@@ -98,9 +98,7 @@ def call_stage(stage: str, config: ConfigRef, iteration: int, mode: str, refresh
 
 
 def report_row(cfg: FlywheelConfig, stage: str, res: dict[str, Any], attempt_started: float) -> dict[str, Any]:
-    orch = res.get("orchestration") or {}
-    row = {"stage": stage, "status": stage_status(res, attempt_started), "wall_s": orch.get("wall_s", 0.0),
-           "output": output_id(stage, res)}
+    row = stage_row(stage, res, attempt_started)
     if stage in ("bootstrap", "rollouts", "evaluate"):
         total = next((r for r in stage_stats(cfg, stage, res) if r.get("task_id") == "all"), {})
         row.update(episodes=total.get("episodes"), success_rate=total.get("success_rate"))

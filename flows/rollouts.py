@@ -1,6 +1,6 @@
 """Flow `rollouts`: the current student, G episodes per task instance on the train split.
 
-    python -m flows.rollouts --config configs/tiny.yaml --iteration 0 [--checkpoint checkpoints/sft-it0/merged]
+    python -m flows.rollouts --config configs/tiny.yaml --iteration 0 [--checkpoint lake/_checkpoints/sft-it0/merged]
     prefect deployment run rollouts/cpu -p iteration=1
 """
 

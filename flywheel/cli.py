@@ -35,7 +35,8 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # one error = one line, never wrapped
 
 CONFIG_OPT = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml).")
-LAKE_OPT = typer.Option(None, "--lake", help="Lake root (default: $FLYWHEEL_LAKE, else the config's lake.root).")
+LAKE_OPT = typer.Option(None, "--lake", help="Lake root (default: $FLYWHEEL_LAKE, else the config's lake.root). "
+                        "Commands that start other processes pass it on to them as $FLYWHEEL_LAKE.")
 
 
 def load_cfg(config: Optional[Path], overrides: dict | None = None):
@@ -43,7 +44,20 @@ def load_cfg(config: Optional[Path], overrides: dict | None = None):
     return load_config(config or default_config_path(), overrides)
 
 
+def use_lake(lake: Optional[Path]) -> None:
+    """Apply `--lake` for a command that runs stages: it becomes this process's $FLYWHEEL_LAKE.
+
+    The stages find their lake through $FLYWHEEL_LAKE first (flywheel.stages.lake_for), and rollout workers,
+    Prefect flow runs and the workers `flywheel up` starts inherit the environment, so one setting reaches
+    every process the command starts, with the precedence --lake > $FLYWHEEL_LAKE > lake.root. (A config
+    override would change the config hash on every row and lose to an inherited $FLYWHEEL_LAKE.)"""
+    import os
+    if lake is not None:
+        os.environ["FLYWHEEL_LAKE"] = str(Path(lake).expanduser().resolve())
+
+
 def lake_root(lake: Optional[Path], config: Optional[Path] = None) -> str:
+    """The lake root for commands that only read it: --lake, else $FLYWHEEL_LAKE, else the config's lake.root."""
     import os
     if lake:
         return str(lake)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
-from flywheel.cli import CONFIG_OPT, app, stage_app
+from flywheel.cli import CONFIG_OPT, LAKE_OPT, app, stage_app, use_lake
 from flywheel.errors import UserError
 
 
@@ -19,7 +20,7 @@ for _name, _issue, _help in [
 ]:
     def _make(name=_name, issue=_issue):
         def cmd(iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration."),
-                config: Optional[str] = CONFIG_OPT):
+                config: Optional[str] = CONFIG_OPT, lake: Optional[Path] = LAKE_OPT):
             _not_yet(f"stage {name}", issue)
         cmd.__doc__ = _help
         return cmd
@@ -30,6 +31,7 @@ for _name, _issue, _help in [
 def stage_curate(
     iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration: episodes of iterations <= N are used."),
     config: Optional[str] = CONFIG_OPT,
+    lake: Optional[Path] = LAKE_OPT,
 ):
     """Select successful train episodes (deduplicated, capped per task, fit steps only) into an SFT dataset:
     a `datasets` manifest row and a Parquet export under <lake>/_datasets/."""
@@ -39,6 +41,7 @@ def stage_curate(
     from flywheel.cli import load_cfg
     from flywheel.stages import curate
 
+    use_lake(lake)
     res = curate(load_cfg(config), iteration)
     Console().print(f"dataset [bold]{res['dataset_id']}[/bold]: {res['n_episodes']} episodes, {res['n_steps']} steps "
                     f"-> {res['data_files']}\nsources: {json.dumps(res['source_counts']['by_policy_iteration'])}")
@@ -51,6 +54,7 @@ def stage_sft(
     base: Optional[str] = typer.Option(None, "--base", help="Base model folder or checkpoint id (default: the latest earlier checkpoint, else student.model)."),
     max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="Wall-clock budget (overrides sft.max_minutes)."),
     config: Optional[str] = CONFIG_OPT,
+    lake: Optional[Path] = LAKE_OPT,
 ):
     """Fine-tune the student (LoRA or full, vision frozen) on a curated dataset; resumes an interrupted run,
     reuses a finished one, and records the checkpoint in the `checkpoints` table."""
@@ -59,6 +63,7 @@ def stage_sft(
     from flywheel.stages import sft
     from storage.curate import dataset_id_for
 
+    use_lake(lake)
     cfg = load_cfg(config, {"sft.max_minutes": max_minutes} if max_minutes else None)
     res = sft(cfg, iteration, dataset or dataset_id_for(cfg, iteration), base)
     verb = "reused" if res["skipped"] else "trained"
@@ -71,6 +76,7 @@ def stage_evaluate(
     iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration (partition of the eval rows)."),
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Model folder / Hub id, or 'scripted' for the teacher (default: the config's student.model)."),
     config: Optional[str] = CONFIG_OPT,
+    lake: Optional[Path] = LAKE_OPT,
 ):
     """Evaluate a checkpoint on held-out seeds (and held-out tasks): success rate with 95% CI per task,
     average steps, parse-error rate -> the `evals` table, a table here and a PNG plot."""
@@ -79,6 +85,7 @@ def stage_evaluate(
     from flywheel.stages import evaluate, lake_for
     from storage.catalog import connect, run_query
 
+    use_lake(lake)
     cfg = load_cfg(config)
     res = evaluate(cfg, iteration, checkpoint or cfg.student.model)
     lk = lake_for(cfg)
@@ -93,10 +100,12 @@ def stage_evaluate(
 def up(
     port: int = typer.Option(4200, "--port", help="Port of the Prefect server (API and UI)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (0.0.0.0 lets workers on other machines connect)."),
+    lake: Optional[Path] = LAKE_OPT,
 ):
     """Start a local Prefect server, the cpu/gpu work pools, the deployments of prefect.yaml and one worker per pool."""
     from rich.console import Console
     from flywheel.orchestrate import up as start
+    use_lake(lake)  # the workers inherit it: deployed stages write where this says
     console = Console()
     console.print(f"starting the Prefect server on {host}:{port}, pools, deployments and workers (about a minute)...")
     st = start(host=host, port=port)
@@ -148,15 +157,17 @@ def rollout(
     stage: str = typer.Option("rollouts", "--stage", help="Stage partition to write under (bootstrap | rollouts | evaluate)."),
     model: Optional[str] = typer.Option(None, "--model", help="Student checkpoint folder (policy 'student')."),
     config: Optional[str] = CONFIG_OPT,
+    lake: Optional[Path] = LAKE_OPT,
 ):
     """Run episodes in parallel envs and write every one (steps, screenshots, status) to the lake."""
     from rich.console import Console
     from envs import registry
     from flywheel.cli import load_cfg, print_arrow_table
     from flywheel.rollout import PolicySpec, run_rollouts
-    from flywheel.stages import lake_for, register_tasks, resolve_tasks, rollout_spec
+    from flywheel.stages import check_student_model, lake_for, register_tasks, resolve_tasks, rollout_spec
     from storage.catalog import connect, run_query
 
+    use_lake(lake)
     cfg = load_cfg(config)
     seed_list = _parse_seeds(seeds)
     try:
@@ -170,7 +181,7 @@ def rollout(
     if policy == "scripted":
         spec_p = PolicySpec("scripted")
     elif policy == "student":
-        path = model or cfg.student.model
+        path = check_student_model(cfg, model or cfg.student.model)  # before the lake or any worker is touched
         spec_p = PolicySpec("student", {"model": path, "config": cfg.student.model_dump()}, version=str(path))
     else:
         raise UserError(f"unknown --policy {policy!r}; use scripted or student")
@@ -195,6 +206,7 @@ def run(
     start: int = typer.Option(0, "--start", help="First iteration number (continue a flywheel where it stopped)."),
     mode: str = typer.Option("local", "--mode", help="local: every stage in this process | deployed: each stage on its work pool (needs `flywheel up`)."),
     refresh: bool = typer.Option(False, "--refresh", help="Run every stage again even where a finished result is cached."),
+    lake: Optional[Path] = LAKE_OPT,
 ):
     """Run flywheel iterations through Prefect (default: one iteration of the embedded MiniWoB config).
 
@@ -203,17 +215,17 @@ def run(
     cached, so after a failure the same command (or `prefect flow-run retry`) resumes at the failed stage.
     """
     from rich.console import Console
-    from rich.table import Table
     from configs.models import default_config_path
     from flywheel.cli import err_console
     from flywheel.orchestrate import RunFailed, run_flywheel
-    from flows.common import output_id, stage_status
 
     from flywheel.cli import load_cfg
-    from flywheel.stages import ensure_student
+    from flywheel.stages import check_student_model, ensure_student
 
+    use_lake(lake)
     console = Console()
-    ensure_student(load_cfg(config))
+    cfg = load_cfg(config)
+    check_student_model(cfg, ensure_student(cfg))  # a Hub id that cannot load fails here, not in the rollouts stage
     try:
         out = run_flywheel(str(config or default_config_path()), iterations=iterations, start_iteration=start,
                            mode=mode, refresh=refresh)
@@ -224,14 +236,22 @@ def run(
                               f"--entrypoint flows.flywheel:flywheel`", highlight=False, markup=False)
         raise typer.Exit(2 if e.user_error else 1)
     for it in out:
-        table = Table(title=f"iteration {it['iteration']}", header_style="bold cyan")
-        for c in ("stage", "status", "wall s", "result"):
-            table.add_column(c)
-        for stage, res in it["stages"].items():
-            orch = res.get("orchestration", {})
-            table.add_row(stage, stage_status(res, it["started_at"]), f"{orch.get('wall_s', 0):.1f}",
-                          output_id(stage, res))
-        console.print(table)
+        console.print(iteration_table(it))
         ev = it["stages"]["evaluate"]
         console.print(f"held-out success {ev['success_rate']:.1%} (95% CI {ev['ci_low']:.1%}-{ev['ci_high']:.1%}) "
                       f"for {it['checkpoint']}")
+
+
+def iteration_table(it: dict):
+    """The table `flywheel run` prints for one iteration of the flywheel flow's result: per stage its status
+    (flows.common.stage_status: ran, cached, reused or skipped), wall seconds and output (flows.common.output_id)."""
+    from rich.table import Table
+    from flows.common import stage_row
+
+    table = Table(title=f"iteration {it['iteration']}", header_style="bold cyan")
+    for c in ("stage", "status", "wall s", "result"):
+        table.add_column(c)
+    for stage, res in it["stages"].items():
+        row = stage_row(stage, res, it["started_at"])
+        table.add_row(stage, row["status"], f"{row['wall_s']:.1f}", row["output"])
+    return table

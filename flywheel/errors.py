@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from configs.models import ConfigError
+from flywheel.rollout import RolloutError
 from storage.catalog import QueryError
 from storage.lake import LakeError
+from training.models import ModelError
 
 
 class UserError(Exception):
     """Bad input from the user (arguments, files): one clear line."""
 
 
-USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ConfigError, LakeError, QueryError)
+# RolloutError (the runner could not start its workers) and ModelError (a model folder or Hub id that
+# cannot load) already carry one line naming the cause; a traceback adds nothing a user can act on.
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ConfigError, LakeError, QueryError, RolloutError,
+                                                ModelError)

@@ -1,6 +1,6 @@
 """Evaluation: a checkpoint on held-out seeds (and held-out tasks) -> `evals` rows, a table, a plot.
 
-    res = evaluate_checkpoint(cfg, iteration=1, checkpoint="checkpoints/sft-it1")
+    res = evaluate_checkpoint(cfg, iteration=1, checkpoint="lake/_checkpoints/sft-it1/merged")
     res["success_rate"], res["ci_low"], res["ci_high"], res["plot"]
 
 Episodes run through the same rollout runner and prompt builder as training (greedy
@@ -109,6 +109,13 @@ def plot_success(lake: Lake, out: Path) -> Path | None:
     return out
 
 
+def _row_checkpoint(lake: Lake, checkpoint: str) -> str:
+    """How `evals.checkpoint_id` names the checkpoint: a folder inside the lake relative to its root (a moved lake
+    keeps meaningful rows), anything else (a folder elsewhere, a Hub id, 'scripted') as given."""
+    p = Path(checkpoint).expanduser()
+    return lake.rel(p) if p.exists() and p.resolve().is_relative_to(lake.root) else checkpoint
+
+
 def evaluate_checkpoint(cfg: FlywheelConfig, iteration: int, checkpoint: str, *,
                         progress: bool = True) -> dict[str, Any]:
     from envs import registry
@@ -126,7 +133,7 @@ def evaluate_checkpoint(cfg: FlywheelConfig, iteration: int, checkpoint: str, *,
     summary = run_rollouts(spec, progress=progress)
     lake = lake_for(cfg)
     eval_id = "eval-" + hashlib.sha1(f"{spec.run_key}|{checkpoint}".encode()).hexdigest()[:12]
-    rows = _rows(lake, spec.run_key, iteration, eval_id, checkpoint, held_out, cfg.config_hash())
+    rows = _rows(lake, spec.run_key, iteration, eval_id, _row_checkpoint(lake, checkpoint), held_out, cfg.config_hash())
     lake.replace_run("evals", [rows], iteration=iteration, stage="evaluate", run_key=spec.run_key)
     plot = plot_success(lake, lake.root / "_reports" / "success_rate.png")
     overall = rows[-1]

@@ -210,7 +210,10 @@ def up(*, host: str = "127.0.0.1", port: int = 4200, root: Path | None = None, s
     env = {**os.environ, "PREFECT_HOME": str(state_dir / "home"), "PREFECT_API_URL": api_url,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(results_dir(root)), **(extra_env or {})}
-    state = {"api_url": api_url, "ui_url": api_url.removesuffix("/api"), "root": str(root), "processes": []}
+    # the lake the workers inherit (`flywheel up --lake` sets it): a deployed run checks that it uses the same one
+    lake = str(Path(env["FLYWHEEL_LAKE"]).expanduser().resolve()) if env.get("FLYWHEEL_LAKE") else None
+    state = {"api_url": api_url, "ui_url": api_url.removesuffix("/api"), "root": str(root), "lake": lake,
+             "processes": []}
     logs = state_dir / "logs"
 
     def record(proc: dict[str, Any]) -> None:
@@ -262,6 +265,22 @@ class RunFailed(Exception):
         self.flow_run_id, self.user_error = flow_run_id, user_error
 
 
+def _check_workers_lake(cfg: Any, api_url: str) -> None:
+    """Deployed stages run in the workers `flywheel up` started, on the lake they inherited; this process reads the
+    lake too (which stages to run, where to resume), so a run that resolves another lake would split an iteration."""
+    from flywheel.stages import lake_for
+    try:
+        st = read_state(project_root() / ".prefect")
+    except (UserError, OSError, ValueError):
+        return
+    if not st or st.get("api_url") != api_url or not st.get("lake"):
+        return  # another server, or workers on the config's lake.root: nothing recorded to compare
+    mine = str(lake_for(cfg).root)
+    if st["lake"] != mine:
+        raise UserError(f"the `flywheel up` workers use the lake {st['lake']} but this run resolves {mine}: pass "
+                        f"--lake {st['lake']}, or restart them with `flywheel down && flywheel up --lake {mine}`")
+
+
 def run_flywheel(config: str, *, iterations: int | None = None, start_iteration: int = 0, mode: str = "local",
                  refresh: bool = False, overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run the `flywheel` flow in this process (its stages in-process, or on their pools in deployed mode)."""
@@ -274,6 +293,8 @@ def run_flywheel(config: str, *, iterations: int | None = None, start_iteration:
         from prefect.settings import PREFECT_API_URL
         if mode == "deployed" and not PREFECT_API_URL.value():
             raise UserError("deployed mode needs a Prefect server: run `flywheel up` first, or set PREFECT_API_URL")
+        if mode == "deployed":
+            _check_workers_lake(load_config(config, overrides), PREFECT_API_URL.value())
         from flows.flywheel import flywheel
         from tasks.common import ConfigRef
         state = flywheel(config=ConfigRef(path=str(config), overrides=overrides or {}), iterations=iterations,

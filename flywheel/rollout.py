@@ -85,6 +85,10 @@ class RolloutSpec:
     kill_grace_s: float = 15.0  # a worker stuck in one step this long past the episode timeout is killed
     # Artificial policy latency per step: fault-injection tests, and benchmarks simulating a slow model.
     step_delay_s: float = 0.0
+    # Intra-op threads of the policy's torch in each worker. None = auto: 1. Measured on 2 cores (docs/LOG.md):
+    # torch's default (one thread per core) in each of N workers next to Chromium made a batch-2 generate of the
+    # mini student 10x slower (5.4 s vs 0.56 s); tiny models gain nothing from intra-op threads anyway.
+    policy_threads: int | None = None
 
 
 @dataclass
@@ -98,6 +102,10 @@ class RolloutSummary:
     errors: int
     duration_s: float
     per_status: dict[str, int] = field(default_factory=dict)
+    # seconds summed over workers: start (spawn, imports, model load, browsers), env (reset/step/evaluate),
+    # policy (prompt build + image processing + generate; the policy's own split under policy_*), lake writes,
+    # idle (waiting for jobs)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def steps_per_s(self) -> float:
@@ -161,8 +169,36 @@ def _env_version(env_name: str) -> str | None:
         return env_name
 
 
+def _limit_threads(n: int) -> None:
+    """Cap the worker's BLAS/OpenMP/torch threads before any of them start (spawned workers import torch late)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(n)
+    import torch  # the policy imports it next anyway; sizing the pools now means they are sized once
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(n)
+    except RuntimeError:  # already started: keep whatever it has
+        pass
+
+
+class _Clock:
+    """Seconds per phase in one worker (the profile behind RolloutSummary.timings)."""
+
+    def __init__(self):
+        self.t: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.t[phase] = self.t.get(phase, 0.0) + now - self._last
+        self._last = now
+
+
 def _worker_main(conn, spec: RolloutSpec, prov: Provenance) -> None:
     os.setsid()  # own process group: the runner can end this worker and every browser it started
+    clock = _Clock()
+    if spec.policy.kind != "scripted":
+        _limit_threads(spec.policy_threads or 1)
     envs: list = []
     policy = None
     try:
@@ -176,8 +212,13 @@ def _worker_main(conn, spec: RolloutSpec, prov: Provenance) -> None:
         except Exception as e:  # noqa: BLE001 - reported to the runner as one line
             conn.send(("init_error", f"{type(e).__name__}: {e}".splitlines()[0]))
             return
+        clock.lap("start")
         conn.send(("ready", {"pid": os.getpid(), "slots": len(envs)}))
-        _lockstep_loop(conn, spec, prov, envs, policy)
+        _lockstep_loop(conn, spec, prov, envs, policy, clock)
+        timings = dict(clock.t)
+        for k, v in getattr(getattr(policy, "inner", policy), "timings", {}).items():
+            timings[f"policy_{k}"] = v
+        conn.send(("stats", timings))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         return
     except Exception:  # noqa: BLE001
@@ -192,7 +233,7 @@ def _worker_main(conn, spec: RolloutSpec, prov: Provenance) -> None:
                 pass
 
 
-def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy) -> None:
+def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy, clock: _Clock) -> None:
     """Take up to len(envs) jobs, step all running episodes together (one batched decision per
     tick), write each finished episode to the lake and report it; until the runner says stop."""
     lake = Lake(spec.lake_root)
@@ -200,7 +241,9 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
     stopping = False
     while True:
         while free and not stopping and (not active or conn.poll()):  # block only when idle
+            clock.lap("other")
             msg = conn.recv()
+            clock.lap("idle")
             if msg is None:
                 stopping = True
                 break
@@ -214,6 +257,7 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
             except Exception as e:  # noqa: BLE001
                 run.fail(e)
             active[slot] = run
+            clock.lap("env")
         if not active:
             if stopping:
                 return
@@ -221,19 +265,24 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
         running = [k for k, r in active.items() if not r.ended]
         if running:
             try:
+                clock.lap("other")
                 decisions = timed_decisions(policy, [active[k] for k in running])
+                clock.lap("policy")
             except Exception as e:  # noqa: BLE001 - a policy bug ends these episodes, not the worker
                 for k in running:
                     active[k].fail(e)
             else:
                 for k, d in zip(running, decisions):
                     active[k].apply(d)
+                clock.lap("env")
         for k in [k for k, r in active.items() if r.ended]:
             ep, steps = active.pop(k).finish()
+            clock.lap("env")
             part = ep["episode_id"]
             if steps:
                 lake.write("steps", steps, iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
             lake.write("episodes", [ep], iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
+            clock.lap("lake")
             conn.send(("done", {**{f: ep[f] for f in ("episode_id", "task_id", "status", "success", "n_steps", "error")},
                                 "worker_pid": os.getpid()}))
             if ep["status"] == "error":  # the env may be broken: a fresh one for the next job
@@ -287,6 +336,7 @@ class _Runner:
         self.on_result = on_result or (lambda r: None)
         self.workers: list[_Worker] = []
         self.init_failures = 0
+        self.timings: dict[str, float] = {}
 
     def start_worker(self) -> None:
         parent, child = self.ctx.Pipe(duplex=True)
@@ -336,6 +386,12 @@ class _Runner:
         elif kind == "done":
             w.jobs.pop(payload["episode_id"], None)
             self.on_result(payload)
+        elif kind == "stats":
+            self.handle_stats(payload)
+
+    def handle_stats(self, payload: dict[str, float]) -> None:
+        for k, v in payload.items():
+            self.timings[k] = self.timings.get(k, 0.0) + float(v)
 
     def run(self, jobs: list[EpisodeJob]) -> None:
         pending = deque(jobs)
@@ -356,7 +412,14 @@ class _Runner:
                     if w.conn in ready:
                         self.handle_message(w, pending)
                     elif w.proc.sentinel in ready and w in self.workers and not w.conn.poll():
-                        self.retire(w, "error", f"rollout worker died (exit code {w.proc.exitcode}) during the episode")
+                        if not w.ready:  # died while starting: counts like an init error (no endless respawns)
+                            self.retire(w)
+                            self.init_failures += 1
+                            if self.init_failures >= 2:
+                                raise RolloutError(f"env workers exit while starting (exit code {w.proc.exitcode}); "
+                                                   "run one episode with --envs 1 to see the worker's error")
+                        else:
+                            self.retire(w, "error", f"rollout worker died (exit code {w.proc.exitcode}) during the episode")
                 self.enforce_deadlines()
         finally:
             self.shutdown()
@@ -382,6 +445,14 @@ class _Runner:
                 pass
         deadline = time.monotonic() + 10
         for w in self.workers:
+            try:  # each worker answers the stop with its timing split, then closes its browsers
+                while w.conn.poll(max(0.0, deadline - time.monotonic())):
+                    kind, payload = w.conn.recv()
+                    if kind == "stats":
+                        self.handle_stats(payload)
+                        break
+            except (EOFError, OSError):
+                pass
             w.proc.join(timeout=max(0.1, deadline - time.monotonic()))
         for w in list(self.workers):
             kill_group(w.proc.pid)  # whatever is left of the group (browsers) goes too
@@ -397,6 +468,7 @@ def run_rollouts(spec: RolloutSpec, *, progress: bool = True,
     done = existing_episodes(lake, spec)
     todo = [j for j in spec.jobs if j.episode_id not in done or (spec.retry_errors and done[j.episode_id] == "error")]
     stats = {"ran": 0, "succ": 0, "steps": 0, "errors": 0, "status": {}}
+    timings: dict[str, float] = {}
     t0 = time.monotonic()
     bar = _ProgressBar(len(todo), spec.run_key) if progress and todo else None
 
@@ -415,12 +487,14 @@ def run_rollouts(spec: RolloutSpec, *, progress: bool = True,
         try:
             if bar:
                 bar.start()
-            _Runner(spec, record).run(todo)
+            runner = _Runner(spec, record)
+            runner.run(todo)
+            timings = {k: round(v, 2) for k, v in sorted(runner.timings.items())}
         finally:
             if bar:
                 bar.stop()
     return RolloutSummary(spec.run_key, len(spec.jobs), len(spec.jobs) - len(todo), stats["ran"], stats["succ"],
-                          stats["steps"], stats["errors"], time.monotonic() - t0, stats["status"])
+                          stats["steps"], stats["errors"], time.monotonic() - t0, stats["status"], timings)
 
 
 class _ProgressBar:

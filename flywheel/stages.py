@@ -21,6 +21,8 @@ from storage.lake import Lake
 
 
 def lake_for(cfg: FlywheelConfig) -> Lake:
+    """The lake the stages read and write: $FLYWHEEL_LAKE, else the config's lake.root. A command's `--lake`
+    sets $FLYWHEEL_LAKE (flywheel.cli.use_lake), so it outranks both, here and in every process it starts."""
     import os
     return Lake(os.environ.get("FLYWHEEL_LAKE") or cfg.lake.root)
 
@@ -114,13 +116,40 @@ def ensure_student(cfg: FlywheelConfig) -> str:
     return model
 
 
+def check_student_model(cfg: FlywheelConfig, model: str) -> str:
+    """Fail here, in one line, on a student model the rollout workers could not load, before any worker starts
+    (a worker's load error would end as "env workers cannot start" after two spawned processes each tried).
+
+    A path that looks local (training.models._looks_local) must be a model or LoRA adapter folder; anything else
+    is a Hub id, which must be cached or reachable (load_model's fast preflight). The `openai` backend names a
+    served model, which only its server can check."""
+    from pathlib import Path
+
+    from training.models import ModelError, _hub_preflight, _looks_local
+    if cfg.student.backend != "hf":
+        return model
+    p = Path(model).expanduser()
+    todo = "pass a model folder (`flywheel model init --out PATH` builds one), a checkpoint folder or a Hub id"
+    if _looks_local(model):
+        if not p.exists():
+            raise UserError(f"no model folder at {model}: {todo}")
+        if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+            raise UserError(f"{model} is not a model folder (no config.json or adapter_config.json): {todo}")
+        return model
+    try:
+        _hub_preflight(model)
+    except ModelError as e:
+        raise UserError(f"no model folder at {model}, and as a Hub id: {e}") from None
+    return model
+
+
 def student_rollouts(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *,
                      progress: bool = True) -> dict[str, Any]:
     """The current student (`checkpoint`, default: cfg.student.model), G episodes per task instance,
     on the train split (stage 'rollouts'). Returns {"run_key", "ran", "successes", ...}."""
     from envs import registry
     sel = cfg.rollouts.selection
-    model = checkpoint or cfg.student.model
+    model = check_student_model(cfg, checkpoint or cfg.student.model)
     policy = PolicySpec("student", {"model": model, "config": {**cfg.student.model_dump(), "model": model}},
                         version=str(model))
     # seeds after the bootstrap's, so student rollouts see task instances the teacher did not demo
@@ -148,12 +177,13 @@ def sft(cfg: FlywheelConfig, iteration: int, dataset_id: str, base: str | None =
     """Fine-tune `base` (a folder or checkpoint id; default: latest checkpoint of an earlier iteration, else
     cfg.student.model) on a dataset manifest, within cfg.sft.max_minutes if set. Returns {"checkpoint_id",
     "path", "model_path" (full model for rollouts/eval), "final_loss", "steps", "skipped", ...}; a row lands
-    in `checkpoints`. A finished checkpoint (same data, base and settings) is reused, not retrained."""
+    in `checkpoints`. A finished checkpoint of this lake (same data, base and settings) is reused, not retrained."""
     from training.models import ModelError
     from training.sft import sft_stage
     try:
         return sft_stage(cfg, iteration, dataset_id, base, lake=lake_for(cfg), progress=progress, git_sha=git_sha())
-    except (FileNotFoundError, ModelError) as e:  # missing export, unloadable base or parent checkpoint
+    # missing export, unloadable base or parent checkpoint, another lake's checkpoint in the way
+    except (FileNotFoundError, FileExistsError, ModelError) as e:
         raise UserError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
 
@@ -168,4 +198,6 @@ def evaluate(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, progress: 
     """Held-out seeds (and held-out tasks) for a checkpoint -> `evals` rows, a table and a plot.
     Returns {"eval_id", "success_rate", "ci_low", "ci_high", "plot"}."""
     from flywheel.evaluate import evaluate_checkpoint
+    if checkpoint != "scripted":
+        check_student_model(cfg, checkpoint)
     return evaluate_checkpoint(cfg, iteration, checkpoint, progress=progress)

@@ -3,12 +3,17 @@
     con = connect("lake")                  # in-memory DuckDB with views tasks, episodes, steps, ...
     con.sql("SELECT task_id, avg(success::INT) FROM episodes GROUP BY 1").show()
 
-    $ duckdb -readonly lake/catalog.duckdb  # the same views from the DuckDB CLI
+    $ cd lake && duckdb -readonly catalog.duckdb   # the same views from the DuckDB CLI
 
 Views glob `<table>/*/*/*.parquet` with hive partitioning (iteration, stage from the path)
 and `union_by_name`, so files written by an older schema version (missing newer nullable
 columns) read as NULL. A table with no files yet is an empty typed view. Parquet column
 pruning means a query that does not name `screenshot` never reads its bytes.
+
+The in-memory connection's views use absolute globs (any working directory). The catalog
+file's views use globs relative to the lake root, which DuckDB resolves against the working
+directory (or `SET file_search_path = '<lake>'`): so open it from inside the lake, and a
+copied or moved lake's catalog still works without being rewritten.
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ def _q(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def view_sql(lake: Lake, table: str) -> str:
-    """The SELECT behind a table's view (empty typed SELECT when the table has no files)."""
+def view_sql(lake: Lake, table: str, *, relative: bool = False) -> str:
+    """The SELECT behind a table's view (empty typed SELECT when the table has no files).
+
+    `relative`: glob relative to the lake root (the catalog file, which must survive a moved lake)."""
     if lake.has_data(table):
-        glob = str(lake.root / table / "*" / "*" / "*.parquet")
+        glob = f"{table}/*/*/*.parquet" if relative else str(lake.root / table / "*" / "*" / "*.parquet")
         hive_types = ", ".join(f"'{k}': '{v}'" for k, v in PARTITION_COLUMNS.items())
         return (f"SELECT * FROM read_parquet({_q(glob)}, hive_partitioning=true, union_by_name=true, "
                 f"hive_types={{{hive_types}}})")
@@ -48,9 +55,9 @@ def view_sql(lake: Lake, table: str) -> str:
     return f"SELECT {', '.join(cols)} WHERE false"
 
 
-def create_views(con: duckdb.DuckDBPyConnection, lake: Lake) -> None:
+def create_views(con: duckdb.DuckDBPyConnection, lake: Lake, *, relative: bool = False) -> None:
     for table in TABLES:
-        con.execute(f'CREATE OR REPLACE VIEW "{table}" AS {view_sql(lake, table)}')
+        con.execute(f'CREATE OR REPLACE VIEW "{table}" AS {view_sql(lake, table, relative=relative)}')
 
 
 def connect(root: str | os.PathLike | Lake | None = None, *, threads: int | None = None,
@@ -74,19 +81,25 @@ def connect(root: str | os.PathLike | Lake | None = None, *, threads: int | None
 
 
 def ensure_catalog(lake: Lake) -> Path:
-    """(Re)write `<root>/catalog.duckdb` when the set of non-empty tables or the root changed.
+    """(Re)write `<root>/catalog.duckdb` when the set of non-empty tables changed.
 
+    Its views glob relative to the lake root, so the signature holds no root: a moved or copied
+    lake keeps its catalog as is. ("paths" marks the relative layout: a catalog written with
+    absolute paths by an older version has another signature and is rewritten once.)
     Built under a temp name and renamed, so concurrent writers and readers never see half a file.
     """
     path = lake.root / CATALOG_FILE
-    sig = json.dumps({"root": str(lake.root), "tables": {t: lake.has_data(t) for t in TABLES}}, sort_keys=True)
+    sig = json.dumps({"paths": "relative", "tables": {t: lake.has_data(t) for t in TABLES}}, sort_keys=True)
     sig_path = lake.root / _CATALOG_SIG
     if path.exists() and sig_path.exists() and sig_path.read_text() == sig:
         return path
     tmp = lake.root / f".catalog.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     con = duckdb.connect(str(tmp))
     try:
-        create_views(con, lake)
+        # creating a view binds it, which globs now: resolve the relative globs against the lake root
+        # (a session setting, not stored in the file) instead of this process's working directory
+        con.execute(f"SET file_search_path = {_q(str(lake.root))}")
+        create_views(con, lake, relative=True)
     finally:
         con.close()
     os.replace(tmp, path)

@@ -11,7 +11,8 @@ parse, failed to parse or failed to execute are never targets (they stay in late
 the policy saw them).
 
 The export is `<lake>/_datasets/<dataset_id>/train.parquet` (outside the lake tables), written to a temp file
-and renamed. Its rows are built by training.data.episode_samples with the student's prompt options and
+and renamed; the manifest row stores its folder relative to the lake root (`lake.resolve(row["path"])`), so a
+moved lake still finds it. Its rows are built by training.data.episode_samples with the student's prompt options and
 coordinate convention, so SFT sees exactly the prompts rollouts and evaluation build. The dataset id is the
 run key: deterministic in (iteration, curate config, student prompt/arch), so a rerun replaces the manifest
 row and the file instead of adding new ones.
@@ -151,7 +152,7 @@ def curate(cfg: Any, iteration: int, lake: Lake | None = None, *, held_out: list
     ids = [e["episode_id"] for e in episodes]
     row = dict(dataset_id=dataset_id, name=f"sft it{iteration}: {len(ids)} episodes, {n_steps} steps", query=sql,
                episode_ids=ids, n_episodes=len(ids), n_steps=n_steps,
-               source_counts=json.dumps(source_counts(episodes), sort_keys=True), path=str(folder),
+               source_counts=json.dumps(source_counts(episodes), sort_keys=True), path=lake.rel(folder),
                created_at=datetime.now(timezone.utc), run_key=dataset_id, git_sha=git_sha,
                config_hash=cfg.config_hash("curate"))
     lake.replace_run("datasets", [[row]], iteration=iteration, stage="curate", run_key=dataset_id)

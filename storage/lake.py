@@ -134,6 +134,19 @@ class Lake:
         part_s = f"{part:05d}" if isinstance(part, int) else _check_key("part", str(part))
         return self.partition_dir(table, iteration, stage) / f"{_check_key('run_key', run_key)}-{part_s}.parquet"
 
+    # ------------------------------------------------------------------ paths in rows
+    # Rows that name a file or folder of the lake (checkpoints, dataset exports) store it relative to the
+    # root, so a copied or moved lake still resolves them; a path outside the lake is stored absolute.
+    def rel(self, path: str | os.PathLike) -> str:
+        """How a row stores `path`: relative to the root (POSIX form) when inside the lake, else absolute."""
+        p = Path(path).expanduser().resolve()
+        return p.relative_to(self.root).as_posix() if p.is_relative_to(self.root) else str(p)
+
+    def resolve(self, stored: str | os.PathLike) -> Path:
+        """A path as a row stores it (see `rel`), made absolute: a relative one lies under the root."""
+        p = Path(stored).expanduser()
+        return p if p.is_absolute() else self.root / p
+
     # ------------------------------------------------------------------ writes
     def write(self, table: str, rows: Sequence[dict] | pa.Table, *, iteration: int, stage: str,
               run_key: str, part: int | str = 0) -> Path:

@@ -100,9 +100,9 @@ STEPS = pa.schema([
 
 CHECKPOINTS = pa.schema([
     _f("checkpoint_id", pa.string(), "Checkpoint id", False),
-    _f("path", pa.string(), "Folder loadable by transformers (adapter or full)"),
+    _f("path", pa.string(), "Folder loadable by transformers (adapter or full); relative to the lake root when inside the lake"),
     _f("method", pa.string(), "'init' | 'sft' | 'grpo' | 'sdpo' | 'import'"),
-    _f("base_model", pa.string(), "Base model folder or Hub id"),
+    _f("base_model", pa.string(), "Base model folder (relative to the lake root when inside the lake) or Hub id"),
     _f("parent_checkpoint", pa.string(), "Checkpoint this one was trained from"),
     _f("dataset_id", pa.string(), "Dataset manifest used (joins datasets.dataset_id)"),
     _f("adapter", pa.bool_(), "True if `path` holds a LoRA adapter"),
@@ -119,14 +119,14 @@ DATASETS = pa.schema([
     _f("n_episodes", pa.int64(), "Episode count"),
     _f("n_steps", pa.int64(), "Step count"),
     _f("source_counts", pa.string(), "JSON: episodes per (policy, iteration)"),
-    _f("path", pa.string(), "Exported dataset folder (datasets.load_dataset('parquet', ...))"),
+    _f("path", pa.string(), "Exported dataset folder (datasets.load_dataset('parquet', ...)); relative to the lake root"),
     _f("created_at", _TS, "Creation time (UTC)"),
     *_PROVENANCE,
 ])
 
 EVALS = pa.schema([
     _f("eval_id", pa.string(), "Evaluation run id", False),
-    _f("checkpoint_id", pa.string(), "Evaluated checkpoint (or policy name)"),
+    _f("checkpoint_id", pa.string(), "Evaluated checkpoint (or policy name); a folder inside the lake relative to its root"),
     _f("task_id", pa.string(), "Task, or '__all__' for the overall row"),
     _f("split", pa.string(), "Seed split / task list evaluated"),
     _f("n_episodes", pa.int64(), "Episodes run"),

@@ -99,3 +99,66 @@ def test_every_command_has_help():
         r = fw(*cmd, "--help")
         assert r.returncode == 0, (cmd, r.stderr)
         assert "Usage" in r.stdout and len(r.stdout) > 200
+
+
+# ---------------------------------------------------------------------------- model errors: one line, exit 2
+def _one_line_error(r) -> str:
+    """The error line of a failed command: exit 2, stderr exactly one line, no traceback anywhere."""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr + r.stdout and len(lines) == 1, r.stderr[-2000:]
+    return lines[0]
+
+
+def _offline_env(**extra) -> dict:
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_LAKE"}
+    return {**env, "HF_HUB_OFFLINE": "1", "COLUMNS": "400", **extra}
+
+
+def test_missing_model_is_one_line_before_any_worker(tmp_path):
+    lake = tmp_path / "lake"
+    r = fw("stage", "evaluate", "--checkpoint", "/nonexistent", "--lake", str(lake), env=_offline_env())
+    assert "no model folder at /nonexistent" in _one_line_error(r)
+    # a path that could be a Hub id, offline: named as both
+    r = fw("rollout", "--policy", "student", "--model", "wrong/path", "--tasks", "click-test", "--seeds", "0",
+           "--lake", str(lake), env=_offline_env())
+    line = _one_line_error(r)
+    assert "no model folder at wrong/path" in line and "Hugging Face Hub" in line
+    assert not lake.exists()  # checked up front: nothing was written, no worker started
+
+
+def test_rollout_error_from_the_workers_is_one_line(tmp_path):
+    """A folder that passes the up-front check but cannot load: the workers' RolloutError ends as one line too."""
+    bad = tmp_path / "bad-model"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"model_type": "bert"}')
+    r = fw("rollout", "--policy", "student", "--model", str(bad), "--tasks", "click-test", "--seeds", "0",
+           "--lake", str(tmp_path / "lake"), "-c", str(ROOT / "configs" / "tiny.yaml"), env=_offline_env())
+    line = _one_line_error(r)
+    assert "env workers cannot start" in line and "is not Qwen3-VL or Qwen2.5-VL" in line
+
+
+# ---------------------------------------------------------------------------- --lake on every lake command
+@pytest.mark.parametrize("cmd", [["run"], ["rollout"], ["up"], ["stage", "curate"], ["stage", "sft"],
+                                 ["stage", "evaluate"], ["stage", "rl"], ["query"], ["lake", "stats"],
+                                 ["lake", "verify"]])
+def test_lake_option_on_every_lake_command(cmd):
+    r = fw(*cmd, "--help", env=_offline_env())
+    assert r.returncode == 0 and "--lake" in r.stdout, (cmd, r.stdout)
+
+
+def test_lake_option_outranks_the_environment(tmp_path):
+    """--lake > $FLYWHEEL_LAKE > lake.root, for a command whose workers write the lake and a stage that reads it."""
+    lake, decoy = tmp_path / "mine", tmp_path / "decoy"
+    env = _offline_env(FLYWHEEL_LAKE=str(decoy))
+    r = fw("rollout", "--policy", "scripted", "--tasks", "click-test", "--seeds", "0-1", "--envs", "1",
+           "--lake", str(lake), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(list(lake.glob("episodes/iteration=0/stage=rollouts/*.parquet"))) == 2  # written by the workers
+    r = fw("stage", "curate", "-i", "0", "--lake", str(lake), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "2 episodes" in r.stdout and len(list(lake.glob("_datasets/*/train.parquet"))) == 1
+    r = fw("query", "SELECT count(*) AS n FROM datasets", "--format", "json", "--lake", str(lake), env=env)
+    assert json.loads(r.stdout) == [{"n": 1}]
+    assert not decoy.exists()

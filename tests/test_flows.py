@@ -111,6 +111,52 @@ def test_checkpoint_of_prefers_the_merged_model():
     assert checkpoint_of(None) is None and checkpoint_of({}) is None
 
 
+def test_iteration_report_says_skipped_and_names_the_checkpoint(tmp_path, monkeypatch):
+    """`flywheel run`'s table and the iteration report: a skipped rl stage says so, and the sft row names the
+    checkpoint it trained (id and model folder), not the dataset it trained on."""
+    from rich.console import Console
+    from flows.common import stage_row
+    from flywheel.commands import iteration_table
+    from tasks.artifacts import iteration_markdown
+    monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
+    started = 1000.0
+    orch = {"cached": False, "wall_s": 1.5, "finished_at": started + 10}
+    merged = "/l/_checkpoints/sft-it0-ck/merged"
+    stages = {"curate": {"dataset_id": "curate-it0-ds", "orchestration": orch},
+              "sft": {"checkpoint_id": "sft-it0-ck", "path": "/l/_checkpoints/sft-it0-ck", "model_path": merged,
+                      "dataset_id": "curate-it0-ds", "skipped": True, "orchestration": orch},  # reused: it still ran
+              "rl": {"skipped": True, "checkpoint": merged, "orchestration": orch},
+              "rollouts": {"run_key": "rollouts-it0-rk", "skipped": 3, "ran": 1, "orchestration": orch}}
+    rows = {s: stage_row(s, r, started) for s, r in stages.items()}
+    assert rows["rl"]["status"] == "skipped" and rows["rl"]["output"] == merged
+    assert rows["sft"]["status"] == "ran" and rows["rollouts"]["status"] == "ran"
+    assert "sft-it0-ck" in rows["sft"]["output"] and merged in rows["sft"]["output"]
+    assert "curate-it0-ds" not in rows["sft"]["output"] and rows["curate"]["output"] == "curate-it0-ds"
+    console = Console(record=True, width=300)
+    console.print(iteration_table({"iteration": 0, "stages": stages, "started_at": started}))
+    lines = {ln.split("│")[1].strip(): ln for ln in console.export_text().splitlines() if ln.startswith("│")}
+    assert "skipped" in lines["rl"] and " ran " not in lines["rl"]
+    assert "sft-it0-ck" in lines["sft"] and "curate-it0-ds" not in lines["sft"]
+    md = iteration_markdown(tiny_ref(tmp_path).load(), 0, [dict(r, episodes=None) for r in rows.values()], None)
+    assert f"| rl | skipped | 1.5 | – | – | {merged} |" in md and "| sft | ran |" in md
+
+
+def test_deployed_run_must_use_the_lake_of_the_up_workers(tmp_path, monkeypatch):
+    import json as js
+    import flywheel.orchestrate as orch
+    from flywheel.errors import UserError
+    monkeypatch.setattr(orch, "project_root", lambda: tmp_path)
+    (tmp_path / ".prefect").mkdir()
+    theirs = tmp_path / "their-lake"
+    (tmp_path / ".prefect" / orch.STATE_FILE).write_text(js.dumps({"api_url": "http://x/api", "lake": str(theirs)}))
+    monkeypatch.setenv("FLYWHEEL_LAKE", str(tmp_path / "my-lake"))
+    with pytest.raises(UserError, match=f"use the lake {theirs} but this run resolves {tmp_path / 'my-lake'}"):
+        orch._check_workers_lake(tiny_ref(tmp_path).load(), "http://x/api")
+    orch._check_workers_lake(tiny_ref(tmp_path).load(), "http://other/api")  # another server: not those workers
+    monkeypatch.setenv("FLYWHEEL_LAKE", str(theirs))
+    orch._check_workers_lake(tiny_ref(tmp_path).load(), "http://x/api")
+
+
 def test_prefect_yaml_deploys_every_stage_on_its_pool():
     doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     pools = doc["definitions"]["work_pools"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import shutil
 import subprocess
 import sys
 
@@ -106,11 +107,34 @@ def test_catalog_file_opens_in_plain_duckdb(tmp_path):
     connect(lake)
     cat = lake.root / CATALOG_FILE
     assert cat.exists()
-    # a separate process with nothing but duckdb, like the `duckdb` CLI
-    code = (f"import duckdb; c = duckdb.connect({str(cat)!r}, read_only=True); "
-            "print(c.execute('SELECT count(*) FROM episodes').fetchone()[0], c.execute('SELECT count(*) FROM evals').fetchone()[0])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["20", "0"]
+    # a separate process with nothing but duckdb, like `cd lake && duckdb -readonly catalog.duckdb`
+    assert _plain_duckdb_counts(lake.root, "episodes", "evals") == ["20", "0"]
+
+
+def _plain_duckdb_counts(cwd, *tables: str) -> list[str]:
+    """Row counts of `tables` through `catalog.duckdb`, opened read-only by a separate Python process that imports
+    nothing but duckdb, from the folder `cwd` (as a user of the DuckDB CLI would)."""
+    counts = ", ".join(f"c.execute('SELECT count(*) FROM {t}').fetchone()[0]" for t in tables)
+    code = f"import duckdb; c = duckdb.connect({CATALOG_FILE!r}, read_only=True); print({counts})"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_catalog_of_a_moved_lake_still_works(tmp_path):
+    """The catalog file holds paths relative to the lake root: a copied lake whose original is gone still
+    opens, and reading it through the project does not rewrite it."""
+    lake = Lake(tmp_path / "lake")
+    _fill(lake, n=7, steps=2)
+    connect(lake)  # writes catalog.duckdb
+    moved = tmp_path / "elsewhere" / "lake"
+    shutil.copytree(lake.root, moved)
+    lake.root.rename(tmp_path / "gone")  # nothing may still point at the original folder
+    assert _plain_duckdb_counts(moved, "episodes", "steps", "evals") == ["7", "14", "0"]
+    cat = moved / CATALOG_FILE
+    before = (cat.stat().st_mtime_ns, cat.stat().st_ino)
+    assert _count(Lake(moved), "steps") == 14
+    assert (cat.stat().st_mtime_ns, cat.stat().st_ino) == before  # the move alone needs no rewrite
 
 
 def _corrupt_column_chunk(path, column: str) -> None:

@@ -299,3 +299,45 @@ def test_bf16_lora_keeps_fp32_master_weights(tmp_path):
     w2 = TrainableWeights(apply_lora(model2, r=4, alpha=8, dropout=0.0, fp32_adapters=False), master=True)
     load_state(latest_state(tmp_path), w2, _optimizer(w2, TrainSettings()))
     assert torch.equal(w2.master[name], w.master[name]) and torch.equal(w2.params[name], w.params[name])
+
+
+def test_each_lake_keeps_its_own_checkpoints(env, tmp_path):
+    """Two lakes in one folder, same data and settings (so the same checkpoint id): each trains into its own
+    `<lake>/_checkpoints`, rows store lake-relative paths, and a moved lake still reuses its own checkpoint."""
+    import shutil
+
+    from flywheel.errors import UserError
+    from flywheel.stages import sft
+    from storage.inspect import lake_stats, verify_lake
+    from storage.lake import Lake
+
+    src = Path(env["cfg"].lake.root)
+    skip = shutil.ignore_patterns("checkpoints", "_checkpoints", "catalog.duckdb", ".catalog.json")
+    for name in ("a", "b", "c", "d"):  # the curated data only: no checkpoint of the module's lake comes along
+        shutil.copytree(src, tmp_path / name, ignore=skip)
+
+    def cfg(name: str, output_root: str | None = None):
+        return load_config(ROOT / "configs" / "tiny.yaml", {
+            "lake.root": str(tmp_path / name), "student.model": str(env["tiny"]), "sft.output_root": output_root,
+            **{f"sft.{k}": v for k, v in FAST.items()}, "sft.max_steps": 2})
+
+    a = sft(cfg("a"), 0, env["dataset_id"], progress=False)
+    b = sft(cfg("b"), 0, env["dataset_id"], progress=False)
+    assert a["checkpoint_id"] == b["checkpoint_id"] and not a["skipped"] and not b["skipped"]  # b trained its own
+    for name, res in (("a", a), ("b", b)):
+        lake = Lake(tmp_path / name)
+        assert Path(res["path"]) == lake.root / "_checkpoints" / res["checkpoint_id"]
+        assert Path(res["model_path"]).is_relative_to(lake.root) and Path(res["model_path"]).is_dir()
+        row = connect(lake).sql("SELECT path FROM checkpoints").fetchall()
+        assert row == [(f"_checkpoints/{res['checkpoint_id']}",)]
+        assert verify_lake(lake).bad == [] and lake_stats(lake)["checkpoints"].files == 1  # _checkpoints is no table
+    # a moved lake: its rows still resolve, and its own finished checkpoint is reused from the new place
+    (tmp_path / "a").rename(tmp_path / "a-moved")
+    again = sft(cfg("a-moved"), 0, env["dataset_id"], progress=False)
+    assert again["skipped"] and again["model_path"] == str(tmp_path / "a-moved" / "_checkpoints" /
+                                                           again["checkpoint_id"] / "merged")
+    # an output root outside the lakes that another lake already trained into: never silently taken over
+    shared = str(tmp_path / "shared")
+    assert not sft(cfg("c", shared), 0, env["dataset_id"], progress=False)["skipped"]
+    with pytest.raises(UserError, match="has no row for"):
+        sft(cfg("d", shared), 0, env["dataset_id"], progress=False)

@@ -248,11 +248,27 @@ def _hub_preflight(name: str) -> bool:
     return False
 
 
+def _thread_only_tqdm_lock() -> None:
+    """Give tqdm a thread lock before transformers draws its first progress bar ("Loading weights").
+
+    Left alone, tqdm's first bar creates a multiprocessing RLock: a named POSIX semaphore that, in a process started
+    with `spawn` (the rollout workers, which load the student through here), the resource tracker records. A worker
+    ended with its process group (a hung episode, or shutdown after the grace period) never unlinks it, and the
+    tracker then closed `flywheel run` with "There appear to be N leaked semaphore objects". The lock only matters
+    for bars shared with forked children, which nothing here draws; the tqdm docs' `tqdm.set_lock` is the hook."""
+    import threading
+
+    from tqdm import tqdm
+    if "_lock" not in vars(tqdm):  # a bar drawn earlier keeps its lock
+        tqdm.set_lock(threading.RLock())
+
+
 def load_model(name_or_path: str | Path, dtype: str = "auto", device: str = "auto", lora: LoraSpec | None = None):
     """(model, processor) from a local folder (built or saved, or a LoRA adapter folder) or a Hub id.
 
     dtype "auto": bf16 on CUDA, fp32 on CPU; device "auto": CUDA when available. `lora` wraps the result with a
     fresh trainable adapter (vision frozen)."""
+    _thread_only_tqdm_lock()
     name = str(name_or_path)
     path = Path(name).expanduser()
     if path.is_dir():

@@ -1,6 +1,6 @@
 """Supervised fine-tuning of the student on a curated dataset: a lean, resumable torch loop.
 
-    metrics = train("models/small-qwen3vl", "lake/_datasets/<id>/train.parquet", Path("checkpoints/x"),
+    metrics = train("models/small-qwen3vl", "lake/_datasets/<id>/train.parquet", Path("lake/_checkpoints/x"),
                     TrainSettings(method="lora", lr=1e-3, epochs=3, batch_size=8, max_minutes=5))
     res = sft_stage(cfg, iteration=1, dataset_id="curate-it1-...")   # the flywheel stage (checkpoints row)
     $ python -m training.sft --base models/tiny --data train.parquet --out ckpt --settings '{"epochs": 1}'
@@ -514,14 +514,52 @@ class _Bar:
 
 
 # ------------------------------------------------------------------------------------------------ stage
+# ---- where a lake's checkpoints live. Everything a lake's rows point to lives under that lake (two lakes in one
+# folder must never share a checkpoint folder), and rows store those paths relative to the lake root
+# (storage.lake.Lake.rel / resolve), so a copied or moved lake still finds them.
+CHECKPOINTS_DIR = "_checkpoints"  # an underscore folder: not a table, so the views, stats and verify skip it
+
+
 def output_root(cfg: Any, lake_root: Path) -> Path:
-    """Where checkpoints go: cfg.sft.output_root, else 'checkpoints' beside the lake (never inside its tables)."""
-    return Path(cfg.sft.output_root).expanduser().resolve() if cfg.sft.output_root else lake_root.parent / "checkpoints"
+    """Where checkpoints go: `<lake>/_checkpoints`, or cfg.sft.output_root (a relative one is under the lake root;
+    an absolute one outside the lake is the user's choice, and is stored absolute)."""
+    if not cfg.sft.output_root:
+        return lake_root / CHECKPOINTS_DIR
+    root = Path(cfg.sft.output_root).expanduser()
+    return root.resolve() if root.is_absolute() else (lake_root / root).resolve()
 
 
-def _model_path_of(row: dict[str, Any]) -> str:
-    """The full-model folder of a checkpoints row (its merged model when it is a LoRA adapter)."""
-    path = Path(row["path"])
+def _lake_key(path: str, root: Path | None) -> str:
+    """A base model as the checkpoint id hashes it: lake-relative when it lies inside the lake (a moved lake keeps
+    its ids, so its finished checkpoints are still found), else as given."""
+    p = Path(path).expanduser()
+    if root is None or not p.exists() or not p.resolve().is_relative_to(root):
+        return path
+    return p.resolve().relative_to(root).as_posix()
+
+
+def _reusable(con, ckpt_id: str, out: Path, root: Path) -> bool:
+    """Whether `out` holds a finished checkpoint this lake may reuse: only when its row is in this lake.
+
+    A finished folder without one is stale (a crash between the final save and the row write): inside this lake
+    it is removed and trained again. Outside it (an absolute sft.output_root) it may be another lake's: it is
+    left alone and the stage fails, rather than overwrite what another lake's row points to."""
+    if not (out / RESULT_FILE).exists():
+        return False
+    if con.execute("SELECT count(*) FROM checkpoints WHERE checkpoint_id = ?", [ckpt_id]).fetchone()[0]:
+        return True
+    if not out.resolve().is_relative_to(root):
+        raise FileExistsError(f"{out} holds a finished checkpoint that the lake at {root} has no row for (another "
+                              f"lake's?): set sft.output_root to a folder of this lake (default: <lake>/"
+                              f"{CHECKPOINTS_DIR}), or remove that folder")
+    shutil.rmtree(out)
+    return False
+
+
+def _model_path_of(row: dict[str, Any], root: Path | None = None) -> str:
+    """The full-model folder of a checkpoints row (its merged model when it is a LoRA adapter); a relative row
+    path is under the lake `root`."""
+    path = Path(row["path"]) if root is None or Path(row["path"]).is_absolute() else root / row["path"]
     if row.get("adapter"):
         if not (path / MERGED_DIR).exists():
             from training.models import ModelError
@@ -531,20 +569,22 @@ def _model_path_of(row: dict[str, Any]) -> str:
     return str(path)
 
 
-def resolve_base(cfg: Any, con, iteration: int, base: str | None) -> tuple[str, str | None]:
+def resolve_base(cfg: Any, con, iteration: int, base: str | None, root: Path | None = None) -> tuple[str, str | None]:
     """(base model folder or Hub id, parent checkpoint id). `base` may be a checkpoint id or a folder (a known
     checkpoint's folder or merged folder keeps the lineage); default: the newest checkpoint of an earlier
-    iteration, else cfg.student.model."""
+    iteration, else cfg.student.model. `root`: the lake's root, against which relative row paths resolve."""
     if base is not None:
         folder = str(Path(base).expanduser().resolve()) if Path(base).exists() else base
-        rows = con.sql(f"SELECT * FROM checkpoints WHERE checkpoint_id = ? OR path = ? OR path || '/{MERGED_DIR}' = ? "
-                       "ORDER BY created_at DESC LIMIT 1", params=[base, folder, folder]).to_arrow_table().to_pylist()
+        stored = _lake_key(folder, root)  # how the row names it: relative when inside the lake
+        rows = con.sql(f"SELECT * FROM checkpoints WHERE checkpoint_id = ? OR path IN (?, ?) "
+                       f"OR path || '/{MERGED_DIR}' IN (?, ?) ORDER BY created_at DESC LIMIT 1",
+                       params=[base, folder, stored, folder, stored]).to_arrow_table().to_pylist()
         if not rows:
             return base, None
-        return (_model_path_of(rows[0]) if rows[0]["checkpoint_id"] == base else folder), rows[0]["checkpoint_id"]
+        return (_model_path_of(rows[0], root) if rows[0]["checkpoint_id"] == base else folder), rows[0]["checkpoint_id"]
     rows = con.sql("SELECT * FROM checkpoints WHERE iteration < ? ORDER BY iteration DESC, created_at DESC LIMIT 1",
                    params=[iteration]).to_arrow_table().to_pylist()
-    return (_model_path_of(rows[0]), rows[0]["checkpoint_id"]) if rows else (cfg.student.model, None)
+    return (_model_path_of(rows[0], root), rows[0]["checkpoint_id"]) if rows else (cfg.student.model, None)
 
 
 def checkpoint_id_for(iteration: int, dataset: dict[str, Any], base: str, s: TrainSettings) -> str:
@@ -558,7 +598,8 @@ def checkpoint_id_for(iteration: int, dataset: dict[str, Any], base: str, s: Tra
 
 def sft_stage(cfg: Any, iteration: int, dataset_id: str, base: str | None = None, *, lake: Any = None,
               progress: bool = True, git_sha: str | None = None) -> dict[str, Any]:
-    """Fine-tune on a dataset manifest; a finished checkpoint is reused, not retrained. Writes a `checkpoints` row."""
+    """Fine-tune on a dataset manifest; a finished checkpoint of this lake (its row is here) is reused, not retrained.
+    Writes a `checkpoints` row; the checkpoint folder is under the lake (output_root)."""
     from datetime import datetime, timezone
 
     from storage.catalog import connect
@@ -567,17 +608,24 @@ def sft_stage(cfg: Any, iteration: int, dataset_id: str, base: str | None = None
 
     lake = lake or Lake(cfg.lake.root)
     dataset = manifest(lake, dataset_id)
-    base_path, parent = resolve_base(cfg, connect(lake), iteration, base)
+    con = connect(lake)
+    base_path, parent = resolve_base(cfg, con, iteration, base, lake.root)
     s = TrainSettings.from_config(cfg.sft)
-    ckpt_id = checkpoint_id_for(iteration, dataset, base_path, s)
+    ckpt_id = checkpoint_id_for(iteration, dataset, _lake_key(base_path, lake.root), s)
     out = output_root(cfg, lake.root) / ckpt_id
     done = out / RESULT_FILE
-    skipped = done.exists()
+    skipped = _reusable(con, ckpt_id, out, lake.root)
     if skipped:
         metrics = json.loads(done.read_text())
     else:
-        metrics = train(base_path, Path(dataset["path"]) / EXPORT_FILE, out, s, progress=progress)
-    row = dict(checkpoint_id=ckpt_id, path=str(out), method="sft", base_model=metrics["base_model"],
+        metrics = train(base_path, lake.resolve(dataset["path"]) / EXPORT_FILE, out, s, progress=progress)
+    # sft_result.json holds the absolute paths of when it was trained: the folder may have moved with its lake since
+    merged = str(out / MERGED_DIR) if metrics.get("merged_path") else None
+    metrics.update(merged_path=merged, model_path=merged or str(out))
+    base_model = metrics["base_model"]
+    if Path(base_model).exists():
+        base_model = lake.rel(base_model)
+    row = dict(checkpoint_id=ckpt_id, path=lake.rel(out), method="sft", base_model=base_model,
                parent_checkpoint=parent, dataset_id=dataset_id, adapter=metrics["adapter"],
                metrics=json.dumps({k: v for k, v in metrics.items() if k != "settings"}),
                created_at=datetime.now(timezone.utc), run_key=ckpt_id, git_sha=git_sha,

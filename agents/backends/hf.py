@@ -49,6 +49,7 @@ class HFBackend(Backend):
         self.arch = model_arch(model)
         self.model_id = str(model_path or getattr(model.config, "_name_or_path", "model"))
         self.device = next(model.parameters()).device
+        self.timings: dict[str, float] = {"encode": 0.0, "generate": 0.0, "decode": 0.0}
 
     def encode(self, prompts: list["Prompt"]):
         """Processor inputs for a batch of prompts (the same call the SFT collator makes)."""
@@ -74,6 +75,8 @@ class HFBackend(Backend):
             return []
         t0 = time.perf_counter()
         inputs = self.encode(prompts)
+        t_enc = time.perf_counter()
+        self.timings["encode"] += t_enc - t0
         stop = self._stop_ids(sampling)
         gen_kw: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=stop,
                                       pad_token_id=self.tok.pad_token_id, return_dict_in_generate=True,
@@ -86,6 +89,8 @@ class HFBackend(Backend):
             torch.manual_seed(sampling.seed)
         with torch.inference_mode():
             out = self.model.generate(**inputs, **gen_kw)
+        t_gen = time.perf_counter()
+        self.timings["generate"] += t_gen - t_enc
         prompt_len = inputs["input_ids"].shape[1]
         seqs = out.sequences[:, prompt_len:]
         logits = torch.stack(out.logits, dim=1).float()  # [batch, new_tokens, vocab], raw (unwarped)
@@ -106,4 +111,5 @@ class HFBackend(Backend):
             gens.append(Generation(text=text, token_ids=keep, logprobs=[float(x) for x in logp[i, :n].tolist()],
                                    prompt_tokens=int(n_prompt[i]), completion_tokens=n,
                                    latency_ms=elapsed / len(prompts), finish_reason=finish))
+        self.timings["decode"] += time.perf_counter() - t_gen
         return gens
