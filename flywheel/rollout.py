@@ -194,6 +194,35 @@ class _Clock:
         self._last = now
 
 
+def _start(spec: RolloutSpec):
+    """Build the policy while the browsers launch (threads: both mostly wait on I/O and subprocesses).
+
+    Several envs per worker only pay off for a policy that decides for all of them in one call (the student)."""
+    from concurrent.futures import ThreadPoolExecutor
+    slots = spec.envs_per_worker if spec.policy.kind == "student" else 1
+    with ThreadPoolExecutor(max_workers=slots) as pool:
+        futures = [pool.submit(_make_env, spec.env) for _ in range(slots)]
+        policy, failure = None, None
+        try:
+            policy = build_policy(spec.policy)
+        except Exception as e:  # noqa: BLE001 - raised below, once the browsers are accounted for
+            failure = e
+        envs = []
+        for f in futures:
+            try:
+                envs.append(f.result())
+            except Exception as e:  # noqa: BLE001
+                failure = failure or e
+    if failure is not None:
+        for obj in [policy, *envs]:
+            if obj is not None:
+                obj.close()
+        raise failure
+    if spec.step_delay_s > 0:
+        policy = _Delayed(policy, spec.step_delay_s)
+    return policy, envs
+
+
 def _worker_main(conn, spec: RolloutSpec, prov: Provenance) -> None:
     os.setsid()  # own process group: the runner can end this worker and every browser it started
     clock = _Clock()
@@ -203,12 +232,7 @@ def _worker_main(conn, spec: RolloutSpec, prov: Provenance) -> None:
     policy = None
     try:
         try:
-            policy = build_policy(spec.policy)
-            if spec.step_delay_s > 0:
-                policy = _Delayed(policy, spec.step_delay_s)
-            # several envs per worker only pay off for a policy that decides for all of them in one call
-            slots = spec.envs_per_worker if hasattr(policy, "act_batch") else 1
-            envs = [_make_env(spec.env) for _ in range(slots)]
+            policy, envs = _start(spec)
         except Exception as e:  # noqa: BLE001 - reported to the runner as one line
             conn.send(("init_error", f"{type(e).__name__}: {e}".splitlines()[0]))
             return
