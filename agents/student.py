@@ -75,6 +75,16 @@ class StudentPolicy(Policy):
                         token_ids=g.token_ids, logprobs=g.logprobs, latency_ms=g.latency_ms,
                         extra={"prompt_context": {**context, "finish_reason": g.finish_reason}})
 
+    def reload(self, model_path: str) -> None:
+        """New weights in place (RL rounds); backends that cannot (a remote server) say so in one line."""
+        reload = getattr(self.backend, "reload", None)
+        if reload is None:
+            from agents.backends.base import BackendError
+            raise BackendError(f"the {self.backend.name} backend cannot load new weights in place; "
+                               "serve each round's checkpoint and point student.base_url at it")
+        reload(model_path)
+        self.version = str(model_path)
+
     def close(self) -> None:
         self.backend.close()
 
@@ -91,6 +101,6 @@ def build_student_policy(model: str, config: dict[str, Any] | None = None, seed:
         arch = cfg.arch
     else:
         from agents.backends.hf import HFBackend
-        backend = HFBackend(model)
+        backend = HFBackend(model, lean=cfg.lean_decode)
         arch = backend.arch  # type: ignore[attr-defined]
     return StudentPolicy(backend, StudentOptions(arch=arch, prompt=prompt, sampling=sampling), version=str(model))

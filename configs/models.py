@@ -52,6 +52,7 @@ class RolloutConfig(_Cfg):
     group_size: int = Field(1, ge=1, le=64, description="Episodes per task instance (the GRPO group G)")
     episode_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit per episode (status 'timeout')")
     worker_start_timeout_s: float = Field(60.0, gt=0, description="Max time for a worker to start its browser")
+    policy_threads: int | None = Field(None, ge=1, le=256, description="Torch intra-op threads per rollout worker for the student (null = 1: on few cores, N workers x default threads next to Chromium made generate 10x slower)")
     on_parse_error: Literal["continue", "end"] = Field("continue", description="After unparseable model output: keep going or end the episode")
 
 
@@ -72,6 +73,7 @@ class StudentConfig(_Cfg):
     max_new_tokens: int = Field(96, ge=1, le=4096, description="Max response tokens per step")
     history_images: int = Field(1, ge=0, le=8, description="Screenshots in the prompt window (K); older steps as text")
     use_ui_text: bool = Field(True, description="Put the DOM / accessibility text view into the prompt")
+    lean_decode: bool = Field(True, description="hf backend: after one HF prefill, decode with the lean KV-cached loop (same tokens and logprobs as transformers generate, less per-token overhead); false = transformers generate")
 
 
 class RolloutStageConfig(_Cfg):

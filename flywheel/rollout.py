@@ -262,7 +262,7 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
     tick), write each finished episode to the lake and report it; until the runner says stop."""
     lake = Lake(spec.lake_root)
     free, active = list(range(len(envs))), {}
-    stopping = False
+    stopping, current_version = False, spec.policy.version
     while True:
         while free and not stopping and (not active or conn.poll()):  # block only when idle
             clock.lap("other")
@@ -271,10 +271,20 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
             if msg is None:
                 stopping = True
                 break
+            if isinstance(msg, tuple) and msg[0] == "reload":  # new weights between RL rounds (runner: never mid-episode)
+                _, path, version = msg
+                try:
+                    getattr(policy, "inner", policy).reload(path)
+                    current_version = version
+                    conn.send(("reloaded", {"version": version}))
+                except Exception as e:  # noqa: BLE001 - reported as one line; the runner raises it
+                    conn.send(("reload_error", f"{type(e).__name__}: {e}".splitlines()[0]))
+                clock.lap("policy")
+                continue
             job, slot = EpisodeJob(**msg), free.pop()
             run = EpisodeRun(envs[slot], job, max_steps=spec.max_steps, timeout_s=spec.episode_timeout_s, prov=prov,
                              end_on_parse_error=spec.end_on_parse_error, policy_name=spec.policy.kind,
-                             policy_version=spec.policy.version)
+                             policy_version=current_version)
             run.start()
             try:
                 policy.reset(job.task_id, job.seed)
@@ -303,9 +313,10 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
             ep, steps = active.pop(k).finish()
             clock.lap("env")
             part = ep["episode_id"]
+            key = ep["run_key"]  # the job's own run key: a pooled worker serves several runs (RL rounds)
             if steps:
-                lake.write("steps", steps, iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
-            lake.write("episodes", [ep], iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=part)
+                lake.write("steps", steps, iteration=spec.iteration, stage=spec.stage, run_key=key, part=part)
+            lake.write("episodes", [ep], iteration=spec.iteration, stage=spec.stage, run_key=key, part=part)
             clock.lap("lake")
             conn.send(("done", {**{f: ep[f] for f in ("episode_id", "task_id", "status", "success", "n_steps", "error")},
                                 "worker_pid": os.getpid()}))
@@ -325,6 +336,7 @@ class _Worker:
     jobs: dict[str, tuple[EpisodeJob, float]] = field(default_factory=dict)  # in flight: id -> (job, sent at)
     slots: int = 1
     ready: bool = False
+    version: str | None = None  # weights the worker's policy holds (None: the spec's)
     started: float = field(default_factory=time.monotonic)
 
 
@@ -388,7 +400,7 @@ class _Runner:
         sp = self.spec
         ep = error_episode(job, status=status, error=error, policy_name=sp.policy.kind,
                            policy_version=sp.policy.version, env_name=sp.env.get("name"), prov=self.prov)
-        self.lake.write("episodes", [ep], iteration=sp.iteration, stage=sp.stage, run_key=sp.run_key,
+        self.lake.write("episodes", [ep], iteration=sp.iteration, stage=sp.stage, run_key=job.run_key,
                         part=job.episode_id)
         self.on_result({"episode_id": job.episode_id, "task_id": job.task_id, "status": status,
                         "success": False, "n_steps": 0, "error": error})
@@ -412,41 +424,70 @@ class _Runner:
             self.on_result(payload)
         elif kind == "stats":
             self.handle_stats(payload)
+        elif kind == "reloaded":
+            w.version = payload["version"]
+        elif kind == "reload_error":
+            raise RolloutError(f"workers could not load the new weights: {payload}")
 
     def handle_stats(self, payload: dict[str, float]) -> None:
         for k, v in payload.items():
             self.timings[k] = self.timings.get(k, 0.0) + float(v)
 
     def run(self, jobs: list[EpisodeJob]) -> None:
+        """Run the jobs to completion on the live workers (started as needed); the workers stay up."""
         pending = deque(jobs)
         sp = self.spec
-        try:
-            while pending or any(w.jobs for w in self.workers):
-                busy = sum(1 for w in self.workers if w.jobs)
-                while len(self.workers) < min(sp.n_envs, busy + len(pending)):
-                    self.start_worker()
-                for w in self.workers:
-                    while w.ready and len(w.jobs) < w.slots and pending:
-                        job = pending.popleft()
-                        w.jobs[job.episode_id] = (job, time.monotonic())
-                        w.conn.send(job.to_dict())
-                waitables = [w.conn for w in self.workers] + [w.proc.sentinel for w in self.workers]
-                ready = set(connection.wait(waitables, timeout=0.5))
-                for w in list(self.workers):
-                    if w.conn in ready:
-                        self.handle_message(w, pending)
-                    elif w.proc.sentinel in ready and w in self.workers and not w.conn.poll():
-                        if not w.ready:  # died while starting: counts like an init error (no endless respawns)
-                            self.retire(w)
-                            self.init_failures += 1
-                            if self.init_failures >= 2:
-                                raise RolloutError(f"env workers exit while starting (exit code {w.proc.exitcode}); "
-                                                   "run one episode with --envs 1 to see the worker's error")
-                        else:
-                            self.retire(w, "error", f"rollout worker died (exit code {w.proc.exitcode}) during the episode")
-                self.enforce_deadlines()
-        finally:
-            self.shutdown()
+        while pending or any(w.jobs for w in self.workers):
+            busy = sum(1 for w in self.workers if w.jobs)
+            while len(self.workers) < min(sp.n_envs, busy + len(pending)):
+                self.start_worker()
+            for w in self.workers:
+                while w.ready and len(w.jobs) < w.slots and pending:
+                    job = pending.popleft()
+                    w.jobs[job.episode_id] = (job, time.monotonic())
+                    w.conn.send(job.to_dict())
+            waitables = [w.conn for w in self.workers] + [w.proc.sentinel for w in self.workers]
+            ready = set(connection.wait(waitables, timeout=0.5))
+            for w in list(self.workers):
+                if w.conn in ready:
+                    self.handle_message(w, pending)
+                elif w.proc.sentinel in ready and w in self.workers and not w.conn.poll():
+                    if not w.ready:  # died while starting: counts like an init error (no endless respawns)
+                        self.retire(w)
+                        self.init_failures += 1
+                        if self.init_failures >= 2:
+                            raise RolloutError(f"env workers exit while starting (exit code {w.proc.exitcode}); "
+                                               "run one episode with --envs 1 to see the worker's error")
+                    else:
+                        self.retire(w, "error", f"rollout worker died (exit code {w.proc.exitcode}) during the episode")
+            self.enforce_deadlines()
+
+    def reload(self, path: str, version: str, timeout_s: float = 300.0) -> None:
+        """Every live worker loads new weights in place (browsers keep running); called between runs only.
+
+        A worker started later builds its policy from `self.spec.policy`, so the spec follows the reload."""
+        from dataclasses import replace
+        opts = dict(self.spec.policy.options, model=path)
+        if isinstance(opts.get("config"), dict):
+            opts["config"] = {**opts["config"], "model": path}
+        self.spec = replace(self.spec, policy=replace(self.spec.policy, options=opts, version=version))
+        deadline = time.monotonic() + timeout_s
+        for w in list(self.workers):
+            while not w.ready and time.monotonic() < deadline:  # a starting worker must be ready to take messages
+                if w.conn.poll(0.5):
+                    self.handle_message(w, deque())
+                if w not in self.workers:
+                    break
+            if w in self.workers and w.ready:
+                w.conn.send(("reload", path, version))
+        for w in list(self.workers):
+            while w in self.workers and w.version != version:
+                if time.monotonic() > deadline:
+                    raise RolloutError(f"workers did not load {path} within {timeout_s:.0f}s")
+                if w.conn.poll(0.5):
+                    self.handle_message(w, deque())
+                elif not w.proc.is_alive():
+                    self.retire(w)  # a replacement starts from the updated spec
 
     def enforce_deadlines(self) -> None:
         now, sp = time.monotonic(), self.spec
@@ -485,9 +526,42 @@ class _Runner:
         self.workers.clear()
 
 
-def run_rollouts(spec: RolloutSpec, *, progress: bool = True,
-                 on_result: Callable[[dict], None] | None = None) -> RolloutSummary:
-    """Run every job of the spec not already in the lake; returns counts for this call."""
+class RolloutPool:
+    """Rollout workers that outlive one run: RL rounds sample on the same processes and browsers, and
+    `reload(path)` swaps the student's weights in place between rounds.
+
+        with RolloutPool(spec) as pool:
+            run_rollouts(spec_round0, pool=pool)
+            pool.reload("ckpt/round-0", version="round-0")
+            run_rollouts(spec_round1, pool=pool)
+
+    Runs on one pool must share the spec's env, policy kind, iteration and stage; each run has its own run key."""
+
+    def __init__(self, spec: RolloutSpec):
+        self.runner = _Runner(spec, None)
+
+    def reload(self, path: str, version: str | None = None) -> None:
+        self.runner.reload(path, version or str(path))
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return {k: round(v, 2) for k, v in sorted(self.runner.timings.items())}
+
+    def close(self) -> None:
+        self.runner.shutdown()
+
+    def __enter__(self) -> "RolloutPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_rollouts(spec: RolloutSpec, *, progress: bool = True, on_result: Callable[[dict], None] | None = None,
+                 pool: RolloutPool | None = None) -> RolloutSummary:
+    """Run every job of the spec not already in the lake; returns counts for this call.
+
+    Without a pool, workers start for this call and end with it; with one, they stay for the next run."""
     lake = Lake(spec.lake_root)
     done = existing_episodes(lake, spec)
     todo = [j for j in spec.jobs if j.episode_id not in done or (spec.retry_errors and done[j.episode_id] == "error")]
@@ -508,13 +582,19 @@ def run_rollouts(spec: RolloutSpec, *, progress: bool = True,
             on_result(r)
 
     if todo:
+        runner = pool.runner if pool else _Runner(spec, record)
+        runner.on_result = record
         try:
             if bar:
                 bar.start()
-            runner = _Runner(spec, record)
-            runner.run(todo)
+            try:
+                runner.run(todo)
+            finally:
+                if pool is None:
+                    runner.shutdown()
             timings = {k: round(v, 2) for k, v in sorted(runner.timings.items())}
         finally:
+            runner.on_result = lambda r: None
             if bar:
                 bar.stop()
     return RolloutSummary(spec.run_key, len(spec.jobs), len(spec.jobs) - len(todo), stats["ran"], stats["succ"],

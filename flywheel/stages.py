@@ -85,6 +85,7 @@ def rollout_spec(cfg: FlywheelConfig, *, iteration: int, stage: str, policy: Pol
         env=env_kwargs, n_envs=n_envs or cfg.rollout.envs, envs_per_worker=cfg.rollout.envs_per_worker, max_steps=cfg.env.max_steps or 8,
         episode_timeout_s=cfg.rollout.episode_timeout_s, worker_start_timeout_s=cfg.rollout.worker_start_timeout_s,
         end_on_parse_error=cfg.rollout.on_parse_error == "end", config_hash=cfg.config_hash(),
+        policy_threads=cfg.rollout.policy_threads,
     )
 
 

@@ -123,3 +123,34 @@ def test_lockstep_batched_episodes_keep_their_own_rows(tiny_path, lake_root):
     rows = con.execute("""SELECT e.task_id, bool_or(s.ui_text LIKE '%input_text%'), count(*)
                           FROM episodes e JOIN steps s USING (episode_id) GROUP BY e.task_id ORDER BY 1""").fetchall()
     assert rows == [("click-test", False, 6), ("enter-text", True, 6), ("focus-text", True, 6)]
+
+
+def test_pool_keeps_workers_and_reloads_weights_between_runs(tiny_path, lake_root, tmp_path):
+    """RL rounds: the same worker processes (and browsers) serve two runs; `reload` swaps the weights in place,
+    and the second run's episodes record the new policy version and sample from the new weights."""
+    from flywheel.rollout import PolicySpec, RolloutPool, RolloutSpec, make_jobs, run_rollouts
+    from storage.catalog import connect
+    from training.models import init_model
+    other = init_model("qwen3-vl", "tiny", tmp_path / "round-1", seed=9)
+    cfg = {"model": str(tiny_path), "temperature": 0.0, "max_new_tokens": 8}
+    policy = PolicySpec("student", {"model": str(tiny_path), "config": cfg}, version="round-0")
+
+    def spec(key):
+        return RolloutSpec(run_key=key, iteration=0, stage="rl", lake_root=str(lake_root), policy=policy,
+                           jobs=make_jobs(key, ["click-test"], [0, 1], policy_tag="student"), n_envs=1,
+                           envs_per_worker=2, max_steps=1, episode_timeout_s=120)
+
+    with RolloutPool(spec("r0")) as pool:
+        s0 = run_rollouts(spec("r0"), progress=False, pool=pool)
+        pids = [w.proc.pid for w in pool.runner.workers]
+        pool.reload(str(other), version="round-1")
+        s1 = run_rollouts(spec("r1"), progress=False, pool=pool)
+        assert [w.proc.pid for w in pool.runner.workers] == pids  # no restart: same process, same browsers
+    assert (s0.ran, s1.ran, s0.errors, s1.errors) == (2, 2, 0, 0)
+    con = connect(lake_root)
+    versions = dict(con.execute("SELECT run_key, any_value(policy_version) FROM episodes GROUP BY 1").fetchall())
+    assert versions == {"r0": "round-0", "r1": "round-1"}
+    # the same greedy prompt under different weights gives different logprobs: the reload took effect
+    lp = dict(con.execute("""SELECT e.run_key, s.logprobs FROM steps s JOIN episodes e USING (episode_id)
+                             WHERE e.seed = (SELECT min(seed) FROM episodes) AND NOT s.is_final""").fetchall())
+    assert lp["r0"] != lp["r1"]
