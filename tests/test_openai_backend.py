@@ -434,3 +434,20 @@ def test_student_rollouts_through_the_openai_backend(server, tmp_path, monkeypat
     for table in ("steps", "episodes"):
         dump = con.execute(f"SELECT * EXCLUDE ({'screenshot' if table == 'steps' else 'episode_id'}) FROM {table}").fetchall()
         assert KEY not in repr(dump)
+
+
+@pytest.mark.browser
+def test_every_env_keeps_a_request_in_flight(server, tmp_path, monkeypatch):
+    """With a remote server, throughput comes from concurrency: N workers x E lockstep envs keep N*E requests
+    in flight at once (each worker sends its E prompts together; the workers do not wait on each other)."""
+    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    monkeypatch.setenv("FLYWHEEL_OPENAI_API_KEY", KEY)
+    server.defaults[CHAT] = ("stall", 3.0)  # a slow server: requests overlap only if they are sent concurrently
+    cfg = {"model": MODEL, "backend": "openai", "base_url": server.url + "/v1", "arch": "qwen3-vl"}
+    spec = RolloutSpec(run_key="oa-c", iteration=0, stage="rollouts", lake_root=str(tmp_path / "lake"),
+                       jobs=make_jobs("oa-c", ["click-test"], list(range(6)), policy_tag="student"),
+                       policy=PolicySpec("student", {"model": MODEL, "config": cfg}, version=MODEL),
+                       n_envs=2, envs_per_worker=3, max_steps=3, episode_timeout_s=120)
+    s = run_rollouts(spec, progress=False)
+    assert s.ran == 6 and s.errors == 0
+    assert server.max_in_flight == 6

@@ -170,7 +170,7 @@ class OpenAIBackend(Backend):
     name = "openai"
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 60,
-                 max_retries: int = 4, backoff_s: float = 0.5, concurrency: int = 8):
+                 max_retries: int = 4, backoff_s: float = 0.5, concurrency: int = 64):
         if concurrency < 1 or max_retries < 0 or timeout_s <= 0 or backoff_s < 0:
             raise ValueError("need concurrency >= 1, max_retries >= 0, timeout_s > 0, backoff_s >= 0")
         self.base_url = api_root(base_url)
