@@ -113,7 +113,32 @@ class SFTConfig(_Cfg):
 
 class RLConfig(_Cfg):
     enabled: bool = Field(False, description="Run the RL stage in each iteration")
-    algorithm: Literal["grpo", "dr_grpo", "gspo", "sdpo"] = Field("grpo", description="RL objective")
+    algorithm: Literal["grpo", "dr_grpo", "gspo", "sdpo"] = Field("grpo", description="RL objective: grpo (token-level clipped PG, z-score group advantages), dr_grpo (mean-centred advantages), gspo (sequence-level ratio and clip), sdpo (self-distillation from the model re-prompted with a sibling's success / feedback, blended with GRPO by sdpo_weight)")
+    rounds: int = Field(4, ge=1, le=1000, description="Sample -> update -> reload rounds per RL stage run")
+    group_size: int = Field(4, ge=1, le=64, description="Episodes sampled per task instance (the group G); a group needs 2+ members with different rewards, or a replayed success, to give a signal")
+    seeds_per_task_per_round: int = Field(4, ge=1, description="Task instances (seeds) per task sampled in each round")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (constant)")
+    epochs: int = Field(1, ge=1, le=100, description="Passes over a round's step rows (more than 1 makes later minibatches off-policy: the PPO clip bounds them)")
+    batch_size: int = Field(16, ge=1, description="Step rows per optimizer step (minibatch)")
+    micro_batch: int | None = Field(None, ge=1, description="Rows per forward/backward within a minibatch (null = the whole minibatch); the same update with less memory")
+    eps_low: float | None = Field(None, gt=0, lt=1, description="PPO clip below 1 (ratio >= 1 - eps_low); null = 0.2 (gspo: 3e-4, its sequence-level range)")
+    eps_high: float | None = Field(None, gt=0, description="PPO clip above 1 (ratio <= 1 + eps_high); null = 0.28, DAPO clip-higher (gspo: 4e-4)")
+    adv_mode: Literal["zscore", "mean"] | None = Field(None, description="Group advantage: zscore (r - mean) / std or mean r - mean (Dr.GRPO); null = mean for dr_grpo, zscore otherwise")
+    aggregation: Literal["constant", "token_mean", "seq_mean_token_mean"] = Field("constant", description="Loss normaliser: constant (Dr.GRPO: student.max_new_tokens x rows), token_mean (DAPO) or seq_mean_token_mean (GRPO)")
+    drop_zero_variance: bool = Field(True, description="Drop groups whose episodes all got the same reward (no GRPO signal; DAPO); with SDPO, rows that have a teacher context stay for the SDPO term")
+    replay: bool = Field(True, description="Join a stored success of the same task (teacher demo or earlier student success) to each all-failed group with reward 1 (ARPO/DART replay)")
+    is_cap: float = Field(2.0, gt=0, description="Cap of the truncated importance weight exp(old - behaviour) for rows sampled by an older policy")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the frozen start policy (0 = no reference model is built)")
+    sdpo_weight: float | None = Field(None, ge=0, le=1, description="Blend (1 - w) GRPO + w SDPO on rows with a teacher context; null = 1.0 for sdpo, 0.0 otherwise")
+    sdpo_teacher: Literal["ema", "frozen"] = Field("ema", description="SDPO teacher weights: an EMA of the student (updated after every optimizer step) or the frozen start")
+    sdpo_ema_rate: float = Field(0.05, gt=0, le=1, description="EMA rate of the SDPO teacher: theta_T <- (1 - rate) theta_T + rate theta_S")
+    sdpo_context: Literal["sibling", "feedback", "both"] = Field("both", description="SDPO teacher's privileged context: a successful sibling's action sequence, the failed attempt's feedback, or both")
+    sdpo_is_clip: float = Field(2.0, gt=0, description="SDPO: cap of the importance weight exp(student - old) on the distillation term")
+    parse_error_penalty: float = Field(0.0, ge=0, description="Subtracted from the advantage of each row whose response did not parse (advantages only; rewards stay binary)")
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_minutes: float | None = Field(None, gt=0, description="Wall-clock cap on the RL updates (summed over rounds); an update stops cleanly when reached")
+    seed: int = Field(0, ge=0, description="Seed of the minibatch order")
 
 
 class EvalConfig(_Cfg):

@@ -11,20 +11,32 @@ from flywheel.cli import CONFIG_OPT, LAKE_OPT, app, stage_app, use_lake
 from flywheel.errors import UserError
 
 
-def _not_yet(what: str, issue: int) -> None:
-    raise UserError(f"{what} is not implemented yet (tracked in issue #{issue})")
+@stage_app.command("rl")
+def stage_rl(
+    iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration (partition of the RL rollouts and checkpoint row)."),
+    algo: Optional[str] = typer.Option(None, "--algo", help="grpo | dr_grpo | gspo | sdpo (default: rl.algorithm)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Sample/update rounds (default: rl.rounds)."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Start weights (default: this iteration's SFT checkpoint)."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", "-g", help="Episodes per task instance (default: rl.group_size)."),
+    seeds_per_task: Optional[int] = typer.Option(None, "--seeds-per-task", help="Task instances per task per round (default: rl.seeds_per_task_per_round)."),
+    config: Optional[str] = CONFIG_OPT,
+    lake: Optional[Path] = LAKE_OPT,
+):
+    """GRPO / Dr.GRPO / GSPO / SDPO rounds from an SFT checkpoint: sample groups with the current weights,
+    update on the step rows, reload the weights in the rollout workers; resumes by round."""
+    from rich.console import Console
+    from flywheel.cli import load_cfg
+    from flywheel.stages import rl
 
-
-for _name, _issue, _help in [
-    ("rl", 7, "GRPO / SDPO on the latest student rollouts."),
-]:
-    def _make(name=_name, issue=_issue):
-        def cmd(iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration."),
-                config: Optional[str] = CONFIG_OPT, lake: Optional[Path] = LAKE_OPT):
-            _not_yet(f"stage {name}", issue)
-        cmd.__doc__ = _help
-        return cmd
-    stage_app.command(_name, help=_help)(_make())
+    use_lake(lake)
+    over = {"rl.enabled": True, "rl.algorithm": algo, "rl.rounds": rounds, "rl.group_size": group_size,
+            "rl.seeds_per_task_per_round": seeds_per_task}
+    cfg = load_cfg(config, {k: v for k, v in over.items() if v is not None})
+    res = rl(cfg, iteration, checkpoint)
+    con = Console()
+    for h in res["history"]:
+        con.print(f"round {h['round']}: success {h['round_success']:.0%} over {h['episodes']} episodes")
+    con.print(f"checkpoint [bold]{res['checkpoint_id']}[/bold] ({res['algo']}, {res['rounds']} rounds): {res['model_path']}")
 
 
 @stage_app.command("curate")

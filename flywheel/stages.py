@@ -188,11 +188,26 @@ def sft(cfg: FlywheelConfig, iteration: int, dataset_id: str, base: str | None =
         raise UserError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
 
-def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str) -> dict[str, Any]:
-    """GRPO / SDPO on the iteration's student rollouts (skipped unless cfg.rl.enabled)."""
+def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *, progress: bool = True) -> dict[str, Any]:
+    """GRPO / SDPO rounds from `checkpoint` (default: this iteration's latest checkpoint) on fresh student
+    groups (skipped unless cfg.rl.enabled). Returns {"checkpoint_id", "checkpoint", "model_path", "history", ...};
+    a `checkpoints` row (method rl-<algo>) lands in the lake. Reruns resume by round."""
     if not cfg.rl.enabled:
         return {"skipped": True, "checkpoint": checkpoint}
-    raise UserError("stage rl is not implemented yet (RL issue)")
+    from flywheel.rl_stage import rl_stage
+    from training.models import ModelError
+    lake = lake_for(cfg)
+    if checkpoint is None:
+        from storage.catalog import connect
+        row = connect(lake).execute("SELECT path FROM checkpoints WHERE iteration = ? ORDER BY created_at DESC LIMIT 1",
+                                    [iteration]).fetchone()
+        if row is None:
+            raise UserError(f"no checkpoint in iteration {iteration} to start RL from; run `flywheel stage sft -i {iteration}` or pass --checkpoint")
+        checkpoint = row[0]
+    try:
+        return rl_stage(cfg, iteration, checkpoint, lake=lake, progress=progress)
+    except (FileNotFoundError, ModelError) as e:
+        raise UserError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
 
 def evaluate(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, progress: bool = True) -> dict[str, Any]:

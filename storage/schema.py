@@ -140,6 +140,62 @@ EVALS = pa.schema([
     *_PROVENANCE,
 ])
 
+# RL (training/rl.py). One `rl_metrics` row per optimizer step of a round's update and one `rl_rows` row per
+# training row (episode step) of the round: its advantage and, for SDPO, the teacher context it was distilled
+# with, so an update can be reproduced from the lake. Both are written under stage 'rl' with the RL run's key,
+# one file part per round (a rerun of a round replaces it).
+RL_METRICS = pa.schema([
+    _f("round", pa.int32(), "RL round within the run (sample -> update -> reload)", False),
+    _f("update_step", pa.int32(), "Optimizer step within the round's update (0-based)", False),
+    _f("global_step", pa.int64(), "Optimizer step over the whole run (resumed runs continue the count)"),
+    _f("epoch", pa.int32(), "Pass over the round's rows the step belongs to"),
+    _f("algo", pa.string(), "'grpo' | 'dr_grpo' | 'gspo' | 'sdpo'"),
+    _f("loss", pa.float64(), "Aggregated loss of the step (PG, blended with SDPO by sdpo_weight, + kl_coef * KL)"),
+    _f("entropy", pa.float64(), "Policy entropy, mean over the step's response tokens (nats)"),
+    _f("clip_frac", pa.float64(), "Fraction of response tokens whose PPO clip is active (zero gradient)"),
+    _f("approx_kl", pa.float64(), "k3 estimate of KL(old || current) over the response tokens"),
+    _f("kl_ref", pa.float64(), "k3 estimate of KL(current || reference), 0 when kl_coef is 0 (no reference model)"),
+    _f("ratio_mean", pa.float64(), "Mean importance ratio current / old over the response tokens"),
+    _f("is_weight_mean", pa.float64(), "Mean truncated IS weight min(exp(old - behaviour), is_cap) (stale rows)"),
+    _f("adv_mean", pa.float64(), "Mean advantage of the step's rows"),
+    _f("adv_std", pa.float64(), "Std of the advantages of the step's rows"),
+    _f("adv_abs", pa.float64(), "Mean |advantage| of the step's rows"),
+    _f("grad_norm", pa.float64(), "Global gradient norm before clipping"),
+    _f("lr", pa.float64(), "Learning rate of the step"),
+    _f("n_rows", pa.int32(), "Step rows in the minibatch"),
+    _f("n_tokens", pa.int64(), "Response tokens in the minibatch"),
+    _f("n_sdpo_rows", pa.int32(), "Rows with a privileged teacher context (the SDPO term applies)"),
+    _f("sdpo_teacher_higher_frac", pa.float64(), "SDPO: fraction of those rows' tokens the teacher scores above the student"),
+    _f("sdpo_adv_mean", pa.float64(), "SDPO: mean per-token advantage log pT - log pS over those rows' tokens"),
+    _f("round_success", pa.float64(), "Success rate of the round's sampled episodes (replayed ones excluded)"),
+    _f("n_groups", pa.int32(), "Groups in the round"),
+    _f("n_groups_kept", pa.int32(), "Groups with a learning signal (nonzero reward variance, after replay)"),
+    _f("n_replayed", pa.int32(), "Stored successes replayed into all-failed groups this round"),
+    _f("rollout_run_keys", pa.list_(pa.string()), "Run keys of the rollouts the round trained on (joins episodes.run_key)"),
+    _f("created_at", _TS, "Creation time (UTC)"),
+    *_PROVENANCE,
+])
+
+RL_ROWS = pa.schema([
+    _f("episode_id", pa.string(), "Episode of the row (joins episodes.episode_id; a replayed success keeps its own id)", False),
+    _f("step_idx", pa.int32(), "Step of the episode (joins steps.step_idx)", False),
+    _f("round", pa.int32(), "RL round the row was trained in", False),
+    _f("group_id", pa.string(), "Group the row was trained in (a replayed episode: the group it joined)"),
+    _f("task_id", pa.string(), "Task id"),
+    _f("reward", pa.float64(), "Episode reward used for the advantage (binary task reward; 1 for a replayed success)"),
+    _f("advantage", pa.float64(), "Advantage of the row: the episode's group advantage minus any parse-error penalty"),
+    _f("replayed", pa.bool_(), "A stored success (teacher demo or earlier student success) joined to an all-failed group"),
+    _f("parse_error", pa.bool_(), "The row's response did not parse (kept: it is the model's own output)"),
+    _f("n_tokens", pa.int32(), "Response tokens of the row"),
+    _f("old_logp_mean", pa.float64(), "Mean per-token log-prob of the response under the weights at the start of the update"),
+    _f("is_weight_mean", pa.float64(), "Mean truncated IS weight of the row's tokens (1 for replayed rows)"),
+    _f("sdpo", pa.bool_(), "The row had a privileged teacher context (an SDPO term)"),
+    _f("sdpo_sibling_episode_id", pa.string(), "SDPO: the successful episode whose action sequence the teacher saw ('Correct solution:')"),
+    _f("sdpo_feedback", pa.string(), "SDPO: the feedback text of the failed attempt the teacher saw"),
+    _f("created_at", _TS, "Creation time (UTC)"),
+    *_PROVENANCE,
+])
+
 TABLES: dict[str, pa.Schema] = {
     "tasks": TASKS,
     "episodes": EPISODES,
@@ -147,6 +203,8 @@ TABLES: dict[str, pa.Schema] = {
     "checkpoints": CHECKPOINTS,
     "datasets": DATASETS,
     "evals": EVALS,
+    "rl_metrics": RL_METRICS,
+    "rl_rows": RL_ROWS,
 }
 
 # Large binary columns: never dictionary-encoded, and what "queries that skip screenshots" skip.

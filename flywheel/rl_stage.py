@@ -1,0 +1,125 @@
+"""The RL stage: rounds of sample -> group advantages -> update -> reload, on one pool of rollout workers.
+
+    res = rl_stage(cfg, iteration=0, checkpoint="lake/_checkpoints/sft-it0-...", algo="grpo", rounds=4)
+
+Each round:
+  1. samples `rl.group_size` episodes per task instance with the current weights through the rollout runner
+     (stage `rl`, one run key per round, so the lake partitions rounds by run key and `policy_version`);
+  2. computes per-episode advantages within each group (training.rl, pure torch; replay of stored
+     successes for all-failed groups);
+  3. updates on the step rows (each step's own prompt and screenshots, its stored response tokens);
+  4. saves the round's weights under `<lake>/_checkpoints/<rl run id>/round-<r>` and reloads them in the
+     rollout workers in place (browsers keep running).
+
+Resume: a round is finished when its folder holds `rl_round.json` (written last, after the weights and the
+optimizer state). A rerun skips finished rounds, starts from the last finished round's weights and
+optimizer state, and its rollouts fill in only the episodes missing from the lake, so a SIGKILLed run
+continues where it stopped and a finished run is a no-op. Held-out tasks are rejected (resolve_tasks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from configs.models import FlywheelConfig
+from flywheel.errors import UserError
+from flywheel.rollout import PolicySpec, RolloutPool, git_sha, run_rollouts
+from storage.lake import Lake
+
+ROUND_DONE = "rl_round.json"
+# RL samples task instances of its own: train seeds after every bootstrap / rollout range this config can use
+RL_SEED_OFFSET = 5000
+
+
+def rl_run_id(cfg: FlywheelConfig, iteration: int, base: str, algo: str) -> str:
+    payload = json.dumps({"base": base, "algo": algo, "rl": cfg.rl.model_dump(mode="json"),
+                          "tasks": cfg.rollouts.selection.tasks, "student": cfg.student.model_dump(mode="json")},
+                         sort_keys=True)
+    return f"rl-it{iteration}-{algo}-" + hashlib.sha1(payload.encode()).hexdigest()[:10]
+
+
+def _round_seeds(cfg: FlywheelConfig, iteration: int, r: int) -> list[int]:
+    from envs import registry
+    n = cfg.rl.seeds_per_task_per_round
+    return registry.seeds("train", n, offset=RL_SEED_OFFSET + (iteration * cfg.rl.rounds + r) * n)
+
+
+def _finished_rounds(out: Path, rounds: int) -> int:
+    done = 0
+    while done < rounds and (out / f"round-{done}" / ROUND_DONE).exists():
+        done += 1
+    return done
+
+
+def _policy(cfg: FlywheelConfig, model: str, version: str) -> PolicySpec:
+    student = {**cfg.student.model_dump(), "model": model}
+    return PolicySpec("student", {"model": model, "config": student}, version=version)
+
+
+def _save_round(model, processor, trainer_state: dict[str, Any], rdir: Path, info: dict[str, Any]) -> None:
+    """Weights + processor + optimizer state, then the done marker last (a half-written round is redone)."""
+    import torch
+    tmp = rdir.with_name(rdir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    processor.save_pretrained(tmp)
+    torch.save(trainer_state, tmp / "trainer_state.pt")
+    shutil.rmtree(rdir, ignore_errors=True)
+    tmp.rename(rdir)
+    (rdir / ROUND_DONE).write_text(json.dumps(info, indent=1, default=str))
+
+
+def rl_stage(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, lake: Lake, algo: str | None = None,
+             rounds: int | None = None, progress: bool = True) -> dict[str, Any]:
+    from flywheel.stages import resolve_tasks, rollout_spec
+    from training import rl as rlcore
+    from training.models import load_model
+
+    algo = algo or cfg.rl.algorithm
+    if rounds is not None:
+        cfg = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"rounds": rounds})})
+    tasks = resolve_tasks(cfg.rollouts.selection.tasks, for_training=True)
+    base = str(lake.resolve(checkpoint)) if not Path(checkpoint).is_absolute() else checkpoint
+    if not Path(base).exists():
+        raise UserError(f"RL start checkpoint {checkpoint} does not exist; run the sft stage first or pass --checkpoint")
+    run_id = rl_run_id(cfg, iteration, lake.rel(base), algo)
+    out = lake.root / "_checkpoints" / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    start = _finished_rounds(out, cfg.rl.rounds)
+    current = str(out / f"round-{start - 1}") if start else base
+    model, processor = load_model(current)
+    trainer = rlcore.RLTrainer(model, processor, rlcore.RLSettings.from_config(cfg, algo), base_model=base)
+    if start:
+        trainer.load_state(Path(current) / "trainer_state.pt")
+    history, pool = [], None
+    try:
+        for r in range(start, cfg.rl.rounds):
+            spec = rollout_spec(cfg, iteration=iteration, stage="rl", policy=_policy(cfg, current, current),
+                                tasks=tasks, seeds=_round_seeds(cfg, iteration, r), split="train",
+                                group_size=cfg.rl.group_size)
+            if pool is None:
+                pool = RolloutPool(spec)
+            summary = run_rollouts(spec, progress=progress, pool=pool)
+            res = trainer.train_round(lake, [spec.run_key], round_idx=r, iteration=iteration, run_key=run_id)
+            rdir = out / f"round-{r}"
+            info = {"round": r, "rollout_run_key": spec.run_key, "episodes": summary.total,
+                    "round_success": res.get("round_success"), "metrics": res.get("summary", {})}
+            _save_round(trainer.model, processor, trainer.state_dict(), rdir, info)
+            current = str(rdir)
+            pool.reload(current, version=current)
+            history.append(info)
+    finally:
+        if pool is not None:
+            pool.close()
+    row = dict(checkpoint_id=run_id, path=lake.rel(current), method=f"rl-{algo}", base_model=lake.rel(base),
+               parent_checkpoint=lake.rel(base), dataset_id=None, adapter=False,
+               metrics=json.dumps({"rounds": cfg.rl.rounds, "history": history}, default=str),
+               created_at=datetime.now(timezone.utc), run_key=run_id, git_sha=git_sha(), config_hash=cfg.config_hash("rl"))
+    lake.replace_run("checkpoints", [[row]], iteration=iteration, stage="rl", run_key=run_id)
+    return {"checkpoint_id": run_id, "checkpoint": current, "model_path": current, "algo": algo,
+            "rounds": cfg.rl.rounds, "resumed_from_round": start, "history": history, "skipped": False}

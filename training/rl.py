@@ -1,0 +1,514 @@
+"""The RL update on lake step rows: GRPO / Dr.GRPO / GSPO / SDPO, pure torch/transformers (no Prefect).
+
+    s = RLSettings.from_config(cfg)                        # cfg.rl + the student's prompt options and max_new_tokens
+    trainer = RLTrainer(model, processor, s)               # optimizer, weights, SDPO teacher, KL reference: kept over rounds
+    res = trainer.train_round(lake, ["<rollout run key>"], round_idx=0, iteration=0, run_key="rl-it0-...")
+    metrics = rl_update(model, processor, rows, s)          # one update on rows you built (training.rl_data)
+
+Rows (training/rl_data.py) are episode steps, each with its own prompt (the rollouts' prompt builder: instruction,
+text history, K-screenshot window, UI text) and its response tokens. Encoding: the chat template of the prompt with
+the generation prompt, run through the processor with the row's own images, then the response ids appended; each
+row keeps its image tensors and the model computes its mRoPE positions from its own ids and image grid (right
+padding, the SFT collator's `pad`). Log-probs come from the backbone's hidden states at the positions that predict
+a response token, projected through the LM head there only.
+
+One update (`RLTrainer.update`, `settings.epochs` passes over seeded minibatches, AdamW via training.core):
+- old_logp: the response log-probs under the weights at the start of the update (no gradient): the PPO ratio's
+  denominator. behaviour_logp: the sampler's log-probs from the lake; the token weight
+  w = losses.truncated_is_weight(old, behaviour, is_cap) corrects rows sampled by an older policy (an earlier
+  round, another engine). Forwards run in eval mode (no dropout), so the first minibatch starts at ratio 1.
+- PG term: losses.clipped_pg_loss (token level, or sequence level for gspo; clip eps_low/eps_high) x w, with
+  the episode's group advantage (rl_data.assign_advantages) on every token of the row.
+- Replayed successes (rl_data: a stored success joined to an all-failed group with reward 1): a scripted
+  teacher's steps have no sampled tokens, so their response is the SFT target text tokenised as SFT does, and no
+  behaviour log-probs: behaviour = old = the current weights' (detached) log-probs, so w = 1 and the ratio starts
+  at 1; the PPO clip bounds how far one update moves towards the demo. An earlier student success keeps its own
+  tokens and behaviour log-probs (w corrects its staleness).
+- SDPO (algorithm sdpo, or sdpo_weight > 0 with another algorithm): the teacher is the same network without
+  gradient (an EMA of the student, updated after every optimizer step, or the frozen start), re-prompted with the
+  row's own prompt (same images and history) plus a privileged block at the end of the user message -- "Correct
+  solution:" with a successful sibling's action sequence (never the row's own episode; a stored success counts
+  when no sibling succeeded) and/or the failed attempt's feedback -- then "Correctly solve the original task.".
+  It scores the student's own response tokens teacher-forced (its own forward, its own prompt length and
+  positions); loss = losses.sdpo_token_loss(student, teacher, old, ...) x w, blended per row with the PG term by
+  losses.blend (rows without a context keep the full PG term). The context of each row is returned in the
+  update's row records (rl_rows in the lake), so an update can be reproduced.
+- Optional k3 KL to a frozen copy of the start weights (kl_coef; none is built at 0).
+- Aggregation: losses.aggregate, "constant" = student.max_new_tokens x rows (Dr.GRPO) by default; micro-batches
+  inside a minibatch use the minibatch's normaliser, so micro_batch never changes the update.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import subprocess
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from training.core import (Bar, TrainableWeights, TrainState, load_extra, load_state as core_load_state,  # noqa: F401
+                           make_optimizer, optimizer_step, rng_state, save_state as core_save_state, set_rng_state)
+from training.rl_data import (assign_advantages, attach_sdpo_context, episode_rows, lake_rows,  # noqa: F401
+                              load_rl_rows, row_record, update_summary)
+
+ALGORITHMS = ("grpo", "dr_grpo", "gspo", "sdpo")
+SOLUTION_BLOCK = "\n\nCorrect solution:\n\n{solution}\n\n"
+FEEDBACK_BLOCK = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback}\n\n"
+REPROMPT_TAIL = "\nCorrectly solve the original task.\n"
+
+
+@dataclass
+class RLSettings:
+    """What an RL update needs (configs.models.RLConfig documents each knob; None = the algorithm's default)."""
+
+    algorithm: str = "grpo"
+    lr: float = 1e-4
+    epochs: int = 1
+    batch_size: int = 16
+    micro_batch: int | None = None
+    eps_low: float | None = None
+    eps_high: float | None = None
+    adv_mode: str | None = None
+    aggregation: str = "constant"
+    drop_zero_variance: bool = True
+    replay: bool = True
+    is_cap: float = 2.0
+    kl_coef: float = 0.0
+    sdpo_weight: float | None = None
+    sdpo_teacher: str = "ema"
+    sdpo_ema_rate: float = 0.05
+    sdpo_context: str = "both"
+    sdpo_is_clip: float = 2.0
+    parse_error_penalty: float = 0.0
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    max_minutes: float | None = None
+    seed: int = 0
+    max_new_tokens: int = 96  # student.max_new_tokens: the per-row length of the constant normaliser
+    targets: str = "full"  # sft.targets: how replayed demos are tokenised
+    history_images: int = 1  # student prompt options (rows are rebuilt with them)
+    use_ui_text: bool = True
+    config_hash: str | None = None  # provenance on the lake rows
+
+    def __post_init__(self):
+        for name, value, allowed in (("algorithm", self.algorithm, ALGORITHMS),
+                                     ("aggregation", self.aggregation, ("constant", "token_mean", "seq_mean_token_mean")),
+                                     ("adv_mode", self.adv_mode, (None, "zscore", "mean")),
+                                     ("sdpo_teacher", self.sdpo_teacher, ("ema", "frozen")),
+                                     ("sdpo_context", self.sdpo_context, ("sibling", "feedback", "both"))):
+            if value not in allowed:
+                raise ValueError(f"rl {name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        if self.batch_size < 1 or self.epochs < 1:
+            raise ValueError("rl batch_size and epochs must be >= 1")
+
+    @classmethod
+    def from_config(cls, cfg: Any, algo: str | None = None) -> "RLSettings":
+        """From a FlywheelConfig: cfg.rl's knobs, the student's prompt options and max_new_tokens, cfg.sft.targets."""
+        names = {f.name for f in fields(cls)}
+        d = {k: v for k, v in cfg.rl.model_dump().items() if k in names}
+        d.update(max_new_tokens=cfg.student.max_new_tokens, targets=cfg.sft.targets, config_hash=cfg.config_hash("rl"),
+                 history_images=cfg.student.history_images, use_ui_text=cfg.student.use_ui_text)
+        if algo:
+            d["algorithm"] = algo
+        return cls(**d)
+
+    @property
+    def level(self) -> str:
+        return "sequence" if self.algorithm == "gspo" else "token"
+
+    @property
+    def clip(self) -> tuple[float, float]:
+        gspo = self.algorithm == "gspo"
+        return (self.eps_low if self.eps_low is not None else (3e-4 if gspo else 0.2),
+                self.eps_high if self.eps_high is not None else (4e-4 if gspo else 0.28))
+
+    @property
+    def advantage_mode(self) -> str:
+        return self.adv_mode or ("mean" if self.algorithm == "dr_grpo" else "zscore")
+
+    @property
+    def distill_weight(self) -> float:
+        return self.sdpo_weight if self.sdpo_weight is not None else (1.0 if self.algorithm == "sdpo" else 0.0)
+
+    @property
+    def prompt_options(self):
+        from agents.prompts import PromptOptions
+
+        return PromptOptions(history_images=self.history_images, use_ui_text=self.use_ui_text)
+
+
+# ------------------------------------------------------------------------------------------------ encoding
+def teacher_messages(messages: list[dict[str, Any]], solution: str | None = None,
+                     feedback: str | None = None) -> list[dict[str, Any]]:
+    """The SDPO teacher's prompt: the row's own messages with the privileged block appended to the last user
+    message (its images and history untouched)."""
+    block = ((SOLUTION_BLOCK.format(solution=solution) if solution else "")
+             + (FEEDBACK_BLOCK.format(feedback=feedback) if feedback else "") + REPROMPT_TAIL)
+    out = [dict(m) for m in messages]
+    k = max(i for i, m in enumerate(out) if m["role"] == "user")
+    content = out[k]["content"]
+    content = list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
+    out[k]["content"] = content + [{"type": "text", "text": block}]
+    return out
+
+
+class RowEncoder:
+    """Rows -> model inputs: [chat template + generation prompt, with the row's images] + response ids."""
+
+    def __init__(self, processor):
+        from training.data import SFTCollator
+
+        self.processor = processor
+        self.tok = getattr(processor, "tokenizer", processor)
+        self.collator = SFTCollator(processor)
+
+    def response_ids(self, row: dict[str, Any]) -> list[int]:
+        """The row's sampled token ids, or its target text tokenised as SFT labels it (text + <|im_end|>)."""
+        if row.get("response_ids"):
+            return [int(x) for x in row["response_ids"]]
+        if row.get("target_text"):
+            return self.tok(row["target_text"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        raise ValueError(f"row {row.get('episode_id')}/{row.get('step_idx')} has no response ids or target text")
+
+    def encode(self, messages: list[dict[str, Any]], images: list[Any], response: list[int]) -> dict[str, Any]:
+        import torch
+
+        from training.data import _pil
+
+        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        kw: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        if images:
+            kw["images"] = [_pil(i) for i in images]
+        enc = dict(self.processor(**kw))
+        n_prompt, resp = enc["input_ids"].shape[1], torch.tensor([response], dtype=enc["input_ids"].dtype)
+        for key, v in list(enc.items()):
+            if key == "input_ids":
+                enc[key] = torch.cat([v, resp], dim=1)
+            elif torch.is_tensor(v) and v.dim() == 2 and v.shape == (1, n_prompt):  # attention mask, mm token types
+                fill = 1 if key == "attention_mask" else 0
+                enc[key] = torch.cat([v, torch.full((1, len(response)), fill, dtype=v.dtype)], dim=1)
+        enc["labels"] = torch.cat([torch.full((1, n_prompt), -100, dtype=resp.dtype), resp], dim=1)
+        return enc
+
+    def pad(self, encoded: list[dict[str, Any]], device) -> tuple[dict[str, Any], Any, Any]:
+        """(batch on device, positions [B, R] that predict each response token, response mask [B, R])."""
+        import torch
+
+        batch = self.collator.pad(encoded)
+        labels = batch.pop("labels")
+        counts = (labels != -100).sum(1)
+        starts = (labels != -100).int().argmax(1)
+        width = int(counts.max()) if len(counts) else 0
+        j = torch.arange(width)[None, :]
+        mask = j < counts[:, None]
+        pos = torch.where(mask, starts[:, None] - 1 + j, torch.zeros_like(j))
+        return {k: v.to(device) for k, v in batch.items()}, pos.to(device), mask.to(device)
+
+
+def response_logprobs(model, batch: dict[str, Any], pos, mask, *, entropy: bool = False, chunk: int = 1024):
+    """(log-probs [B, R] of the response tokens, entropies [B, R] or None): one backbone forward, the LM head
+    only at the positions that predict a response token (the full-logits values, without [T x vocab])."""
+    import torch
+
+    from training.losses import _backbone_and_head, entropy_from_logits
+
+    backbone, head = _backbone_and_head(model)
+    hidden = backbone(**batch).last_hidden_state
+    rows = torch.arange(pos.shape[0], device=pos.device)[:, None].expand_as(pos)[mask]
+    at = pos[mask]
+    sel, tgt = hidden[rows, at], batch["input_ids"][rows, at + 1]
+    lps, ents = [], []
+    for i in range(0, sel.shape[0], chunk):
+        logits = head(sel[i:i + chunk]).float()
+        lps.append(torch.log_softmax(logits, -1).gather(-1, tgt[i:i + chunk, None]).squeeze(-1))
+        if entropy:
+            with torch.no_grad():
+                ents.append(entropy_from_logits(logits.detach()))
+    zero = torch.zeros(pos.shape, dtype=torch.float32, device=pos.device)
+    logp = zero.masked_scatter(mask, torch.cat(lps)) if lps else zero
+    ent = (zero.masked_scatter(mask, torch.cat(ents)) if ents else zero) if entropy else None
+    return logp, ent
+
+
+def _frozen_copy(model):
+    twin = copy.deepcopy(model)
+    twin.requires_grad_(False)
+    return twin.eval()
+
+
+def _rows_tensor(values: list[Any], width: int, device, fill: float = 0.0):
+    import torch
+
+    out = torch.full((len(values), width), fill, dtype=torch.float32)
+    for i, v in enumerate(values):
+        out[i, :len(v)] = v[:width]
+    return out.to(device)
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ trainer
+class RLTrainer:
+    """The learner of an RL run: optimizer and trainable weights (training.core), the SDPO teacher and KL
+    reference, and the step counter, kept across rounds; `state_dict`/`load_state` or `save_state` resume it
+    exactly. The vision tower is frozen (as in SFT); LoRA adapters get fp32 master copies."""
+
+    def __init__(self, model, processor, settings: RLSettings, *, ref=None, teacher=None, base_model: str | None = None):
+        from training.models import freeze_vision, is_lora_param
+
+        self.model, self.processor, self.s, self.base_model = model, processor, settings, base_model
+        freeze_vision(model)
+        lora = any(is_lora_param(n) for n, p in model.named_parameters() if p.requires_grad)
+        self.weights = TrainableWeights(model, master=lora)
+        self.opt = make_optimizer(self.weights, settings.lr, settings.weight_decay)
+        self.state = TrainState()
+        self.device = next(model.parameters()).device
+        self.encoder = RowEncoder(processor)
+        self.ref = ref if ref is not None else (_frozen_copy(model) if settings.kl_coef > 0 else None)
+        self.teacher = teacher if teacher is not None else (_frozen_copy(model) if settings.distill_weight > 0 else None)
+
+    # ---------------------------------------------------------------- rows
+    def prepare(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """SDPO contexts (when distilling), then advantages and the zero-variance filter (rl_data)."""
+        s = self.s
+        if s.distill_weight > 0:
+            attach_sdpo_context(rows, s.sdpo_context)
+        return assign_advantages(rows, mode=s.advantage_mode, drop_zero_variance=s.drop_zero_variance,
+                                 parse_error_penalty=s.parse_error_penalty, keep_sdpo_rows=s.distill_weight > 0)
+
+    def _score(self, model, encoded: list[dict[str, Any]]) -> list[Any]:
+        """Per-row response log-probs (cpu, detached) under `model`."""
+        import torch
+
+        out, step = [], self.s.micro_batch or self.s.batch_size
+        with torch.no_grad():
+            for k in range(0, len(encoded), step):
+                batch, pos, mask = self.encoder.pad(encoded[k:k + step], self.device)
+                lp, _ = response_logprobs(model, batch, pos, mask)
+                out += [lp[i][mask[i]].cpu() for i in range(lp.shape[0])]
+        return out
+
+    # ---------------------------------------------------------------- update
+    def update(self, rows: list[dict[str, Any]], *, round_idx: int = 0, progress: bool = False) -> dict[str, Any]:
+        """`settings.epochs` passes of minibatch updates over `rows` (prepared with `prepare` first when they carry
+        no advantages). Returns {"steps": per optimizer step metrics, "rows": per row records, "summary",
+        "stopped"}."""
+        import numpy as np
+        import torch
+
+        from training.losses import truncated_is_weight
+
+        s = self.s
+        if rows and any("advantage" not in r for r in rows):
+            rows, _ = self.prepare(rows)
+        self.model.eval()  # no dropout: the first minibatch starts at ratio 1
+        resp = [self.encoder.response_ids(r) for r in rows]
+        enc = [self.encoder.encode(r["messages"], r["images"], ids) for r, ids in zip(rows, resp)]
+        w = s.distill_weight
+        tenc = {i: self.encoder.encode(teacher_messages(r["messages"], r.get("sdpo_solution"), r.get("sdpo_feedback")),
+                                       r["images"], resp[i])
+                for i, r in enumerate(rows) if w > 0 and r.get("sdpo")}
+        old = self._score(self.model, enc)
+        ref = self._score(self.ref, enc) if self.ref is not None and s.kl_coef > 0 else None
+        isw = [truncated_is_weight(o, torch.tensor(r["behaviour_logp"]) if r.get("behaviour_logp") else o, s.is_cap)
+               for o, r in zip(old, rows)]
+        steps: list[dict[str, Any]] = []
+        per_epoch = math.ceil(len(rows) / s.batch_size)
+        bar = Bar(per_epoch * s.epochs, 0, "rl") if progress and rows else None
+        stopped = "done" if rows else "empty"
+        try:
+            for epoch in range(s.epochs if rows else 0):
+                order = np.random.default_rng([s.seed, round_idx, epoch]).permutation(len(rows)).tolist()
+                for k in range(0, len(rows), s.batch_size):
+                    if s.max_minutes and self.state.elapsed_s >= s.max_minutes * 60:
+                        stopped = "budget"
+                        break
+                    t0 = time.monotonic()
+                    m = self._step(order[k:k + s.batch_size], rows, enc, tenc, old, ref, isw)
+                    self.state.elapsed_s += time.monotonic() - t0
+                    m.update(round=round_idx, update_step=len(steps), global_step=self.state.step - 1, epoch=epoch,
+                             algo=s.algorithm, lr=s.lr)
+                    steps.append(m)
+                    if bar:
+                        bar.show(len(steps), f"loss {m['loss']:.4f} | clip {m['clip_frac']:.2f} | H {m['entropy']:.2f}")
+                if stopped == "budget":
+                    break
+        finally:
+            if bar:
+                bar.stop()
+        self.state.stopped = stopped
+        records = [dict(row_record(r), n_tokens=len(resp[i]), old_logp_mean=float(old[i].mean()) if len(old[i]) else None,
+                        is_weight_mean=float(isw[i].mean()) if len(isw[i]) else None, sdpo=bool(r.get("sdpo")))
+                   for i, r in enumerate(rows)]
+        return {"steps": steps, "rows": records, "summary": update_summary(steps), "stopped": stopped}
+
+    def _step(self, mb: list[int], rows, enc, tenc, old, ref, isw) -> dict[str, Any]:
+        import torch
+
+        from training.losses import aggregate, blend, clipped_pg_loss, kl_k3, sdpo_token_loss
+
+        s, dev = self.s, self.device
+        eps_low, eps_high = s.clip
+        w = s.distill_weight
+        lens = [len(old[i]) for i in mb]
+        n_rows, n_tok, n_nonempty = len(mb), sum(lens), sum(n > 0 for n in lens)
+        acc = dict(loss=0.0, ent=0.0, clip=0.0, akl=0.0, ratio=0.0, isw=0.0, klref=0.0, sd_tok=0.0, sd_high=0.0,
+                   sd_adv=0.0)
+        n_sdpo = 0
+        for c in range(0, n_rows, s.micro_batch or n_rows):
+            idx = mb[c:c + (s.micro_batch or n_rows)]
+            batch, pos, mask = self.encoder.pad([enc[i] for i in idx], dev)
+            width = pos.shape[1]
+            logp, ent = response_logprobs(self.model, batch, pos, mask, entropy=True)
+            old_t = _rows_tensor([old[i] for i in idx], width, dev)
+            isw_t = _rows_tensor([isw[i] for i in idx], width, dev, fill=1.0)
+            adv = torch.tensor([rows[i]["advantage"] for i in idx], dtype=torch.float32, device=dev)
+            per_tok, st = clipped_pg_loss(logp, old_t, adv, mask, eps_low, eps_high, s.level, is_weight=isw_t)
+            sd_rows = [j for j, i in enumerate(idx) if i in tenc]
+            if sd_rows:
+                n_sdpo += len(sd_rows)
+                teacher_lp = logp.detach().clone()
+                with torch.no_grad():
+                    tb, tpos, tmask = self.encoder.pad([tenc[idx[j]] for j in sd_rows], dev)
+                    tlp, _ = response_logprobs(self.teacher, tb, tpos, tmask)
+                sel = torch.tensor(sd_rows, device=dev)
+                cur = teacher_lp[sel, :tlp.shape[1]]
+                teacher_lp[sel, :tlp.shape[1]] = torch.where(tmask, tlp, cur)
+                sd_mask = torch.zeros(len(idx), dtype=torch.bool, device=dev)
+                sd_mask[sel] = True
+                sd_tok_mask = mask & sd_mask[:, None]
+                sd, sst = sdpo_token_loss(logp, teacher_lp, old_t, sd_tok_mask, s.sdpo_is_clip)
+                per_tok = blend(per_tok, sd * isw_t, sd_mask, w)
+                k = float(sd_tok_mask.sum())
+                acc["sd_tok"] += k
+                acc["sd_high"] += sst["teacher_higher_frac"] * k
+                acc["sd_adv"] += sst["adv_mean"] * k
+            if ref is not None:
+                kl = kl_k3(logp, _rows_tensor([ref[i] for i in idx], width, dev))
+                per_tok = per_tok + s.kl_coef * kl
+                acc["klref"] += float(torch.where(mask, kl.detach(), torch.zeros_like(kl)).sum())
+            if s.aggregation == "constant":
+                loss = aggregate(per_tok, mask, "constant", constant=s.max_new_tokens * n_rows)
+            elif s.aggregation == "token_mean":
+                loss = aggregate(per_tok, mask, "constant", constant=max(n_tok, 1))
+            else:
+                loss = aggregate(per_tok, mask, "seq_mean_token_mean") * (int((mask.sum(-1) > 0).sum()) / max(n_nonempty, 1))
+            loss.backward()
+            t = float(mask.sum())
+            acc["loss"] += float(loss.detach())
+            acc["ent"] += float(torch.where(mask, ent, torch.zeros_like(ent)).sum())
+            acc["clip"] += st["clip_frac"] * t
+            acc["akl"] += st["approx_kl"] * t
+            acc["ratio"] += st["ratio_mean"] * t
+            acc["isw"] += float(torch.where(mask, isw_t, torch.zeros_like(isw_t)).sum())
+        for g in self.opt.param_groups:
+            g["lr"] = s.lr
+        grad_norm = optimizer_step(self.weights, self.opt, s.grad_clip)
+        if self.teacher is not None and w > 0 and s.sdpo_teacher == "ema":
+            self._ema()
+        st_ = self.state
+        st_.step, st_.samples_seen, st_.target_tokens = st_.step + 1, st_.samples_seen + n_rows, st_.target_tokens + n_tok
+        st_.losses.append(round(acc["loss"], 6))
+        a = torch.tensor([rows[i]["advantage"] for i in mb], dtype=torch.float64)
+        T = max(n_tok, 1)
+        return dict(loss=acc["loss"], entropy=acc["ent"] / T, clip_frac=acc["clip"] / T, approx_kl=acc["akl"] / T,
+                    kl_ref=acc["klref"] / T, ratio_mean=acc["ratio"] / T, is_weight_mean=acc["isw"] / T,
+                    adv_mean=float(a.mean()), adv_std=float(a.std(unbiased=False)), adv_abs=float(a.abs().mean()),
+                    grad_norm=grad_norm, n_rows=n_rows, n_tokens=n_tok, n_sdpo_rows=n_sdpo,
+                    sdpo_teacher_higher_frac=acc["sd_high"] / acc["sd_tok"] if acc["sd_tok"] else None,
+                    sdpo_adv_mean=acc["sd_adv"] / acc["sd_tok"] if acc["sd_tok"] else None)
+
+    def _ema(self) -> None:
+        """theta_T <- (1 - rate) theta_T + rate theta_S over the trainable weights (the rest is shared and frozen)."""
+        import torch
+
+        tp = dict(self.teacher.named_parameters())
+        with torch.no_grad():
+            for n, p in self.weights.params.items():
+                tp[n].lerp_(p.detach().to(tp[n].dtype), self.s.sdpo_ema_rate)
+
+    # ---------------------------------------------------------------- a round over the lake
+    def train_round(self, lake: Any, run_keys: list[str], *, round_idx: int, iteration: int, run_key: str,
+                    git_sha: str | None = None, progress: bool = False) -> dict[str, Any]:
+        """Load the rollouts' step rows (+ replay), prepare, update, and write `rl_metrics` / `rl_rows` (stage rl,
+        run key `run_key`, one part per round). Returns {"round_success", "summary", "stats", "n_rows", "stopped"}."""
+        from storage.catalog import connect
+        from training.models import model_arch
+
+        s = self.s
+        rows = load_rl_rows(connect(lake), run_keys, arch=model_arch(self.model), opts=s.prompt_options,
+                            targets=s.targets, replay=s.replay, stored_context=s.distill_weight > 0)
+        rows, stats = self.prepare(rows)
+        res = self.update(rows, round_idx=round_idx, progress=progress)
+        metrics, row_rows = lake_rows(res, stats, round_idx=round_idx, run_key=run_key, run_keys=run_keys,
+                                      git_sha=git_sha or _git_sha(), config_hash=s.config_hash)
+        part = f"r{round_idx:03d}"
+        lake.write("rl_metrics", metrics, iteration=iteration, stage="rl", run_key=run_key, part=part)
+        lake.write("rl_rows", row_rows, iteration=iteration, stage="rl", run_key=run_key, part=part)
+        return {"round_success": stats["round_success"], "summary": res["summary"], "stats": stats,
+                "n_rows": len(rows), "stopped": res["stopped"]}
+
+    # ---------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs besides the model folder: trainable weights (fp32 masters), optimizer,
+        the teacher's and reference's copies of them, step counters and RNG (torch.save-able, weights_only)."""
+        return {"weights": {n: p.detach().cpu().clone() for n, p in self.weights.named().items()},
+                "optimizer": self.opt.state_dict(), "train_state": asdict(self.state), "rng": rng_state(),
+                "twins": self._twins()}
+
+    def load_state(self, src: str | Path | dict[str, Any]) -> None:
+        """Restore `state_dict()` (a dict or a torch.save file) or a `save_state` folder."""
+        import torch
+
+        if not isinstance(src, dict) and Path(src).is_dir():
+            self.state = core_load_state(Path(src), self.weights, self.opt)
+            self._load_twins(load_extra(Path(src)))
+            return
+        d = src if isinstance(src, dict) else torch.load(src, weights_only=True)
+        self.weights.load(d["weights"], source="rl state")
+        self.opt.load_state_dict(d["optimizer"])
+        self.state = TrainState(**d["train_state"])
+        set_rng_state(d["rng"])
+        self._load_twins(d.get("twins") or {})
+
+    def save_state(self, out: Path, keep: int = 2) -> Path:
+        """A resumable state folder `<out>/state/step-N` through training.core (teacher/ref weights as extra)."""
+        return core_save_state(Path(out), self.weights, self.opt, self.state, keep=keep, extra=self._twins() or None)
+
+    def _twins(self) -> dict[str, Any]:
+        """The SDPO teacher's and KL reference's values of the trainable weights ("teacher.<name>", "ref.<name>"):
+        an EMA teacher drifts from the student, and both differ from the weights a resumed run loads."""
+        out = {}
+        for tag, twin in (("teacher", self.teacher), ("ref", self.ref)):
+            if twin is not None:
+                tp = dict(twin.named_parameters())
+                out.update({f"{tag}.{n}": tp[n].detach().cpu().clone() for n in self.weights.params})
+        return out
+
+    def _load_twins(self, saved: dict[str, Any]) -> None:
+        import torch
+
+        for tag, twin in (("teacher", self.teacher), ("ref", self.ref)):
+            if twin is None:
+                continue
+            tp = dict(twin.named_parameters())
+            with torch.no_grad():
+                for k, t in saved.items():
+                    if k.startswith(tag + "."):
+                        n = k[len(tag) + 1:]
+                        tp[n].copy_(t.to(tp[n].device, tp[n].dtype))
+
+
+def rl_update(model, processor, rows: list[dict[str, Any]], settings: RLSettings, *, ref=None,
+              teacher=None) -> dict[str, Any]:
+    """One update of `model` on `rows` (advantages assigned here if the rows carry none); see RLTrainer.update."""
+    return RLTrainer(model, processor, settings, ref=ref, teacher=teacher).update(rows)

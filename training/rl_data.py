@@ -1,0 +1,289 @@
+"""RL training rows from the lake: one row per episode step, group advantages, replay and SDPO teacher context.
+
+    rows = load_rl_rows(con, ["rl-it0-r0"], arch="qwen3-vl", opts=opts, targets="action", replay=True)
+    attach_sdpo_context(rows, "both")                                # who the SDPO teacher sees, per row
+    rows, stats = assign_advantages(rows, mode="zscore", drop_zero_variance=True, keep_sdpo_rows=True)
+
+A row is one action step of an episode, rebuilt exactly as rollouts and SFT build it (agents.prompts.build_prompt
+through the same history records as training.data.episode_samples: the instruction, earlier steps as text, the
+K-screenshot window, the UI text in the model's coordinate space), plus the response the policy produced:
+`steps.token_ids` with `steps.logprobs` (the sampler's behaviour log-probs). Final observation rows and steps
+without token ids are skipped; steps whose output did not parse are kept (the model's own output, trained with
+its episode's advantage). Rows are plain dicts (keys below), so tests and callers can build them directly.
+
+Replay (ARPO / DART-GUI): a group whose episodes all failed gets a stored success of the same task from the lake
+(a teacher demo or an earlier student success, outside the rollouts being trained on; same seed preferred, then
+the newest) as an extra member with reward 1, so the group has a signal. Its steps carry no student tokens when
+the teacher is scripted: the response is its SFT target text (training.data.target_text, retargeted to the SFT
+target format) tokenised as SFT does; its behaviour log-probs are unknown (training.rl scores it under the current
+weights, IS weight 1). Every iteration writes new episodes, so the lake is the replay buffer.
+
+Row keys: episode_id, step_idx, group_id, task_id, seed, reward, success, replayed, policy, messages, images,
+response_ids (list[int] | None), behaviour_logp (list[float] | None), target_text (str | None: replayed demo
+steps), parse_error, solution (the episode's action sequence when it succeeded), feedback (the failure text when
+it did not); attach_sdpo_context adds sdpo_solution, sdpo_sibling_episode_id, sdpo_feedback, sdpo; assign_advantages
+adds advantage and group_kept. `lake_rows` shapes an update's results as `rl_metrics` / `rl_rows` rows
+(storage/schema.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agents.prompts import PromptOptions, build_prompt, transform_for
+from training.data import _action, history_record, retarget, target_text
+
+_STEP_COLS = ("episode_id, step_idx, screenshot, screen_w, screen_h, ui_text, thought, action_desc, raw_action, action, "
+              "parse_ok, parse_error, exec_error, token_ids, logprobs, feedback")
+_EP_COLS = "episode_id, task_id, seed, instruction, policy, group_id, sample_idx, task_reward, success, status, n_steps, run_key"
+
+
+# ------------------------------------------------------------------------------------------------ one episode
+def solution_text(steps: Sequence[dict[str, Any]], arch: str) -> str:
+    """A successful episode's action sequence as the SDPO teacher sees it: each parsed step's reply without the
+    thought (the model text format, model coordinate space), numbered."""
+    out = []
+    for s in steps:
+        action = _action(s)
+        if action is None:
+            continue  # a reply that did not parse did nothing
+        from agents.parsing import format_response
+
+        t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]))
+        out.append(f"Step {int(s['step_idx']) + 1}:\n{format_response(None, s.get('action_desc') or '', action, t)}")
+    return "\n".join(out)
+
+
+def feedback_text(episode: dict[str, Any], steps: Sequence[dict[str, Any]], arch: str) -> str:
+    """What went wrong in a failed episode, for the SDPO teacher: its length and status, the last action and
+    its result, how many replies did not parse, and the env's own feedback text when it gave any."""
+    from agents.parsing import action_text_for_history
+
+    n = len(steps)
+    status = episode.get("status") or "ok"
+    how = {"truncated": " (it hit the step limit)", "timeout": " (it ran out of time)",
+           "error": " (the environment failed)"}.get(status, "")
+    parts = [f"The episode ended without success after {n} step{'s' if n != 1 else ''}{how}."]
+    if steps:
+        last = steps[-1]
+        rec = history_record(last)
+        t = transform_for(arch, int(last["screen_w"]), int(last["screen_h"]))
+        act = action_text_for_history(rec.action, t) if rec.action is not None else "(no valid action)"
+        desc = f"{rec.action_desc} -> " if rec.action_desc else ""
+        parts.append(f"Last action: {desc}{act} [{rec.result}].")
+    bad = sum(_action(s) is None for s in steps)
+    if bad:
+        parts.append(f"{bad} of your replies did not parse into an action.")
+    env = [s["feedback"] for s in steps if s.get("feedback")]
+    if env:
+        parts.append(f"Environment feedback: {env[-1]}")
+    return " ".join(parts)
+
+
+def episode_rows(episode: dict[str, Any], steps: Sequence[dict[str, Any]], *, arch: str, opts: PromptOptions,
+                 targets: str = "full", replayed: bool = False, group_id: str | None = None) -> list[dict[str, Any]]:
+    """Training rows of one episode (an `episodes` row and its non-final `steps` rows, any order).
+
+    A step with token ids is a row (its response = those ids, behaviour = its logprobs). Without token ids, a
+    `replayed` episode's parsed step is a row whose response is its SFT target text; other steps only appear in
+    later steps' history. `group_id` overrides the episode's (a replayed episode joins another group)."""
+    steps = sorted((s for s in steps if not s.get("is_final")), key=lambda s: int(s["step_idx"]))
+    for i, s in enumerate(steps):
+        if int(s["step_idx"]) != i:
+            raise ValueError(f"episode {episode['episode_id']}: steps must be complete (got step_idx "
+                             f"{s['step_idx']} at position {i})")
+    success = bool(episode.get("success"))
+    reward = 1.0 if replayed else float(episode.get("task_reward") or 0.0)
+    common = dict(episode_id=episode["episode_id"], group_id=group_id or episode.get("group_id") or episode["episode_id"],
+                  task_id=episode.get("task_id"), seed=episode.get("seed"), reward=reward, success=success or replayed,
+                  replayed=replayed, policy=episode.get("policy"),
+                  solution=solution_text(steps, arch) if (success or replayed) else None,
+                  feedback=None if (success or replayed) else feedback_text(episode, steps, arch))
+    rows, history = [], []
+    for s in steps:
+        ids, target = s.get("token_ids"), None
+        if not ids and replayed and _action(s) is not None:
+            t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]))
+            target = retarget(target_text(s, t), targets)
+        if ids or target:
+            t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]))
+            prompt = build_prompt(episode.get("instruction") or "", s["screenshot"], s.get("ui_text"), history, opts, t)
+            lp = s.get("logprobs")
+            rows.append(dict(common, step_idx=int(s["step_idx"]), messages=prompt.messages, images=list(prompt.images),
+                             response_ids=[int(x) for x in ids] if ids else None,
+                             behaviour_logp=[float(x) for x in lp] if ids and lp and len(lp) == len(ids) else None,
+                             target_text=target, parse_error=_action(s) is None))
+        history.append(history_record(s))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ the lake
+def _query(con, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    return con.sql(sql, params=params).to_arrow_table().to_pylist()
+
+
+def _steps_of(con, episode_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {e: [] for e in episode_ids}
+    if not episode_ids:
+        return out
+    got = _query(con, f"SELECT {_STEP_COLS} FROM steps WHERE NOT is_final AND list_contains($1, episode_id) "
+                      f"ORDER BY episode_id, step_idx", [list(episode_ids)])
+    for s in got:
+        out[s["episode_id"]].append(s)
+    return out
+
+
+def stored_successes(con, task_ids: Sequence[str], exclude_run_keys: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """Successful train-split episodes of these tasks outside `exclude_run_keys`, per task, newest first."""
+    if not task_ids:
+        return {}
+    rows = _query(con, f"SELECT {_EP_COLS} FROM episodes WHERE success AND status = 'ok' AND split = 'train' "
+                       f"AND list_contains($1, task_id) AND NOT list_contains($2, run_key) "
+                       f"ORDER BY task_id, ended_at DESC NULLS LAST, episode_id",
+                  [list(task_ids), list(exclude_run_keys)])
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r["task_id"], []).append(r)
+    return out
+
+
+def _pick(cands: list[dict[str, Any]], seed: Any) -> list[dict[str, Any]]:
+    """Candidates in the order tried: the same task instance (seed) first, then the newest."""
+    return sorted(cands, key=lambda e: e["seed"] != seed)  # stable: newest first within each
+
+
+def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: PromptOptions = PromptOptions(),
+                 targets: str = "full", replay: bool = True, stored_context: bool = True) -> list[dict[str, Any]]:
+    """Step rows of the episodes the rollouts `run_keys` wrote (episodes that never got a reward are left out).
+
+    `replay`: each all-failed group gets a stored success of its task as an extra, replayed member. Without
+    replay but with `stored_context`, that success only becomes the SDPO teacher's "Correct solution" for the
+    group's rows (keys stored_solution / stored_episode_id)."""
+    run_keys = list(run_keys)
+    if not run_keys:
+        return []
+    eps = _query(con, f"SELECT {_EP_COLS} FROM episodes WHERE list_contains($1, run_key) AND task_reward IS NOT NULL "
+                      f"ORDER BY group_id, sample_idx, episode_id", [run_keys])
+    steps = _steps_of(con, [e["episode_id"] for e in eps])
+    rows: list[dict[str, Any]] = []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in eps:
+        rows += episode_rows(e, steps[e["episode_id"]], arch=arch, opts=opts, targets=targets)
+        groups.setdefault(e["group_id"] or e["episode_id"], []).append(e)
+    failed = {g: members for g, members in groups.items() if not any(m["success"] for m in members)}
+    if not failed or not (replay or stored_context):
+        return rows
+    stored = stored_successes(con, sorted({m[0]["task_id"] for m in failed.values()}), run_keys)
+    cache: dict[str, list[dict[str, Any]]] = {}
+    for g, members in failed.items():
+        for cand in _pick(stored.get(members[0]["task_id"], []), members[0]["seed"]):
+            if cand["episode_id"] not in cache:
+                cache.update(_steps_of(con, [cand["episode_id"]]))
+            got = episode_rows(cand, cache[cand["episode_id"]], arch=arch, opts=opts, targets=targets,
+                               replayed=True, group_id=g)
+            if not got:
+                continue  # nothing trainable in it: try the next one
+            if replay:
+                rows += got
+            else:
+                for r in rows:
+                    if r["group_id"] == g:
+                        r.update(stored_solution=got[0]["solution"], stored_episode_id=cand["episode_id"])
+            break
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ groups
+def attach_sdpo_context(rows: list[dict[str, Any]], mode: str = "both") -> list[dict[str, Any]]:
+    """Set each row's SDPO teacher context in place: sdpo_solution + sdpo_sibling_episode_id (mode sibling|both:
+    the first successful episode of the row's group other than its own, a replayed one included; else the
+    group's stored success), sdpo_feedback (mode feedback|both: the row's own failure text, failed episodes
+    only) and sdpo (either is present). Rows with neither get no SDPO term."""
+    if mode not in ("sibling", "feedback", "both"):
+        raise ValueError(f"unknown sdpo context {mode!r}: use sibling, feedback or both")
+    winners: dict[str, list[tuple[str, str]]] = {}
+    for r in rows:
+        if r.get("solution"):
+            w = winners.setdefault(r["group_id"], [])
+            if r["episode_id"] not in {e for e, _ in w}:
+                w.append((r["episode_id"], r["solution"]))
+    for r in rows:
+        sib, sol = None, None
+        if mode in ("sibling", "both"):
+            other = [(e, s) for e, s in winners.get(r["group_id"], []) if e != r["episode_id"]]
+            if other:
+                sib, sol = other[0]
+            elif r.get("stored_solution") and r.get("stored_episode_id") != r["episode_id"]:
+                sib, sol = r["stored_episode_id"], r["stored_solution"]
+        fb = r.get("feedback") if mode in ("feedback", "both") and not r.get("success") else None
+        r.update(sdpo_sibling_episode_id=sib, sdpo_solution=sol, sdpo_feedback=fb, sdpo=bool(sol or fb))
+    return rows
+
+
+def assign_advantages(rows: list[dict[str, Any]], *, mode: str = "zscore", drop_zero_variance: bool = True,
+                      parse_error_penalty: float = 0.0, keep_sdpo_rows: bool = False) -> tuple[list[dict[str, Any]], dict]:
+    """Episode-level group advantages (training.losses.group_advantages over one reward per episode, so long
+    episodes weigh no more than short ones), broadcast to each of the episode's rows, minus `parse_error_penalty`
+    on rows whose reply did not parse. Rows of zero-variance (or singleton) groups are dropped when
+    `drop_zero_variance` (DAPO), except rows with an SDPO context when `keep_sdpo_rows`. Returns (kept rows,
+    stats: n_groups, n_groups_kept, n_episodes, n_replayed, round_success over the sampled episodes)."""
+    from training.losses import group_advantages
+
+    episodes: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        episodes.setdefault(r["episode_id"], r)
+    ids = list(episodes)
+    adv, keep = group_advantages([episodes[e]["reward"] for e in ids], [episodes[e]["group_id"] for e in ids], mode)
+    by_ep = {e: (float(a), bool(k)) for e, a, k in zip(ids, adv.tolist(), keep.tolist())}
+    out = []
+    for r in rows:
+        a, k = by_ep[r["episode_id"]]
+        r["advantage"] = a - (parse_error_penalty if r.get("parse_error") else 0.0)
+        r["group_kept"] = k
+        if k or not drop_zero_variance or (keep_sdpo_rows and r.get("sdpo")):
+            out.append(r)
+    sampled = [e for e in ids if not episodes[e].get("replayed")]
+    groups = {episodes[e]["group_id"] for e in ids}
+    stats = {"n_groups": len(groups), "n_groups_kept": len({episodes[e]["group_id"] for e in ids if by_ep[e][1]}),
+             "n_episodes": len(sampled), "n_replayed": len(ids) - len(sampled),
+             "round_success": (sum(bool(episodes[e]["success"]) for e in sampled) / len(sampled)) if sampled else None}
+    return out, stats
+
+
+def row_record(r: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-able part of a row (no prompt or images): what `rl_rows` stores besides the update's numbers."""
+    keep = ("episode_id", "step_idx", "group_id", "task_id", "reward", "advantage", "replayed", "parse_error", "sdpo",
+            "sdpo_sibling_episode_id", "sdpo_feedback")
+    return {k: r.get(k) for k in keep}
+
+
+def update_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over an update's optimizer steps (None where a metric never applied) and row counts."""
+    keys = ("loss", "entropy", "clip_frac", "approx_kl", "kl_ref", "grad_norm", "adv_abs")
+    out: dict[str, Any] = {"n_steps": len(steps), "n_rows": sum(m["n_rows"] for m in steps),
+                           "n_sdpo_rows": sum(m["n_sdpo_rows"] for m in steps)}
+    for k in keys:
+        vals = [m[k] for m in steps if m.get(k) is not None]
+        out[k] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def lake_rows(res: dict[str, Any], stats: dict[str, Any], *, round_idx: int, run_key: str, run_keys: list[str],
+              git_sha: str | None = None, config_hash: str | None = None) -> tuple[list[dict], list[dict]]:
+    """(rl_metrics rows, rl_rows rows) of one round's update, shaped for storage.schema."""
+    from datetime import datetime, timezone
+
+    from storage.schema import RL_METRICS, RL_ROWS
+
+    now = datetime.now(timezone.utc)
+    prov = dict(run_key=run_key, git_sha=git_sha, config_hash=config_hash, created_at=now)
+    mcols = set(RL_METRICS.names)
+    metrics = [{**{k: v for k, v in m.items() if k in mcols}, **prov, "rollout_run_keys": list(run_keys),
+                "round_success": stats.get("round_success"), "n_groups": stats.get("n_groups"),
+                "n_groups_kept": stats.get("n_groups_kept"), "n_replayed": stats.get("n_replayed")}
+               for m in res["steps"]]
+    rcols = set(RL_ROWS.names)
+    rows = [{**{k: v for k, v in r.items() if k in rcols}, **prov, "round": round_idx,
+             "replayed": bool(r.get("replayed")), "parse_error": bool(r.get("parse_error"))} for r in res["rows"]]
+    return metrics, rows
