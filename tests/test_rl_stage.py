@@ -1,0 +1,107 @@
+"""The RL stage end to end (real Chromium, a real lake, a tiny model): rounds, rerun, SIGKILL resume, held-out tasks.
+
+The update math is tested on hand-built tensors (test_losses.py) and on lake rows (test_rl.py); here the
+stage's own guarantees: a round's episodes land under the `rl` stage with their own run key, a finished
+run reruns as a no-op, a run killed mid-way continues from its last finished round without duplicate
+rows, and held-out tasks never reach training.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from configs.models import load_config
+from flywheel.errors import UserError
+from storage.catalog import connect
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[1]
+# tiny.yaml with RL on: 2 tasks x 1 seed x group 2 per round, short episodes (a random tiny model only
+# writes parse errors, so every group fails and replay of the bootstrap demos gives it signal)
+OVERRIDES = {"rl.enabled": True, "rl.rounds": 2, "rl.group_size": 2, "rl.seeds_per_task_per_round": 1,
+             "rl.batch_size": 4, "env.max_steps": 2, "student.max_new_tokens": 8}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from flywheel.stages import bootstrap, register_tasks
+    from training.models import init_model
+    root = tmp_path_factory.mktemp("rl")
+    os.environ["FLYWHEEL_LAKE"] = str(root / "lake")
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", OVERRIDES)
+    register_tasks(cfg)
+    bootstrap(cfg, 0, progress=False)  # stored successes: the replay store
+    model = init_model("qwen3-vl", "tiny", root / "start", seed=0)
+    yield cfg, root, str(model)
+    os.environ.pop("FLYWHEEL_LAKE", None)
+
+
+def _counts(lake: Path) -> tuple[int, int, int]:
+    con = connect(lake)
+    eps = con.execute("SELECT count(*), count(DISTINCT episode_id) FROM episodes WHERE stage = 'rl'").fetchone()
+    return eps[0], eps[1], con.execute("SELECT count(*) FROM rl_metrics").fetchone()[0]
+
+
+def test_held_out_tasks_are_rejected(setup):
+    from flywheel.stages import rl
+    cfg, _, model = setup
+    bad = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rollouts.selection.tasks": ["click-test-2"]})
+    with pytest.raises(UserError, match="held out"):
+        rl(bad, 0, model, progress=False)
+
+
+def test_rounds_land_in_the_lake_and_a_rerun_is_a_no_op(setup):
+    from flywheel.stages import rl
+    cfg, root, model = setup
+    res = rl(cfg, 0, model, progress=False)
+    assert [h["round"] for h in res["history"]] == [0, 1]
+    assert Path(res["model_path"]).name == "round-1" and (Path(res["model_path"]) / "rl_round.json").exists()
+    con = connect(root / "lake")
+    keys = con.execute("SELECT count(DISTINCT run_key), count(*) FROM episodes WHERE stage = 'rl'").fetchone()
+    assert keys == (2, 8)  # one run key per round, 2 tasks x 1 seed x group 2 each
+    assert con.execute("SELECT count(DISTINCT round) FROM rl_metrics").fetchone()[0] == 2
+    assert con.execute("SELECT count(*) FROM rl_rows WHERE replayed").fetchone()[0] > 0  # all-failed groups got replay
+    ck = con.execute("SELECT method, parent_checkpoint FROM checkpoints WHERE stage = 'rl'").fetchall()
+    assert ck and ck[0][0] == "rl-grpo"
+    before = _counts(root / "lake")
+    again = rl(cfg, 0, model, progress=False)
+    assert again["history"] == [] and again["resumed_from_round"] == 2
+    assert _counts(root / "lake") == before
+
+
+def test_sigkill_mid_rl_resumes_from_the_last_finished_round(setup, tmp_path):
+    cfg, root, model = setup
+    lake = tmp_path / "lake"
+    env = {**os.environ, "FLYWHEEL_LAKE": str(lake), "HF_HUB_OFFLINE": "1"}
+    sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in OVERRIDES.items()]
+    code = ("import sys; from configs.models import load_config; from flywheel.stages import register_tasks, rl;"
+            "ov = dict(kv.split('=', 1) for kv in sys.argv[2:]);"
+            "ov = {k: (True if v == 'true' else int(v) if v.isdigit() else v) for k, v in ov.items()};"
+            "cfg = load_config('configs/tiny.yaml', ov); register_tasks(cfg); rl(cfg, 0, sys.argv[1], progress=False)")
+    cmd = [sys.executable, "-c", code, model, *sets, "rl.rounds=3"]
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    round0 = None
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and round0 is None:
+        round0 = next(lake.glob("_checkpoints/rl-*/round-0/rl_round.json"), None)
+        time.sleep(0.5)
+    assert round0 is not None, "round 0 never finished"
+    os.killpg(p.pid, signal.SIGKILL)  # mid round 1: the runner, its workers and their browsers
+    p.wait()
+    weights0 = (round0.parent / "model.safetensors").read_bytes()
+    assert not (round0.parent.parent / "round-2" / "rl_round.json").exists()
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = round0.parent.parent
+    assert all((out / f"round-{i}" / "rl_round.json").exists() for i in range(3))
+    assert (round0.parent / "model.safetensors").read_bytes() == weights0  # a finished round is never redone
+    total, distinct, _ = _counts(lake)
+    assert total == distinct == 12  # 3 rounds x 4 episodes, none duplicated by the rerun
