@@ -74,6 +74,35 @@ def _save_round(model, processor, trainer_state: dict[str, Any], rdir: Path, inf
     (rdir / ROUND_DONE).write_text(json.dumps(info, indent=1, default=str))
 
 
+def plot_rl_metrics(lake: Lake, run_id: str, out: Path) -> Path | None:
+    """Per optimizer step: loss, entropy, clip fraction, approx KL, grad norm, |advantage|; per round: success."""
+    from storage.catalog import connect
+    cols = ["loss", "entropy", "clip_frac", "approx_kl", "grad_norm", "adv_abs", "round_success"]
+    rows = connect(lake, write_catalog_file=False).execute(
+        f"SELECT global_step, {', '.join(cols)} FROM rl_metrics WHERE run_key = ? ORDER BY global_step",
+        [run_id]).fetchall()
+    if not rows:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 4, figsize=(12, 5), dpi=90)
+    steps = [r[0] for r in rows]
+    for ax, (i, name) in zip(axes.flat, enumerate(cols, start=1)):
+        ax.plot(steps, [r[i] for r in rows], "-o" if len(rows) < 30 else "-", ms=3)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes.flat[-1].axis("off")
+    fig.suptitle(f"{run_id}: per optimizer step", fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
 def rl_stage(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, lake: Lake, algo: str | None = None,
              rounds: int | None = None, progress: bool = True) -> dict[str, Any]:
     from flywheel.stages import resolve_tasks, rollout_spec
@@ -121,5 +150,7 @@ def rl_stage(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, lake: Lake
                metrics=json.dumps({"rounds": cfg.rl.rounds, "history": history}, default=str),
                created_at=datetime.now(timezone.utc), run_key=run_id, git_sha=git_sha(), config_hash=cfg.config_hash("rl"))
     lake.replace_run("checkpoints", [[row]], iteration=iteration, stage="rl", run_key=run_id)
+    plot = plot_rl_metrics(lake, run_id, lake.root / "_reports" / f"{run_id}.png")
     return {"checkpoint_id": run_id, "checkpoint": current, "model_path": current, "algo": algo,
+            "plot": str(plot) if plot else None,
             "rounds": cfg.rl.rounds, "resumed_from_round": start, "history": history, "skipped": False}

@@ -89,14 +89,17 @@ def publish_stage(cfg: FlywheelConfig, stage: str, result: dict[str, Any], *, it
         if stage == "evaluate" and result.get("plot") and Path(result["plot"]).exists():
             create_markdown_artifact(plot_markdown(result["plot"]), key=artifact_key(cfg.name, "success-rate-plot"),
                                      description="held-out success rate per iteration")
+        if stage == "rl" and result.get("plot") and Path(result["plot"]).exists():
+            create_markdown_artifact(plot_markdown(result["plot"], "RL metrics"), key=artifact_key(cfg.name, "rl-metrics"),
+                                     description="RL: loss, entropy, clip fraction, KL, grad norm, round success")
     except Exception as e:  # noqa: BLE001 - reporting must never fail a finished stage
         get_run_logger().warning(f"{stage}: stats artifact skipped ({type(e).__name__}: {e})")
 
 
-def plot_markdown(png: str | Path) -> str:
-    """The evaluate stage's PNG, inlined (the UI cannot load file:// images from the browser)."""
+def plot_markdown(png: str | Path, alt: str = "success rate") -> str:
+    """A stage's PNG, inlined (the UI cannot load file:// images from the browser)."""
     data = base64.b64encode(Path(png).read_bytes()).decode()
-    return f"![success rate](data:image/png;base64,{data})\n\n`{png}`"
+    return f"![{alt}](data:image/png;base64,{data})\n\n`{png}`"
 
 
 def _fmt(v: Any) -> str:

@@ -70,6 +70,7 @@ def test_rounds_land_in_the_lake_and_a_rerun_is_a_no_op(setup):
     assert con.execute("SELECT count(*) FROM rl_rows WHERE replayed").fetchone()[0] > 0  # all-failed groups got replay
     ck = con.execute("SELECT method, parent_checkpoint FROM checkpoints WHERE stage = 'rl'").fetchall()
     assert ck and ck[0][0] == "rl-grpo"
+    assert Path(res["plot"]).read_bytes()[:4] == b"\x89PNG"  # the metrics plot the Prefect artifact inlines
     before = _counts(root / "lake")
     again = rl(cfg, 0, model, progress=False)
     assert again["history"] == [] and again["resumed_from_round"] == 2
