@@ -100,6 +100,12 @@ def plot_success(lake: Lake, out: Path) -> Path | None:
     ax.set_ylabel("held-out success rate (95% CI)")
     ax.set_title("Success rate per iteration / checkpoint")
     ax.grid(alpha=0.3)
+    return save_png(fig, out)
+
+
+def save_png(fig, out: Path) -> Path:
+    """Write a matplotlib figure atomically (temp name, then rename) and close it."""
+    import matplotlib.pyplot as plt
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.png")

@@ -28,6 +28,7 @@ from typing import Any
 
 from configs.models import FlywheelConfig
 from flywheel.errors import UserError
+from flywheel.evaluate import save_png
 from flywheel.rollout import PolicySpec, RolloutPool, git_sha, run_rollouts
 from storage.lake import Lake
 
@@ -94,13 +95,7 @@ def plot_rl_metrics(lake: Lake, run_id: str, out: Path) -> Path | None:
         ax.grid(alpha=0.3)
     axes.flat[-1].axis("off")
     fig.suptitle(f"{run_id}: per optimizer step", fontsize=10)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    return save_png(fig, out)
 
 
 def rl_stage(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, lake: Lake, algo: str | None = None,
@@ -134,7 +129,8 @@ def rl_stage(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, lake: Lake
             if pool is None:
                 pool = RolloutPool(spec)
             summary = run_rollouts(spec, progress=progress, pool=pool)
-            res = trainer.train_round(lake, [spec.run_key], round_idx=r, iteration=iteration, run_key=run_id)
+            res = trainer.train_round(lake, [spec.run_key], round_idx=r, iteration=iteration, run_key=run_id,
+                                      git_sha=git_sha())
             rdir = out / f"round-{r}"
             info = {"round": r, "rollout_run_key": spec.run_key, "episodes": summary.total,
                     "round_success": res.get("round_success"), "metrics": res.get("summary", {})}

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import copy
 import math
-import subprocess
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -247,15 +246,6 @@ def _rows_tensor(values: list[Any], width: int, device, fill: float = 0.0):
     return out.to(device)
 
 
-def _git_sha() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 # ------------------------------------------------------------------------------------------------ trainer
 class RLTrainer:
     """The learner of an RL run: optimizer and trainable weights (training.core), the SDPO teacher and KL
@@ -450,7 +440,7 @@ class RLTrainer:
         rows, stats = self.prepare(rows)
         res = self.update(rows, round_idx=round_idx, progress=progress)
         metrics, row_rows = lake_rows(res, stats, round_idx=round_idx, run_key=run_key, run_keys=run_keys,
-                                      git_sha=git_sha or _git_sha(), config_hash=s.config_hash)
+                                      git_sha=git_sha, config_hash=s.config_hash)
         part = f"r{round_idx:03d}"
         lake.write("rl_metrics", metrics, iteration=iteration, stage="rl", run_key=run_key, part=part)
         lake.write("rl_rows", row_rows, iteration=iteration, stage="rl", run_key=run_key, part=part)
