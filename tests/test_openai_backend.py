@@ -442,12 +442,14 @@ def test_every_env_keeps_a_request_in_flight(server, tmp_path, monkeypatch):
     in flight at once (each worker sends its E prompts together; the workers do not wait on each other)."""
     from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     monkeypatch.setenv("FLYWHEEL_OPENAI_API_KEY", KEY)
-    server.defaults[CHAT] = ("stall", 3.0)  # a slow server: requests overlap only if they are sent concurrently
+    # a slow server: requests overlap only if they are sent concurrently. 8 s covers the two workers' different
+    # start times (a 3 s stall saw 5 of 6 on a loaded box: one worker's first tick ended before the other's began)
+    server.defaults[CHAT] = ("stall", 8.0)
     cfg = {"model": MODEL, "backend": "openai", "base_url": server.url + "/v1", "arch": "qwen3-vl"}
     spec = RolloutSpec(run_key="oa-c", iteration=0, stage="rollouts", lake_root=str(tmp_path / "lake"),
                        jobs=make_jobs("oa-c", ["click-test"], list(range(6)), policy_tag="student"),
                        policy=PolicySpec("student", {"model": MODEL, "config": cfg}, version=MODEL),
-                       n_envs=2, envs_per_worker=3, max_steps=3, episode_timeout_s=120)
+                       n_envs=2, envs_per_worker=3, max_steps=1, episode_timeout_s=120)
     s = run_rollouts(spec, progress=False)
     assert s.ran == 6 and s.errors == 0
     assert server.max_in_flight == 6
