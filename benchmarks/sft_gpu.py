@@ -107,21 +107,10 @@ def run_ours(model, samples, batch: int, steps: int, warmup: int, n_params: int)
 
 
 def run_trainer(model, samples, batch: int, steps: int, warmup: int, n_params: int) -> dict:
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
-    class Timer(TrainerCallback):
-        def __init__(self):
-            self.times, self.t0 = [], 0.0
-
-        def on_step_begin(self, args, state, control, **kw):
-            torch.cuda.synchronize()
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            torch.cuda.synchronize()
-            self.times.append(time.perf_counter() - self.t0)
-
-    timer = Timer()
+    from benchmarks.trainer_timer import StepTimer
+    timer = StepTimer()
     args = TrainingArguments(output_dir="/tmp/sft_bench_trainer", per_device_train_batch_size=batch,
                              max_steps=warmup + steps, bf16=True, optim="adamw_torch_fused", learning_rate=1e-5,
                              report_to="none", save_strategy="no", logging_strategy="no",

@@ -162,6 +162,7 @@ class StudentConfig(_Cfg):
 
 class RolloutStageConfig(_Cfg):
     selection: TaskSelection = Field(default_factory=TaskSelection, description="Tasks and seeds for student rollouts")
+    temperature: float | None = Field(None, ge=0, le=5, description="Sampling temperature of the rollouts stage (data for curate); null = student.temperature. RL keeps student.temperature: its groups need the spread")
 
 
 class CurateConfig(_Cfg):
@@ -195,6 +196,8 @@ class SFTConfig(_Cfg):
     fused_kernels: bool = Field(True, description="On CUDA with liger-kernel installed: fused RMSNorm/SwiGLU/RoPE kernels")
     distributed: Literal["none", "ddp"] = Field("none", description="ddp: data-parallel over the local GPUs (torchrun + PyTorch DDP, one process per GPU); the same steps, sample order, loss and exact resume as one device, the step's samples split across the processes")
     nproc: int | None = Field(None, ge=1, le=64, description="Processes for distributed: ddp (null = every visible GPU)")
+    packing: bool = Field(False, description="Micro-batches as packed rows of whole samples instead of padded batches: no compute on pads, each sample keeps its own positions (multimodal RoPE) and attends only to itself (CUDA: torch varlen flash attention; CPU: SDPA with a block-diagonal mask); the same samples, loss and normaliser per optimizer step as padding (Qwen3-VL students)")
+    pack_tokens: int = Field(16384, ge=1, description="With packing: at most this many tokens in one packed micro-batch (a longer sample is trained alone); batch_size is then unused within a step, the step still takes batch_size x grad_accum samples")
 
 
 class RLConfig(_Cfg):
@@ -316,17 +319,22 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Fl
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise ConfigError(f"{p}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if isinstance(data, dict):
+        apply_overrides(data, overrides, str(p))
+    return parse_config(data, str(p))
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any] | None, source: str = "config") -> dict[str, Any]:
+    """Set dotted keys (e.g. {"rollout.envs": 1}) in a raw config mapping, in place; returns it."""
     for dotted, value in (overrides or {}).items():
-        if not isinstance(data, dict):
-            break
         node = data
         *parents, leaf = dotted.split(".")
         for k in parents:
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"{p}: cannot override {dotted}: {k} is not a mapping")
+                raise ConfigError(f"{source}: cannot override {dotted}: {k} is not a mapping")
         node[leaf] = value
-    return parse_config(data, str(p))
+    return data
 
 
 def default_config_path() -> Path:

@@ -62,8 +62,12 @@ def next_iteration(cfg: FlywheelConfig) -> int:
     """Where a flywheel continues: the iteration after the newest one with a finished evaluation
     (0 on a fresh lake). An iteration stopped part-way has no evaluation yet, so it is resumed."""
     from flywheel.stages import lake_for
+    return next_iteration_of(lake_for(cfg))
+
+
+def next_iteration_of(lake) -> int:
+    """`next_iteration` for a given Lake: 1 + the newest iteration with a flywheel evaluation (0: none yet)."""
     from storage.catalog import connect
-    lake = lake_for(cfg)
     if not lake.has_data("evals"):
         return 0
     row = connect(lake, write_catalog_file=False).execute(
@@ -92,10 +96,16 @@ def latest_checkpoint(cfg: FlywheelConfig, before: int) -> str | None:
     lake = lake_for(cfg)
     if before == 0 or not lake.has_data("checkpoints"):
         return None
+    from training.core import MERGED_DIR
     row = connect(lake, write_catalog_file=False).execute(
-        "SELECT path FROM checkpoints WHERE iteration < ? ORDER BY iteration DESC, created_at DESC LIMIT 1",
-        [before]).fetchone()
-    return str(lake.resolve(row[0])) if row else None  # rows store lake-relative paths
+        "SELECT checkpoint_id, path, adapter FROM checkpoints WHERE iteration < ? ORDER BY iteration DESC, created_at DESC "
+        "LIMIT 1", [before]).fetchone()
+    if row is None:
+        return None
+    # the same folder the iteration itself handed on (checkpoint_of: a LoRA adapter's merged model), so a resumed
+    # iteration's stages see the same inputs and find their finished results instead of running again
+    path = lake.resolve(row[1])  # rows store lake-relative paths
+    return str(path / MERGED_DIR) if row[2] and (path / MERGED_DIR).exists() else str(path)
 
 
 def call_stage(stage: str, config: ConfigRef, iteration: int, mode: str, refresh: bool, **inputs: Any) -> dict[str, Any]:

@@ -141,12 +141,24 @@ def query(
     elif fmt == "csv":
         import pyarrow.csv as pacsv
         buf = __import__("io").BytesIO()
-        pacsv.write_csv(t.drop_columns([c for c in t.column_names if t.schema.field(c).type == "binary"]), buf)
+        pacsv.write_csv(_csv_ready(t), buf)
         sys.stdout.write(buf.getvalue().decode())
     else:
         rows = [{k: (_cell(v) if isinstance(v, (bytes, bytearray)) else v) for k, v in r.items()}
                 for r in t.to_pylist()]
         sys.stdout.write(json.dumps(rows, default=str, indent=1) + "\n")
+
+
+def _csv_ready(t):
+    """CSV holds no nested values: list/struct/map columns become JSON text (as --format json writes them);
+    binary columns (screenshots) are left out."""
+    import pyarrow as pa
+    t = t.drop_columns([c for c in t.column_names if pa.types.is_binary(t.schema.field(c).type)])
+    for i, f in enumerate(t.schema):
+        if pa.types.is_nested(f.type):
+            t = t.set_column(i, f.name, pa.array([None if v is None else json.dumps(v, default=str)
+                                                  for v in t.column(i).to_pylist()], pa.string()))
+    return t
 
 
 # ---------------------------------------------------------------------------- lake

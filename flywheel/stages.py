@@ -225,8 +225,10 @@ def student_rollouts(cfg: FlywheelConfig, iteration: int, checkpoint: str | None
     from envs import registry
     sel = cfg.rollouts.selection
     model = check_student_model(cfg, checkpoint or cfg.student.model)
-    policy = PolicySpec("student", {"model": model, "config": {**cfg.student.model_dump(), "model": model}},
-                        version=str(model))
+    student = {**cfg.student.model_dump(), "model": model}
+    if cfg.rollouts.temperature is not None:
+        student["temperature"] = cfg.rollouts.temperature
+    policy = PolicySpec("student", {"model": model, "config": student}, version=str(model))
     # seeds after the bootstrap's, so student rollouts see task instances the teacher did not demo
     offset = cfg.bootstrap.selection.seed_offset + cfg.bootstrap.selection.seeds_per_task + sel.seed_offset
     seeds = registry.seeds("train", sel.seeds_per_task, offset=offset + iteration * sel.seeds_per_task)

@@ -41,6 +41,13 @@ def test_query_table_json_csv_parquet(lake, tmp_path):
     r = fw("query", "SELECT task_id FROM episodes ORDER BY 1 LIMIT 2", "--format", "csv", "--lake", str(lake.root))
     import csv
     assert list(csv.reader(r.stdout.splitlines())) == [["task_id"], ["click-button"], ["click-button"]]
+    # nested values (a list, a struct) print as JSON text, as --format json writes them
+    r = fw("query", "SELECT task_id, list(seed ORDER BY seed) AS seeds, {'n': count(*)} AS s FROM episodes "
+           "GROUP BY 1 ORDER BY 1 LIMIT 1", "--format", "csv", "--lake", str(lake.root))
+    assert r.returncode == 0, r.stderr
+    head, row = list(csv.reader(r.stdout.splitlines()))
+    assert head == ["task_id", "seeds", "s"] and row[0] == "click-button"
+    assert json.loads(row[2]) == {"n": 3} and len(json.loads(row[1])) == 3
     out = tmp_path / "x.parquet"
     r = fw("query", "SELECT * FROM episodes", "--format", "parquet", "--out", str(out), "--lake", str(lake.root))
     assert r.returncode == 0 and pq.read_table(out).num_rows == 12

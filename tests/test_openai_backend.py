@@ -77,6 +77,7 @@ class Replay(ThreadingHTTPServer):
         self.defaults = {CHAT: ("fixture", "chat_tool_call"), MODELS: ("fixture", "models")}
         self.requests: list[dict] = []
         self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)  # notified whenever in_flight grows
         self.in_flight = self.max_in_flight = 0
         self.stopping = threading.Event()
 
@@ -115,6 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
             action = plan.popleft() if plan else srv.defaults.get(self.path, ("error", 404, "Not Found"))
             srv.in_flight += 1
             srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+            srv.arrived.notify_all()
         self._counted = True
         try:
             self._act(action, body)
@@ -146,6 +148,11 @@ class _Handler(BaseHTTPRequestHandler):
         elif kind == "stall":
             self.server.stopping.wait(action[1])
             self._act(("fixture", "chat_tool_call"), body)
+        elif kind == "gather":  # hold every reply until `n` requests are in flight at once (or `timeout` s pass)
+            srv = self.server
+            with srv.arrived:
+                srv.arrived.wait_for(lambda: srv.max_in_flight >= action[1] or srv.stopping.is_set(), action[2])
+            self._act(("fixture", "chat_tool_call"), body)
         elif kind == "echo":  # reply with the prompt's task text, after a per-prompt delay
             task = body["messages"][1]["content"][0]["text"]
             self.server.stopping.wait(float(re.search(r"delay=([\d.]+)", task).group(1)))
@@ -172,6 +179,8 @@ def server():
     thread.start()
     yield srv
     srv.stopping.set()
+    with srv.arrived:
+        srv.arrived.notify_all()  # release held "gather" replies
     srv.shutdown()
     srv.server_close()
     thread.join(5)
@@ -451,9 +460,10 @@ def test_every_env_keeps_a_request_in_flight(server, tmp_path, monkeypatch):
     in flight at once (each worker sends its E prompts together; the workers do not wait on each other)."""
     from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     monkeypatch.setenv("FLYWHEEL_OPENAI_API_KEY", KEY)
-    # a slow server: requests overlap only if they are sent concurrently. 8 s covers the two workers' different
-    # start times (a 3 s stall saw 5 of 6 on a loaded box: one worker's first tick ended before the other's began)
-    server.defaults[CHAT] = ("stall", 8.0)
+    # the server answers no one until six requests are in flight together, so the count does not depend on how far
+    # apart the two workers start (a fixed 8 s stall saw 5 of 6 on a loaded CI box). Code that sent fewer requests
+    # at once would wait out the 45 s and fail the count below.
+    server.defaults[CHAT] = ("gather", 6, 45.0)
     cfg = {"model": MODEL, "backend": "openai", "base_url": server.url + "/v1", "arch": "qwen3-vl"}
     spec = RolloutSpec(run_key="oa-c", iteration=0, stage="rollouts", lake_root=str(tmp_path / "lake"),
                        jobs=make_jobs("oa-c", ["click-test"], list(range(6)), policy_tag="student"),

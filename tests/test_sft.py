@@ -173,6 +173,99 @@ def test_grad_accum_invariant(env):
     assert not all(torch.allclose(naive[n], g, atol=1e-6, rtol=1e-4) for n, g in grads[1].items())
 
 
+def _packed_per_sample_losses(model, batch: dict, labels) -> list[float]:
+    """Each sample's summed target loss, read off one forward of the packed row (segments from cu_seq_lens_q)."""
+    from training.losses import _backbone_and_head
+    from training.packing import VARLEN_KEYS
+
+    backbone, head = _backbone_and_head(model)
+    bounds = batch["cu_seq_lens_q"].tolist()
+    fwd = {k: v for k, v in batch.items() if k not in VARLEN_KEYS}
+    hidden = backbone(**fwd).last_hidden_state[0]
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        lab = labels[0, a + 1:b]
+        sel = lab != IGNORE_INDEX
+        logits = head(hidden[a:b - 1][sel]).float()
+        out.append(float(torch.nn.functional.cross_entropy(logits, lab[sel], reduction="sum")))
+    return out
+
+
+def test_packed_loss_equals_each_sample_alone(env):
+    """sft.packing: samples packed into one row (SDPA, the block-diagonal mask transformers builds from the position
+    restarts) score exactly as each sample alone, unpadded, sample by sample. Two broken packings fail the same check:
+    text positions that do not restart (no isolation: later samples attend to earlier ones) and plain 1-D positions
+    in place of each sample's multimodal RoPE (what a text-only packing collator gives). A constant shift of a
+    sample's positions would not show (RoPE is relative), so the sample's own positions are what is checked."""
+    from training.losses import labelled_token_loss
+    from training.packing import rope_positions_fn
+
+    model, proc = load_model(env["tiny"])
+    model.eval()
+    rows = read_samples(env["data"])
+    rows = [r for r in rows if len(r["messages"][1]["content"]) > 3][:2] + rows[:2]  # with history, mixed lengths
+    samples = EncodedSamples(rows, SFTCollator(proc), positions=rope_positions_fn(model))
+    with torch.no_grad():
+        alone = []
+        for i in range(len(rows)):
+            b = samples.batch([i])
+            labels = b.pop("labels")
+            assert b["attention_mask"].all()  # one sample: no padding
+            alone.append(float(labelled_token_loss(model, b, labels)[0]))
+        packed = samples.packed(list(range(len(rows))))
+        labels = packed.pop("labels")
+        assert "attention_mask" not in packed and packed["position_ids"].shape[0] == 4
+        got = _packed_per_sample_losses(model, packed, labels)
+        assert got == pytest.approx(alone, rel=2e-6)
+        total, n = labelled_token_loss(model, {k: v for k, v in packed.items() if not k.startswith(("cu_", "max_"))},
+                                       labels)
+        assert n == sum(int((samples.batch([i])["labels"][:, 1:] != IGNORE_INDEX).sum()) for i in range(len(rows)))
+        assert float(total) == pytest.approx(sum(alone), rel=2e-6)
+
+        leaky = dict(packed, position_ids=packed["position_ids"].clone())
+        leaky["position_ids"][0] = torch.arange(leaky["position_ids"].shape[-1])  # no restarts
+        bad = _packed_per_sample_losses(model, leaky, labels)
+        assert bad[0] == pytest.approx(alone[0], rel=2e-6)  # the first sample sees nothing before it either way
+        assert any(abs(b - a) > 1e-5 * abs(a) for a, b in zip(alone[1:], bad[1:]))
+
+        flat = dict(packed, position_ids=packed["position_ids"][:1].expand(4, -1, -1).clone())  # 1-D positions only
+        bad = _packed_per_sample_losses(model, flat, labels)
+        assert all(abs(b - a) > 1e-5 * abs(a) for a, b in zip(alone, bad))  # every sample has a screenshot
+
+
+def test_packed_step_matches_padded_step(env):
+    """A training step with sft.packing (one packed row) gives the padded step's loss, target count and gradients."""
+    rows = read_samples(env["data"])
+    idx = [0, 5, 9, 14]  # different lengths and target sizes
+    grads, losses, targets = [], [], []
+    for packing in (False, True):
+        model, proc = load_model(env["tiny"])
+        model.train()
+        s = TrainSettings(batch_size=2, grad_accum=2, lora_dropout=0.0, packing=packing, pack_tokens=100_000)
+        from training.packing import rope_positions_fn
+        samples = EncodedSamples(rows, SFTCollator(proc), positions=rope_positions_fn(model) if packing else None)
+        loss, n_target, _ = train_step(model, samples, idx, s, torch.device("cpu"))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        losses.append(loss)
+        targets.append(n_target)
+    assert targets[0] == targets[1]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    for n, g in grads[0].items():
+        assert torch.allclose(grads[1][n], g, atol=1e-6, rtol=1e-3), n
+
+
+def test_pack_plan_and_bad_settings():
+    from training.packing import plan_packs
+
+    packs = plan_packs([900, 300, 700, 1200, 100], max_tokens=1000)
+    assert sorted(i for p in packs for i in p) == [0, 1, 2, 3, 4]  # every sample once
+    assert [3] in packs  # longer than a pack: alone
+    assert all(sum([900, 300, 700, 1200, 100][i] for i in p) <= 1000 for p in packs if p != [3])
+    assert len(packs) == 3
+    with pytest.raises(ValueError, match="pack_tokens"):
+        TrainSettings(packing=True, pack_tokens=0)
+
+
 def _sft_cmd(env, out: Path, settings: dict) -> list[str]:
     return [sys.executable, "-m", "training.sft", "--base", str(env["tiny"]), "--data", env["data"], "--out", str(out),
             "--settings", json.dumps(settings), "--no-progress", "--threads", "1"]

@@ -154,3 +154,28 @@ def test_pool_keeps_workers_and_reloads_weights_between_runs(tiny_path, lake_roo
     lp = dict(con.execute("""SELECT e.run_key, s.logprobs FROM steps s JOIN episodes e USING (episode_id)
                              WHERE e.seed = (SELECT min(seed) FROM episodes) AND NOT s.is_final""").fetchall())
     assert lp["r0"] != lp["r1"]
+
+
+@pytest.mark.browser
+def test_rollouts_stage_temperature_overrides_the_students(tiny_path, tmp_path):
+    """`rollouts.temperature: 0` makes the rollouts stage greedy (both members of a group reply the same at every
+    step); left unset, it samples at student.temperature (1.0) and the members differ."""
+    from configs.models import load_config
+    from flywheel.stages import student_rollouts
+    from storage.catalog import connect
+    root = Path(__file__).resolve().parents[1]
+
+    def replies(temperature, lake):
+        cfg = load_config(root / "configs" / "tiny.yaml", {
+            "lake.root": str(lake), "student.model": str(tiny_path), "student.max_new_tokens": 12,
+            "rollouts.temperature": temperature, "rollout.group_size": 2, "env.max_steps": 2,
+            "rollouts.selection.tasks": ["click-test"], "rollouts.selection.seeds_per_task": 1})
+        assert student_rollouts(cfg, 0, str(tiny_path), progress=False)["ran"] == 2
+        rows = connect(lake).execute("""SELECT e.sample_idx, list(s.response_text ORDER BY s.step_idx)
+            FROM episodes e JOIN steps s USING (episode_id) WHERE NOT s.is_final GROUP BY 1 ORDER BY 1""").fetchall()
+        return [r[1] for r in rows]
+
+    greedy = replies(0.0, tmp_path / "greedy")
+    assert len(greedy) == 2 and greedy[0] == greedy[1]
+    sampled = replies(None, tmp_path / "sampled")
+    assert len(sampled) == 2 and sampled[0] != sampled[1]

@@ -83,6 +83,8 @@ class TrainSettings:
     distributed: str = "none"  # none | ddp (training.distributed: torchrun + PyTorch DDP over the local GPUs)
     nproc: int | None = None  # DDP processes (None = every visible GPU)
     record_step_times: bool = False  # benchmarks: per-step seconds and tokens into the result
+    packing: bool = False  # micro-batches as packed rows of whole samples (training.packing), not padded batches
+    pack_tokens: int = 16384  # with packing: at most this many tokens a micro-batch (a longer sample goes alone)
 
     @classmethod
     def from_config(cls, sft_cfg: Any) -> "TrainSettings":
@@ -100,6 +102,8 @@ class TrainSettings:
             raise ValueError("batch_size and grad_accum must be >= 1 and epochs > 0")
         if self.distributed not in ("none", "ddp"):
             raise ValueError(f"sft distributed must be 'none' or 'ddp', got {self.distributed!r}")
+        if self.pack_tokens < 1:
+            raise ValueError(f"sft pack_tokens must be >= 1, got {self.pack_tokens}")
 
 
 # ------------------------------------------------------------------------------------------------ pieces
@@ -122,18 +126,32 @@ class EncodedSamples:
 
     Bounded by `max_bytes`: past it, samples are encoded on every use (same tensors, just slower)."""
 
-    def __init__(self, rows: list[dict[str, Any]], collator, max_bytes: int = 4 << 30):
-        self.rows, self.collator, self.max_bytes = rows, collator, max_bytes
+    def __init__(self, rows: list[dict[str, Any]], collator, max_bytes: int = 4 << 30, positions=None):
+        self.rows, self.collator, self.max_bytes, self.positions = rows, collator, max_bytes, positions
         self.cache: dict[int, dict[str, Any]] = {}
         self.bytes = 0
 
     def batch(self, idx: list[int]) -> dict[str, Any]:
         return self.collator.pad([self._get(i) for i in idx])
 
+    def packed(self, idx: list[int]) -> dict[str, Any]:
+        """The samples as one packed row (training.packing.pack); needs `positions` (rope_positions_fn)."""
+        from training.packing import pack
+
+        if self.positions is None:
+            raise ValueError("packed batches need EncodedSamples(..., positions=rope_positions_fn(model)) "
+                             "(training.packing)")
+        return pack([self._get(i) for i in idx])
+
+    def length(self, i: int) -> int:
+        return int(self._get(i)["input_ids"].shape[1])
+
     def _get(self, i: int) -> dict[str, Any]:
         got = self.cache.get(i)
         if got is None:
             got = self.collator.encode(self.rows[i])
+            if self.positions is not None:  # packing: the sample's own multimodal RoPE positions
+                got["position_ids"] = self.positions(got)
             size = sum(t.numel() * t.element_size() for t in got.values())
             if self.bytes + size <= self.max_bytes:
                 self.cache[i], self.bytes = got, self.bytes + size
@@ -163,26 +181,40 @@ def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings,
 
     from training.losses import labelled_token_loss
 
+    from training.packing import packed_attention, plan_packs
+
     mine = idx[ctx.rank::ctx.world]
-    batches = [samples.batch(mine[k:k + s.batch_size]) for k in range(0, len(mine), s.batch_size)]
+    if s.packing:  # the same samples as packed rows: same loss sum and normaliser, no pad tokens
+        lengths = [samples.length(i) for i in mine]
+        batches = [samples.packed([mine[j] for j in sorted(p)]) for p in plan_packs(lengths, s.pack_tokens)]
+    else:
+        batches = [samples.batch(mine[k:k + s.batch_size]) for k in range(0, len(mine), s.batch_size)]
     local = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
     n_target = global_sum(ctx, local)  # CPU ints (a gloo group under NCCL): no wait on the GPU
     total, tokens = None, 0
     for i, b in enumerate(batches):
         labels = b.pop("labels")
-        tokens += int(b["attention_mask"].sum())
-        b = {k: v.to(device, non_blocking=True) for k, v in b.items()}
-        if ddp is None:
-            loss_sum, _ = labelled_token_loss(model, b, labels)
-        else:  # gradients are all-reduced once, after the step's last micro-batch
-            with ddp.no_sync() if i < len(batches) - 1 else nullcontext():
-                loss_sum = ddp(b, labels)
+        tokens += int(b["attention_mask"].sum()) if "attention_mask" in b else int(b["input_ids"].numel())
+        b = {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in b.items()}
+        with packed_attention(model, b, varlen=s.packing and _varlen(device)) if s.packing else nullcontext():
+            if ddp is None:
+                loss_sum, _ = labelled_token_loss(model, b, labels)
+            else:  # gradients are all-reduced once, after the step's last micro-batch
+                with ddp.no_sync() if i < len(batches) - 1 else nullcontext():
+                    loss_sum = ddp(b, labels)
         (loss_sum * ctx.world / n_target).backward()
         total = loss_sum.detach() if total is None else total + loss_sum.detach()  # read once, after the step
     total = float(total)
     if ctx.active:
         total, tokens = global_float(ctx, total), global_sum(ctx, tokens)
     return total / n_target, n_target, tokens
+
+
+def _varlen(device) -> bool:
+    """Packed rows use torch's varlen flash attention on CUDA when this torch has it (else SDPA with a mask)."""
+    from training.packing import varlen_available
+
+    return device.type == "cuda" and varlen_available()
 
 
 def _ddp(model, device):
@@ -261,7 +293,12 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
     opt = _optimizer(weights, s)
     st = _start_state(out, len(rows), weights, opt, s)
     resumed_from = st.step
-    samples, per_step = EncodedSamples(rows, SFTCollator(proc)), s.batch_size * s.grad_accum
+    if s.packing:
+        from training.packing import rope_positions_fn
+        positions = rope_positions_fn(model)
+    else:
+        positions = None
+    samples, per_step = EncodedSamples(rows, SFTCollator(proc), positions=positions), s.batch_size * s.grad_accum
     bar = Bar(st.planned_steps, st.step, "sft") if progress else None
     ddp = _ddp(model, device) if ctx.active else None
     model.train()
@@ -347,8 +384,9 @@ def _finish(model, proc, out: Path, s: TrainSettings, st: TrainState, base: str,
 # ------------------------------------------------------------------------------------------------ stage
 def checkpoint_id_for(iteration: int, dataset: dict[str, Any], base: str, s: TrainSettings) -> str:
     """Deterministic in the data (the manifest's episodes, not just its id), the base and the settings."""
+    # left out: knobs that change how, not what, is trained (DDP and packing keep the objective and sample order)
     knobs = {k: v for k, v in asdict(s).items() if k not in ("keep_state", "step_sleep_s", "distributed", "nproc",
-                                                           "record_step_times")}
+                                                           "record_step_times", "packing", "pack_tokens")}
     payload = {"dataset": dataset["dataset_id"], "episodes": sorted(dataset["episode_ids"]),
                "n_steps": dataset["n_steps"], "base": base, "settings": knobs}
     h = hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]

@@ -1,0 +1,301 @@
+"""Benchmark (issue #12): does the flywheel spin? N iterations on their own data vs a control, on 3 seeds.
+
+    .venv/bin/python benchmarks/flywheel_experiment.py                        # configs/flywheel8.yaml, seeds 0 1 2
+    .venv/bin/python benchmarks/flywheel_experiment.py --seeds 0 --no-control # one flywheel run only
+    .venv/bin/python benchmarks/flywheel_experiment.py --report-only          # re-read the lakes, rewrite JSON + PNG
+
+Per seed s, two lakes under --root:
+  s<s>/  the flywheel: `flywheel run -c <config> --iterations N` (curriculum on, teacher budget spent in
+         iteration 0, then rollouts -> curate -> SFT -> RL -> evaluate, each iteration continuing from the last
+         checkpoint). A rerun continues where the lake stopped: finished iterations are not run again.
+  c<s>/  the control: the same teacher demos (same bootstrap seeds), then ONE SFT over teacher demos only, with
+         as many optimizer steps (batch sft.batch_size) as the flywheel run spent on SFT + RL together, then the
+         same evaluation. Same total training compute; no student data.
+The seed sets sft.seed, rl.seed and the bootstrap's first train seed (20 x seed), so runs differ in their demos,
+init order, minibatches and sampled rollouts. Everything is read back from the lakes (evals, checkpoints,
+rl_metrics, curriculum, the curated exports); nothing is timed into the verdict.
+
+Prints JSON (also --json) with held-out success per iteration and task (95% Wilson CIs), the control, the
+dataset's growth split into teacher and student samples, teacher demos spent, and the targets:
+iteration N >= iteration 1 + 15 points, iteration N >= control + 10 points, on every seed. --png draws success
+vs iteration (and vs teacher demos spent) for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from configs.models import apply_overrides  # noqa: E402
+from flywheel.evaluate import OVERALL  # noqa: E402
+
+FLYWHEEL = [str(ROOT / ".venv" / "bin" / "flywheel")]
+
+
+def seed_config(base: dict[str, Any], seed: int, demos_per_task: int) -> dict[str, Any]:
+    return apply_overrides(copy.deepcopy(base), {"sft.seed": seed, "rl.seed": seed,
+                                                 "bootstrap.selection.seed_offset": demos_per_task * seed})
+
+
+def control_config(cfg: dict[str, Any], steps: int) -> dict[str, Any]:
+    return apply_overrides(copy.deepcopy(cfg), {
+        "name": f"{cfg.get('name', 'flywheel')}-control", "iterations": 1, "curriculum.enabled": False,
+        "rl.enabled": False, "sft.max_steps": int(steps),
+        "sft.max_minutes": max(float(cfg["sft"].get("max_minutes") or 0), 90.0)})  # the minutes: a cap only
+
+
+def write_yaml(path: Path, data: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run(cmd: list[str], log: Path) -> float:
+    """Run one CLI command, its output appended to `log`; raises with the log's tail when it fails."""
+    t0 = time.monotonic()
+    with log.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        rc = subprocess.call(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+    if rc != 0:
+        tail = log.read_text()[-2000:]
+        raise SystemExit(f"command failed (exit {rc}): {' '.join(cmd)}\n--- {log} (tail) ---\n{tail}")
+    return time.monotonic() - t0
+
+
+def query(lake: Path, sql: str, params: list | None = None) -> list[dict[str, Any]]:
+    from storage.catalog import connect
+    from storage.lake import Lake
+    lk = Lake(lake, create=False)
+    con = connect(lk, write_catalog_file=False)
+    try:
+        cur = con.execute(sql, params or [])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+    except Exception as e:  # noqa: BLE001 - a table not written yet (e.g. no RL rows) reads as empty
+        if "does not exist" in str(e) or "Catalog Error" in str(e):
+            return []
+        raise
+    finally:
+        con.close()
+
+
+def evaluated_iterations(lake: Path) -> int:
+    """Iterations of this lake with a finished evaluation (where `flywheel run` would continue)."""
+    from flows.flywheel import next_iteration_of
+    from storage.lake import Lake
+    return next_iteration_of(Lake(lake, create=False)) if lake.exists() else 0
+
+
+def evals_by_iteration(lake: Path) -> dict[int, dict[str, dict[str, float]]]:
+    rows = query(lake, """
+        SELECT iteration, task_id, n_episodes, successes, success_rate, ci_low, ci_high FROM (
+          SELECT *, row_number() OVER (PARTITION BY iteration, task_id ORDER BY created_at DESC) AS rn
+          FROM evals WHERE stage = 'evaluate') WHERE rn = 1 ORDER BY iteration, task_id""")
+    out: dict[int, dict[str, dict[str, float]]] = {}
+    for r in rows:
+        out.setdefault(int(r["iteration"]), {})[r["task_id"]] = {
+            "success": round(r["success_rate"], 4), "ci": [round(r["ci_low"], 4), round(r["ci_high"], 4)],
+            "n": int(r["n_episodes"])}
+    return out
+
+
+def training_steps(lake: Path) -> dict[str, Any]:
+    """Optimizer steps per iteration: SFT (checkpoints.metrics) and RL (rl_metrics rows)."""
+    sft = query(lake, "SELECT iteration, metrics FROM checkpoints WHERE method = 'sft' ORDER BY iteration, created_at")
+    per_it: dict[int, dict[str, int]] = {}
+    for r in sft:
+        m = json.loads(r["metrics"] or "{}")
+        it = per_it.setdefault(int(r["iteration"]), {"sft": 0, "rl": 0})
+        it["sft"], it["sft_stopped"] = int(m.get("steps") or 0), m.get("stopped")  # 'budget' = the minutes cap hit
+    rl = query(lake, "SELECT iteration, count(*) AS n FROM rl_metrics GROUP BY iteration") if (lake / "rl_metrics").exists() else []
+    for r in rl:
+        per_it.setdefault(int(r["iteration"]), {"sft": 0, "rl": 0})["rl"] = int(r["n"])
+    total = sum(v["sft"] + v["rl"] for v in per_it.values())
+    return {"per_iteration": {str(k): v for k, v in sorted(per_it.items())}, "total": total}
+
+
+def dataset_growth(lake: Path) -> dict[str, dict[str, int]]:
+    """Training samples (step rows) of each iteration's curated export, split into teacher and student."""
+    rows = query(lake, """
+        SELECT iteration, path FROM (
+          SELECT *, row_number() OVER (PARTITION BY iteration ORDER BY created_at DESC) AS rn FROM datasets) WHERE rn = 1
+        ORDER BY iteration""")
+    import duckdb
+    out = {}
+    for r in rows:
+        f = lake / r["path"] / "train.parquet"
+        if not f.exists():
+            continue
+        counts = duckdb.sql(f"SELECT policy, count(*) AS n, count(DISTINCT episode_id) AS e FROM read_parquet('{f}') "
+                            "GROUP BY policy").fetchall()
+        student = sum(n for p, n, _ in counts if p == "student")  # curate's own rule (storage/queries.py)
+        teacher = sum(n for _, n, _ in counts) - student
+        out[str(r["iteration"])] = {"teacher_samples": teacher, "student_samples": student,
+                                    "episodes": sum(e for _, _, e in counts)}
+    return out
+
+
+def teacher_demos(lake: Path) -> dict[str, int]:
+    rows = query(lake, "SELECT iteration, count(*) AS n FROM episodes WHERE stage = 'bootstrap' GROUP BY iteration ORDER BY iteration")
+    out, total = {}, 0
+    for r in rows:
+        total += int(r["n"])
+        out[str(r["iteration"])] = total
+    return out
+
+
+def curriculum(lake: Path) -> list[dict[str, Any]]:
+    if not (lake / "curriculum").exists():
+        return []
+    return query(lake, "SELECT iteration, task_id, decision, success_rate, rollout_seeds, rl, teacher_demos FROM curriculum "
+                       "ORDER BY iteration, task_id")
+
+
+def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> dict[str, Any]:
+    runs = {}
+    for s in seeds:
+        lake = root / f"s{s}"
+        ev = evals_by_iteration(lake) if lake.exists() else {}
+        run = {"lake": str(lake.relative_to(ROOT) if lake.is_relative_to(ROOT) else lake),
+               "success": {str(k): v.get(OVERALL, {}).get("success") for k, v in ev.items()},
+               "per_task": {str(k): {t: v["success"] for t, v in tasks.items() if t != OVERALL} for k, tasks in ev.items()},
+               "ci": {str(k): v.get(OVERALL, {}).get("ci") for k, v in ev.items()},
+               "steps": training_steps(lake) if lake.exists() else {},
+               "dataset": dataset_growth(lake) if lake.exists() else {},
+               "teacher_demos": teacher_demos(lake) if lake.exists() else {},
+               "curriculum": curriculum(lake) if lake.exists() else []}
+        c = root / f"c{s}"
+        if control and c.exists():
+            cev = evals_by_iteration(c).get(0, {})
+            run["control"] = {"success": cev.get(OVERALL, {}).get("success"), "ci": cev.get(OVERALL, {}).get("ci"),
+                              "per_task": {t: v["success"] for t, v in cev.items() if t != OVERALL},
+                              "steps": training_steps(c)["total"], "dataset": dataset_growth(c).get("0")}
+        runs[str(s)] = run
+    last, first = str(iterations - 1), "0"
+    verdict = {}
+    for s, r in runs.items():
+        a, b = r["success"].get(first), r["success"].get(last)
+        cs = (r.get("control") or {}).get("success")
+        verdict[s] = {"gain_points": None if a is None or b is None else round(100 * (b - a), 1),
+                      "vs_control_points": None if cs is None or b is None else round(100 * (b - cs), 1)}
+    met_gain = all(v["gain_points"] is not None and v["gain_points"] >= 15 for v in verdict.values())
+    met_ctrl = all(v["vs_control_points"] is not None and v["vs_control_points"] >= 10 for v in verdict.values())
+
+    def stats(vals: list[float]) -> dict[str, float] | None:
+        vals = [v for v in vals if v is not None]
+        return None if not vals else {"mean": round(sum(vals) / len(vals), 4), "min": min(vals), "max": max(vals), "n": len(vals)}
+    per_iteration = {str(i): stats([r["success"].get(str(i)) for r in runs.values()]) for i in range(iterations)}
+    return {"root": str(root), "seeds": seeds, "iterations": iterations, "runs": runs,
+            "per_iteration": per_iteration,
+            "control": stats([(r.get("control") or {}).get("success") for r in runs.values()]),
+            "verdict": verdict,
+            "targets": {"iteration_last_vs_first_plus_15": met_gain, "iteration_last_vs_control_plus_10": met_ctrl}}
+
+
+def plot(summary: dict[str, Any], png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    n = summary["iterations"]
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown"]
+    for k, (s, r) in enumerate(summary["runs"].items()):
+        its = [i for i in range(n) if r["success"].get(str(i)) is not None]
+        ys = [100 * r["success"][str(i)] for i in its]
+        lo = [100 * (r["success"][str(i)] - r["ci"][str(i)][0]) for i in its]
+        hi = [100 * (r["ci"][str(i)][1] - r["success"][str(i)]) for i in its]
+        col = colors[k % len(colors)]
+        ax.errorbar([i + 1 + 0.05 * (k - 1) for i in its], ys, yerr=[lo, hi], marker="o", color=col, capsize=3,
+                    label=f"flywheel seed {s}")
+        if r.get("control") and r["control"].get("success") is not None:
+            ax.axhline(100 * r["control"]["success"], color=col, ls="--", lw=1,
+                       label=f"control seed {s} ({r['control']['steps']} SFT steps)")
+        demos = [r["teacher_demos"].get(str(i), max([0, *r["teacher_demos"].values()])) for i in its]
+        ax2.plot(demos, ys, marker="o", color=col, label=f"seed {s}")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("held-out success (%)")
+    ax.set_xticks(range(1, n + 1))
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("Success per iteration (95% Wilson CI); dashed: control")
+    ax2.set_xlabel("teacher demos spent (cumulative)")
+    ax2.set_ylabel("held-out success (%)")
+    ax2.set_ylim(0, 100)
+    ax2.grid(alpha=0.3)
+    ax2.set_title("Success vs teacher demos")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="configs/flywheel8.yaml")
+    ap.add_argument("--root", default="runs/flywheel8")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--iterations", type=int, default=None, help="default: the config's")
+    ap.add_argument("--no-control", action="store_true")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key for every run (dotted, YAML value), e.g. rollouts.temperature=0.3")
+    ap.add_argument("--json", default="docs/bench_flywheel8.json")
+    ap.add_argument("--png", default="docs/img/flywheel8.png")
+    a = ap.parse_args()
+    base = yaml.safe_load((ROOT / a.config).read_text())
+    apply_overrides(base, {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in a.sets)}, "--set")
+    n = a.iterations or int(base.get("iterations", 1))
+    demos = int(base["bootstrap"]["selection"]["seeds_per_task"])
+    root = (ROOT / a.root).resolve()
+    walls: dict[str, float] = {}
+    if not a.report_only:
+        for s in a.seeds:
+            lake, log = root / f"s{s}", root / f"s{s}.log"
+            cfg_path = write_yaml(root / "configs" / f"s{s}.yaml", seed_config(base, s, demos))
+            left = n - evaluated_iterations(lake)
+            if left > 0:
+                print(f"seed {s}: flywheel, {left} iteration(s) left -> {lake}", file=sys.stderr)
+                walls[f"s{s}"] = run([*FLYWHEEL, "run", "-c", str(cfg_path), "--lake", str(lake), "--iterations", str(left)], log)
+            if a.no_control:
+                continue
+            clake, clog = root / f"c{s}", root / f"c{s}.log"
+            if evaluated_iterations(clake) >= 1:
+                continue
+            steps = training_steps(lake)["total"]
+            ccfg = write_yaml(root / "configs" / f"c{s}.yaml", control_config(seed_config(base, s, demos), steps))
+            print(f"seed {s}: control, {steps} SFT steps -> {clake}", file=sys.stderr)
+            t0 = time.monotonic()
+            common = ["-c", str(ccfg), "--lake", str(clake)]
+            for stage in ("bootstrap", "curate", "sft"):
+                run([*FLYWHEEL, "stage", stage, "-i", "0", *common], clog)
+            ck = query(clake, "SELECT path FROM checkpoints WHERE iteration = 0 ORDER BY created_at DESC LIMIT 1")[0]["path"]
+            run([*FLYWHEEL, "stage", "evaluate", "-i", "0", "--checkpoint", str(clake / ck), *common], clog)
+            walls[f"c{s}"] = time.monotonic() - t0
+    summary = summarize(root, a.seeds, n, not a.no_control)
+    summary["config"], summary["overrides"] = a.config, a.sets
+    if walls:
+        summary["wall_s_this_invocation"] = {k: round(v, 1) for k, v in walls.items()}
+    text = json.dumps(summary, indent=1, default=str)
+    if a.json:
+        (ROOT / a.json).parent.mkdir(parents=True, exist_ok=True)
+        (ROOT / a.json).write_text(text + "\n")
+    if a.png:
+        plot(summary, ROOT / a.png)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
