@@ -30,6 +30,7 @@ from flows.evaluate import evaluate
 from flows.rl import rl
 from flows.rollouts import rollouts
 from flows.sft import sft
+from flywheel.stages import latest_checkpoint
 from tasks import stages as t
 from tasks.artifacts import publish_iteration, stage_stats
 from tasks.common import ConfigRef, checkpoint_of
@@ -87,25 +88,6 @@ def last_eval_success(cfg: FlywheelConfig, before: int) -> float | None:
         "SELECT success_rate FROM evals WHERE task_id = ? AND iteration < ? ORDER BY iteration DESC, created_at DESC LIMIT 1",
         [OVERALL, before]).fetchone()
     return None if row is None else float(row[0])
-
-
-def latest_checkpoint(cfg: FlywheelConfig, before: int) -> str | None:
-    """The newest checkpoint an earlier iteration trained (where a resumed flywheel continues from)."""
-    from flywheel.stages import lake_for
-    from storage.catalog import connect
-    lake = lake_for(cfg)
-    if before == 0 or not lake.has_data("checkpoints"):
-        return None
-    from training.core import MERGED_DIR
-    row = connect(lake, write_catalog_file=False).execute(
-        "SELECT checkpoint_id, path, adapter FROM checkpoints WHERE iteration < ? ORDER BY iteration DESC, created_at DESC "
-        "LIMIT 1", [before]).fetchone()
-    if row is None:
-        return None
-    # the same folder the iteration itself handed on (checkpoint_of: a LoRA adapter's merged model), so a resumed
-    # iteration's stages see the same inputs and find their finished results instead of running again
-    path = lake.resolve(row[1])  # rows store lake-relative paths
-    return str(path / MERGED_DIR) if row[2] and (path / MERGED_DIR).exists() else str(path)
 
 
 def call_stage(stage: str, config: ConfigRef, iteration: int, mode: str, refresh: bool, **inputs: Any) -> dict[str, Any]:

@@ -109,7 +109,7 @@ def stage_sft(
 @stage_app.command("evaluate")
 def stage_evaluate(
     iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration (partition of the eval rows)."),
-    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Model folder / Hub id, or 'scripted' for the teacher (default: the config's student.model)."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Model folder / Hub id, or 'scripted' for the teacher (default: the newest checkpoint of this iteration or an earlier one in the lake, else the config's student.model)."),
     config: Optional[str] = CONFIG_OPT,
     lake: Optional[str] = LAKE_OPT,
 ):
@@ -117,12 +117,13 @@ def stage_evaluate(
     average steps, parse-error rate -> the `evals` table, a table here and a PNG plot."""
     from rich.console import Console
     from flywheel.cli import load_cfg, print_arrow_table
-    from flywheel.stages import evaluate, lake_for
+    from flywheel.stages import evaluate, lake_for, latest_checkpoint
     from storage.catalog import connect, run_query
 
     use_lake(lake)
     cfg = load_cfg(config)
-    res = evaluate(cfg, iteration, checkpoint or cfg.student.model)
+    # after `stage sft` (or `stage rl`) a bare `stage evaluate` scores what was just trained, not the start weights
+    res = evaluate(cfg, iteration, checkpoint or latest_checkpoint(cfg, iteration + 1) or cfg.student.model)
     lk = lake_for(cfg)
     t = run_query(connect(lk), f"""SELECT task_id, split, n_episodes AS n, successes, round(success_rate, 3) AS rate,
         round(ci_low, 3) AS ci_low, round(ci_high, 3) AS ci_high, round(avg_steps, 2) AS avg_steps,

@@ -303,6 +303,24 @@ def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *, pr
         raise UserError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
 
+def latest_checkpoint(cfg: FlywheelConfig, before: int) -> str | None:
+    """The newest checkpoint an earlier iteration trained (where a resumed flywheel continues from)."""
+    from storage.catalog import connect
+    lake = lake_for(cfg)
+    if before == 0 or not lake.has_data("checkpoints"):
+        return None
+    from training.core import MERGED_DIR
+    row = connect(lake, write_catalog_file=False).execute(
+        "SELECT checkpoint_id, path, adapter FROM checkpoints WHERE iteration < ? ORDER BY iteration DESC, created_at DESC "
+        "LIMIT 1", [before]).fetchone()
+    if row is None:
+        return None
+    # the same folder the iteration itself handed on (checkpoint_of: a LoRA adapter's merged model), so a resumed
+    # iteration's stages see the same inputs and find their finished results instead of running again
+    path = lake.resolve(row[1])  # rows store lake-relative paths
+    return str(path / MERGED_DIR) if row[2] and (path / MERGED_DIR).exists() else str(path)
+
+
 def evaluate(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, progress: bool = True) -> dict[str, Any]:
     """Held-out seeds (and held-out tasks) for a checkpoint -> `evals` rows, a table and a plot.
     Returns {"eval_id", "success_rate", "ci_low", "ci_high", "plot"}."""

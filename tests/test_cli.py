@@ -135,6 +135,22 @@ def test_missing_model_is_one_line_before_any_worker(tmp_path):
     assert not lake.exists()  # checked up front: nothing was written, no worker started
 
 
+def test_evaluate_defaults_to_the_lakes_newest_checkpoint(tmp_path):
+    """After `stage sft`, a bare `stage evaluate` scores the lake's newest checkpoint of this iteration or an
+    earlier one (not the config's start weights); a later iteration's row is not picked for iteration 0."""
+    from datetime import datetime, timezone
+    lk = Lake(tmp_path / "lake")
+    for it, name in ((0, "sft-it0-a"), (1, "sft-it1-b")):
+        lk.replace_run("checkpoints", [[dict(
+            checkpoint_id=name, path=f"_checkpoints/{name}", method="sft", base_model="m", parent_checkpoint=None,
+            dataset_id="d", adapter=False, metrics="{}", created_at=datetime.now(timezone.utc), run_key=name,
+            git_sha=None, config_hash="abc")]], iteration=it, stage="sft", run_key=name)
+    # the folders were never written, so the one-line error names the checkpoint the command chose
+    for it, name in (("0", "sft-it0-a"), ("1", "sft-it1-b"), ("3", "sft-it1-b")):
+        line = _one_line_error(fw("stage", "evaluate", "-i", it, "--lake", str(lk.root), env=_offline_env()))
+        assert f"no model folder at {lk.root / '_checkpoints' / name}" in line, (it, line)
+
+
 def test_rollout_error_from_the_workers_is_one_line(tmp_path):
     """A folder that passes the up-front check but cannot load: the workers' RolloutError ends as one line too."""
     bad = tmp_path / "bad-model"
