@@ -76,22 +76,24 @@ class ScriptedTeacher(Policy):
         return _decision(step, self.transform)
 
 
-_AT = re.compile(r"at \((-?\d+),(-?\d+)\)")
+_AT = re.compile(r"(at|@) \((-?\d+),(-?\d+)\)")
 
 
 def thought_in_model_space(thought: str, transform: "CoordTransform | None") -> str:
-    """Rewrite the screen points a teacher thought mentions ("... is at (80,120).") into model space."""
+    """Rewrite the screen points a teacher's text mentions ("... is at (80,120).", a cited UI line's
+    `@ (80,120)`) into model space."""
     if transform is None:
         return thought
 
     def sub(m: re.Match) -> str:
-        x, y = transform.to_model(float(m.group(1)), float(m.group(2)))
-        return f"at ({round(x)},{round(y)})"
+        x, y = transform.to_model(float(m.group(2)), float(m.group(3)))
+        return f"{m.group(1)} ({round(x)},{round(y)})"
     return _AT.sub(sub, thought)
 
 
 def _decision(step: Step, transform: "CoordTransform | None" = None) -> Decision:
     from agents.parsing import action_arguments, format_response
     thought = thought_in_model_space(step.thought, transform)
-    return Decision(response_text=format_response(thought, step.desc, step.action, transform), action=step.action,
-                    thought=thought, action_desc=step.desc, raw_action=action_arguments(step.action, transform))
+    desc = thought_in_model_space(step.desc, transform)  # a cited UI line's point
+    return Decision(response_text=format_response(thought, desc, step.action, transform), action=step.action,
+                    thought=thought, action_desc=desc, raw_action=action_arguments(step.action, transform))

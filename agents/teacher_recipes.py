@@ -14,9 +14,11 @@ from typing import Any, Callable, Iterator
 
 from agents.actions import Action, Click, Key, Type, Wait
 from envs.base import Observation
+from envs.miniwob_dom import element_line
 
 TASK_W, TASK_H = 160, 210
 El = dict[str, Any]
+_CITED = re.compile(r".*? @ \(-?\d+,-?\d+\)")
 _COVER_TAGS = frozenset({"button", "select", "textarea", "a", "label", "svg"})
 
 
@@ -130,10 +132,19 @@ class Ctx:
         return int(round(x * self.scale)), int(round(y * self.scale))
 
     # ---------------------------------------------------------------- steps
+    def cite(self, e: El) -> str:
+        """The element as its line of the UI text shows it, up to its centre: `button "no" @ (53,141)`."""
+        line = element_line(e, self.scale)
+        m = _CITED.match(line)
+        return m.group(0) if m else line
+
     def click(self, e: El, name: str, why: str = "", dx: float | None = None) -> Step:
+        """A click on e. The Action line cites e's UI-text line (`Click button "no" @ (53,141)`): a reply that
+        first quotes the matching line and then copies its numbers is what a small student learns to ground
+        by (docs/LOG.md: click-button); the thought names it in words."""
         x, y = self.point(e, dx)
         thought = f"{why} {_cap(name)} is at ({x},{y}).".strip()
-        return Step(Click(x=x, y=y), thought, f"Click {name}")
+        return Step(Click(x=x, y=y), thought, f"Click {self.cite(e)}")
 
     def type(self, text: str, why: str) -> Step:
         return Step(Type(text=text), why, f'Type "{text}"')

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -170,13 +171,16 @@ def test_load_dataset_roundtrip_same_prompt_as_rollouts(lake, tmp_path):
         .to_arrow_table().to_pylist()
     instruction = con.sql(f"SELECT instruction FROM episodes WHERE episode_id = '{fb}'").fetchall()[0][0]
     t = transform_for(cfg.student.arch, steps[1]["screen_w"], steps[1]["screen_h"])
-    prompt = build_prompt(instruction, steps[1]["screenshot"], steps[1]["ui_text"], [history_record(steps[0])],
+    prompt = build_prompt(instruction, steps[1]["screenshot"], steps[1]["ui_text"], [history_record(steps[0], t)],
                           prompt_options(cfg.student), t)
     got = [{"role": m["role"], "content": [{k: v for k, v in c.items() if v is not None} for c in m["content"]]}
            for m in row["messages"]]
     target = got[-1]["content"][0]["text"]
     assert got == sft_messages(prompt, target)
     assert "Step 1:" in got[1]["content"][1]["text"] and "[ok]" in got[1]["content"][1]["text"]  # unfit step in history
+    # the teacher's Action line cites the clicked element's UI line, in the model's space as the UI text shows it
+    cited = re.search(r'Step 1: Click (.*? @ \(\d+,\d+\)) ->', got[1]["content"][1]["text"]).group(1)
+    assert cited in got[1]["content"][-1]["text"] and cited != history_record(steps[0]).action_desc
     # the target parses back (strictly) to the executed screen action, in the 0-1000 convention
     parsed = parse_response(target, t)
     action = json.loads(steps[1]["action"])

@@ -68,6 +68,26 @@ def test_teacher_speaks_model_coordinates(env):
     assert parse_response(d.response_text, t).action.x == pytest.approx(d.action.x, abs=1)
 
 
+@pytest.mark.browser
+def test_click_cites_the_ui_line_of_its_element(env):
+    """A click's Action line quotes the clicked element's UI-text line (up to its centre), in the space the
+    prompt's UI text uses, so a student can ground the click by copying the matching line."""
+    import re
+
+    from agents.coords import CoordTransform
+    from agents.prompts import ui_text_in_model_space
+    for seed in SEEDS:
+        obs = env.reset("click-button", seed)
+        label = re.search(r'"(.+)"', obs.instruction).group(1)
+        for t in (None, CoordTransform.for_qwen3(obs.width, obs.height)):
+            d = ScriptedTeacher(transform=t).act(obs, [])
+            ui = obs.ui_text if t is None else ui_text_in_model_space(obs.ui_text, t)
+            cited = d.action_desc.removeprefix("Click ")
+            assert cited.startswith(f'button "{label}" @ (') and cited != d.action_desc, d.action_desc
+            assert any(line.startswith(cited + " [") for line in ui.splitlines()), (cited, ui)
+            assert f"Action: {d.action_desc}" in d.response_text
+
+
 def test_supported_tasks_and_unknown_task():
     assert len(supported_tasks()) >= 30
     assert set(registry.teacher_tasks(include_held_out=True)) <= set(supported_tasks())

@@ -36,8 +36,9 @@ def _action(step: dict[str, Any]):
     return ACTION_ADAPTER.validate_json(step["action"]) if step.get("action") else None
 
 
-def history_record(step: dict[str, Any]) -> StepRecord:
-    """The StepRecord a later step's prompt shows for `step` (the rollout's EpisodeRun writes the same)."""
+def history_record(step: dict[str, Any], transform: CoordTransform | None = None) -> StepRecord:
+    """The StepRecord a later step's prompt shows for `step` (the rollout's EpisodeRun writes the same); with the
+    model's `transform`, a teacher's Action line has its cited points in that space, as its target had."""
     action = _action(step)
     if action is None:
         result = f"parse error: {step.get('parse_error')}"
@@ -45,25 +46,26 @@ def history_record(step: dict[str, Any]) -> StepRecord:
         result = f"exec error: {step['exec_error']}"
     else:
         result = "ok"
-    return StepRecord(int(step["step_idx"]), step.get("thought"), step.get("action_desc"), action, result,
-                      step.get("screenshot"))
+    desc = _text_in_space(step, step.get("action_desc"), transform) if transform is not None else step.get("action_desc")
+    return StepRecord(int(step["step_idx"]), step.get("thought"), desc, action, result, step.get("screenshot"))
 
 
-def _thought_in_space(step: dict[str, Any], action, transform: CoordTransform) -> str | None:
-    """The thought with its "at (x,y)" points in the model's space.
+def _text_in_space(step: dict[str, Any], text: str | None, transform: CoordTransform) -> str | None:
+    """A step's thought or Action line with its points ("at (x,y)", a cited UI line's "@ (x,y)") in the model's
+    space.
 
-    A thought is written in the same space as the raw tool call: a teacher without a transform writes screen
-    pixels (raw_action == the screen-space arguments), and those points are rewritten; a model's own thought is
-    already in its space and kept verbatim."""
+    Both are written in the same space as the raw tool call: a teacher without a transform writes screen pixels
+    (raw_action == the screen-space arguments), and those points are rewritten; a model's own text is already in
+    its space and kept verbatim."""
     from agents.teacher import thought_in_model_space
 
-    thought = step.get("thought")
-    if not thought or not step.get("raw_action"):
-        return thought
+    action = _action(step)
+    if not text or not step.get("raw_action") or action is None:
+        return text
     raw = json.loads(step["raw_action"])
     if raw == action_arguments(action) and raw != action_arguments(action, transform):
-        return thought_in_model_space(thought, transform)
-    return thought
+        return thought_in_model_space(text, transform)
+    return text
 
 
 def target_text(step: dict[str, Any], transform: CoordTransform) -> str:
@@ -71,8 +73,8 @@ def target_text(step: dict[str, Any], transform: CoordTransform) -> str:
     action = _action(step)
     if action is None:
         raise ValueError(f"step {step.get('episode_id')}/{step.get('step_idx')} has no parsed action to train on")
-    return format_response(_thought_in_space(step, action, transform), step.get("action_desc") or "", action,
-                           transform)
+    return format_response(_text_in_space(step, step.get("thought"), transform),
+                           _text_in_space(step, step.get("action_desc"), transform) or "", action, transform)
 
 
 def episode_samples(instruction: str, steps: Sequence[dict[str, Any]], arch: str,
@@ -87,13 +89,13 @@ def episode_samples(instruction: str, steps: Sequence[dict[str, Any]], arch: str
         if int(step["step_idx"]) != i:
             raise ValueError(f"episode {step.get('episode_id')}: steps must be complete and ordered "
                              f"(got step_idx {step['step_idx']} at position {i})")
+        t = transform_for(arch, int(step["screen_w"]), int(step["screen_h"]))
         if step.get("fit"):
-            t = transform_for(arch, int(step["screen_w"]), int(step["screen_h"]))
             prompt = build_prompt(instruction, step["screenshot"], step.get("ui_text"), history, opts, t)
             target = target_text(step, t)
             out.append({"messages": sft_messages(prompt, target), "images": list(prompt.images),
                         "step_idx": i, "target": target})
-        history.append(history_record(step))
+        history.append(history_record(step, t))
     return out
 
 

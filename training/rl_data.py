@@ -70,8 +70,8 @@ def feedback_text(episode: dict[str, Any], steps: Sequence[dict[str, Any]], arch
     parts = [f"The episode ended without success after {n} step{'s' if n != 1 else ''}{how}."]
     if steps:
         last = steps[-1]
-        rec = history_record(last)
         t = transform_for(arch, int(last["screen_w"]), int(last["screen_h"]))
+        rec = history_record(last, t)
         act = action_text_for_history(rec.action, t) if rec.action is not None else "(no valid action)"
         desc = f"{rec.action_desc} -> " if rec.action_desc else ""
         parts.append(f"Last action: {desc}{act} [{rec.result}].")
@@ -107,18 +107,17 @@ def episode_rows(episode: dict[str, Any], steps: Sequence[dict[str, Any]], *, ar
     rows, history = [], []
     for s in steps:
         ids, target = s.get("token_ids"), None
+        t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]))
         if not ids and replayed and _action(s) is not None:
-            t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]))
             target = retarget(target_text(s, t), targets)
         if ids or target:
-            t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]))
             prompt = build_prompt(episode.get("instruction") or "", s["screenshot"], s.get("ui_text"), history, opts, t)
             lp = s.get("logprobs")
             rows.append(dict(common, step_idx=int(s["step_idx"]), messages=prompt.messages, images=list(prompt.images),
                              response_ids=[int(x) for x in ids] if ids else None,
                              behaviour_logp=[float(x) for x in lp] if ids and lp and len(lp) == len(ids) else None,
                              target_text=target, parse_error=_action(s) is None, screen_hash=screen_hash(s)))
-        history.append(history_record(s))
+        history.append(history_record(s, t))
     return rows
 
 
