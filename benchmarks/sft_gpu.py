@@ -67,9 +67,12 @@ def collate(samples: list[dict]) -> dict:
     return b
 
 
-def build(size: str, mode: str, fp32_adapters: bool = True):
+def build(size: str, mode: str, fp32_adapters: bool = True, device: str = "cuda"):
+    """A random-init Qwen3-VL of `size` for a timed step: LoRA r16 (vision frozen by PEFT) or full with the vision
+    tower frozen; bf16 on CUDA, fp32 on CPU (smoke runs). Shared with benchmarks/sft_packing.py."""
     from training.models import apply_lora, build_model, count_parameters, freeze_vision
-    model, proc = build_model("qwen3-vl", size, seed=0, dtype="bfloat16", device="cuda")
+    model, proc = build_model("qwen3-vl", size, seed=0, dtype="bfloat16" if device == "cuda" else "float32",
+                              device=device)
     model.config.use_cache = False
     if mode == "lora":
         model = apply_lora(model, r=16, alpha=32, dropout=0.0, fp32_adapters=fp32_adapters)

@@ -61,16 +61,8 @@ def stream(n: int, batch: int, steps: int, seed: int = 0) -> list[list[int]]:
 
 
 def build(size: str, mode: str, peft_default: bool):
-    from training.models import apply_lora, build_model, count_parameters, freeze_vision
-    model, proc = build_model("qwen3-vl", size, seed=0, dtype="bfloat16" if DEVICE == "cuda" else "float32",
-                              device=DEVICE)
-    model.config.use_cache = False
-    if mode == "lora":
-        model = apply_lora(model, r=16, alpha=32, dropout=0.0, fp32_adapters=peft_default)
-    else:
-        freeze_vision(model)
-    model.train()
-    return model, proc, count_parameters(model)
+    from benchmarks.sft_gpu import build as build_model_for_step
+    return build_model_for_step(size, mode, fp32_adapters=peft_default, device=DEVICE)
 
 
 def _stats(times: list[float], tokens: list[int], n_params: int, **extra) -> dict:
