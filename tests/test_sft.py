@@ -315,8 +315,12 @@ def test_ddp_two_processes_match_one(env, tmp_path):
     assert two["loss_curve"] == pytest.approx(a["loss_curve"], abs=2e-5)
     assert two["target_tokens"] == a["target_tokens"] and two["samples_seen"] == a["samples_seen"]
     wa, wb = (load_file(str(d / "adapter_model.safetensors")) for d in (one, tmp_path / "two"))
+    # gloo's all-reduce sums in another order, and Adam turns that float noise in near-zero gradient coordinates into
+    # single-element differences up to ~1e-4 (measured on the cited-Action-line demos); per tensor the difference stays
+    # under 1e-4 of the weights' norm. A rank on the wrong samples or a missing average changes the lora_B tensors
+    # (zero at the start) by the order of the tensors themselves.
     for k in wa:
-        assert torch.allclose(wa[k], wb[k], atol=1e-5), k
+        assert torch.linalg.norm(wa[k] - wb[k]) <= 1e-3 * torch.linalg.norm(wa[k]), k
 
 
 def test_stage_sft_records_checkpoint_and_is_idempotent(env):
