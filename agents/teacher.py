@@ -79,21 +79,21 @@ class ScriptedTeacher(Policy):
 _AT = re.compile(r"(at|@) \((-?\d+),(-?\d+)\)")
 
 
-def thought_in_model_space(thought: str, transform: "CoordTransform | None") -> str:
+def points_in_model_space(text: str, transform: "CoordTransform | None") -> str:
     """Rewrite the screen points a teacher's text mentions ("... is at (80,120).", a cited UI line's
     `@ (80,120)`) into model space."""
     if transform is None:
-        return thought
+        return text
 
     def sub(m: re.Match) -> str:
         x, y = transform.to_model(float(m.group(2)), float(m.group(3)))
         return f"{m.group(1)} ({round(x)},{round(y)})"
-    return _AT.sub(sub, thought)
+    return _AT.sub(sub, text)
 
 
 def _decision(step: Step, transform: "CoordTransform | None" = None) -> Decision:
     from agents.parsing import action_arguments, format_response
-    thought = thought_in_model_space(step.thought, transform)
-    desc = thought_in_model_space(step.desc, transform)  # a cited UI line's point
+    thought = points_in_model_space(step.thought, transform)
+    desc = points_in_model_space(step.desc, transform)  # a cited UI line's point
     return Decision(response_text=format_response(thought, desc, step.action, transform), action=step.action,
                     thought=thought, action_desc=desc, raw_action=action_arguments(step.action, transform))

@@ -46,26 +46,26 @@ def history_record(step: dict[str, Any], transform: CoordTransform | None = None
         result = f"exec error: {step['exec_error']}"
     else:
         result = "ok"
-    desc = _text_in_space(step, step.get("action_desc"), transform) if transform is not None else step.get("action_desc")
+    desc = _texts_in_space(step, action, transform)[1] if transform is not None else step.get("action_desc")
     return StepRecord(int(step["step_idx"]), step.get("thought"), desc, action, result, step.get("screenshot"))
 
 
-def _text_in_space(step: dict[str, Any], text: str | None, transform: CoordTransform) -> str | None:
-    """A step's thought or Action line with its points ("at (x,y)", a cited UI line's "@ (x,y)") in the model's
-    space.
+def _texts_in_space(step: dict[str, Any], action, transform: CoordTransform) -> tuple[str | None, str | None]:
+    """The step's (thought, Action line) with their points ("at (x,y)", a cited UI line's "@ (x,y)") in the
+    model's space.
 
     Both are written in the same space as the raw tool call: a teacher without a transform writes screen pixels
     (raw_action == the screen-space arguments), and those points are rewritten; a model's own text is already in
     its space and kept verbatim."""
-    from agents.teacher import thought_in_model_space
+    from agents.teacher import points_in_model_space
 
-    action = _action(step)
-    if not text or not step.get("raw_action") or action is None:
-        return text
+    thought, desc = step.get("thought"), step.get("action_desc")
+    if action is None or not step.get("raw_action"):
+        return thought, desc
     raw = json.loads(step["raw_action"])
     if raw == action_arguments(action) and raw != action_arguments(action, transform):
-        return thought_in_model_space(text, transform)
-    return text
+        return tuple(points_in_model_space(t, transform) if t else t for t in (thought, desc))
+    return thought, desc
 
 
 def target_text(step: dict[str, Any], transform: CoordTransform) -> str:
@@ -73,8 +73,8 @@ def target_text(step: dict[str, Any], transform: CoordTransform) -> str:
     action = _action(step)
     if action is None:
         raise ValueError(f"step {step.get('episode_id')}/{step.get('step_idx')} has no parsed action to train on")
-    return format_response(_text_in_space(step, step.get("thought"), transform),
-                           _text_in_space(step, step.get("action_desc"), transform) or "", action, transform)
+    thought, desc = _texts_in_space(step, action, transform)
+    return format_response(thought, desc or "", action, transform)
 
 
 def episode_samples(instruction: str, steps: Sequence[dict[str, Any]], arch: str,
