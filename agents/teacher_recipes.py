@@ -9,151 +9,9 @@ coordinates (`* scale`) at a point of the element that no later element covers.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
-from agents.actions import Action, Click, Key, Type, Wait
-from envs.base import Observation
-from envs.miniwob_dom import element_line
-
-TASK_W, TASK_H = 160, 210
-El = dict[str, Any]
-_CITED = re.compile(r".*? @ \(-?\d+,-?\d+\)")
-_COVER_TAGS = frozenset({"button", "select", "textarea", "a", "label", "svg"})
-
-
-class TeacherError(RuntimeError):
-    """The page is not what the recipe expects (a recipe bug or a changed task)."""
-
-
-@dataclass(frozen=True)
-class Step:
-    action: Action
-    thought: str
-    desc: str  # the "Action:" line
-
-
-def _cap(s: str) -> str:
-    return s[:1].upper() + s[1:]
-
-
-def _norm(s: str | None) -> str:
-    return " ".join((s or "").split())
-
-
-class Ctx:
-    """What a recipe sees: the current observation's DOM, fields and helpers that build steps."""
-
-    def __init__(self, obs: Observation, task_id: str):
-        self.task_id = task_id
-        self.prev: list[El] | None = None
-        self.elems: list[El] = []
-        self.update(obs)
-
-    def update(self, obs: Observation) -> None:
-        self.prev = self.elems or None
-        self.obs = obs
-        self.elems = list(obs.extra.get("dom_elements") or [])
-        self.scale = int(obs.extra.get("scale", 1))
-        self.fields: dict[str, str] = dict(obs.extra.get("fields") or [])
-        self.index = {e["ref"]: i for i, e in enumerate(self.elems)}
-
-    # ---------------------------------------------------------------- queries
-    def find(self, tag: str | None = None, text: str | None = None, id: str | None = None,
-             cls: str | None = None, pred: Callable[[El], bool] | None = None) -> list[El]:
-        out = []
-        for e in self.elems:
-            if tag is not None and e["tag"] != tag:
-                continue
-            if text is not None and _norm(e["text"]) != text:
-                continue
-            if id is not None and e["id"] != id:
-                continue
-            if cls is not None and cls not in e["classes"].split():
-                continue
-            if pred is not None and not pred(e):
-                continue
-            out.append(e)
-        return out
-
-    def one(self, what: str, **kw) -> El:
-        found = self.find(**kw)
-        if not found:
-            raise TeacherError(f"{self.task_id}: no {what} on the page ({kw})")
-        return found[0]
-
-    def parent(self, e: El) -> El | None:
-        i = self.index.get(e["parent"])
-        return self.elems[i] if i is not None else None
-
-    def ancestors(self, e: El) -> list[El]:
-        out, p = [], self.parent(e)
-        while p is not None and len(out) < 64:  # bounded: a malformed tree must not loop
-            out.append(p)
-            p = self.parent(p)
-        return out
-
-    def subtree(self, e: El) -> list[El]:
-        """e and its descendants (a contiguous block of the pre-order list)."""
-        i = self.index[e["ref"]]
-        j = i + 1
-        while j < len(self.elems) and self.elems[j]["depth"] > e["depth"]:
-            j += 1
-        return self.elems[i:j]
-
-    def children(self, e: El) -> list[El]:
-        return [c for c in self.subtree(e)[1:] if c["parent"] == e["ref"]]
-
-    def visible(self, e: El) -> bool:
-        return e["left"] < TASK_W and e["top"] < TASK_H and e["left"] + e["width"] > 0 and e["top"] + e["height"] > 0
-
-    # ---------------------------------------------------------------- geometry
-    def point(self, e: El, dx: float | None = None) -> tuple[int, int]:
-        """Screen point inside e: the centre (or left + dx), else the most central point no later
-        element covers (overlapping buttons, dialogs), clipped to the visible task area."""
-        l, t = max(e["left"], 0.0), max(e["top"], 0.0)
-        r, b = min(e["left"] + e["width"], TASK_W - 1), min(e["top"] + e["height"], TASK_H - 1)
-        if r <= l or b <= t:
-            raise TeacherError(f"{self.task_id}: element {e['tag']} {e['text']!r} is outside the visible area")
-        cx = l + dx if dx is not None else (l + r) / 2
-        cy = (t + b) / 2
-        sub = self.subtree(e)
-        later = self.elems[self.index[e["ref"]] + len(sub):]
-        covers = [o for o in later if o["leaf"] or o["tag"] in _COVER_TAGS or o["tag"].startswith("input_")]
-
-        def covered(x: float, y: float) -> bool:
-            return any(o["left"] <= x <= o["left"] + o["width"] and o["top"] <= y <= o["top"] + o["height"]
-                       for o in covers)
-
-        cands = [(cx, cy)] + sorted(
-            ((l + (r - l) * (i + 0.5) / 8, t + (b - t) * (j + 0.5) / 8) for i in range(8) for j in range(8)),
-            key=lambda p: (p[0] - cx) ** 2 + (p[1] - cy) ** 2)
-        x, y = next((p for p in cands if not covered(*p)), (cx, cy))
-        return int(round(x * self.scale)), int(round(y * self.scale))
-
-    # ---------------------------------------------------------------- steps
-    def cite(self, e: El) -> str:
-        """The element as its line of the UI text shows it, up to its centre: `button "no" @ (53,141)`."""
-        line = element_line(e, self.scale)
-        m = _CITED.match(line)
-        return m.group(0) if m else line
-
-    def click(self, e: El, name: str, why: str = "", dx: float | None = None) -> Step:
-        """A click on e. The Action line cites e's UI-text line (`Click button "no" @ (53,141)`): a reply that
-        first quotes the matching line and then copies its numbers is what a small student learns to ground
-        by (docs/LOG.md: click-button); the thought names it in words."""
-        x, y = self.point(e, dx)
-        thought = f"{why} {_cap(name)} is at ({x},{y}).".strip()
-        return Step(Click(x=x, y=y), thought, f"Click {self.cite(e)}")
-
-    def type(self, text: str, why: str) -> Step:
-        return Step(Type(text=text), why, f'Type "{text}"')
-
-    def key(self, keys: list[str], desc: str, why: str) -> Step:
-        return Step(Key(keys=keys), why, desc)
-
-    def wait(self, seconds: float, why: str) -> Step:
-        return Step(Wait(seconds=seconds), why, f"Wait {seconds:g} s")
+from agents.teacher_ctx import TASK_H, Ctx, El, Step, TeacherError, cap, norm
 
 
 # -------------------------------------------------------------------- shared pieces
@@ -162,7 +20,7 @@ _SUBMIT_TEXTS = ("submit", "login", "log in", "go!", "search", "ok")
 
 def submit_button(ctx: Ctx) -> El:
     for e in ctx.elems:
-        if e["tag"] == "button" and _norm(e["text"]).lower() in _SUBMIT_TEXTS:
+        if e["tag"] == "button" and norm(e["text"]).lower() in _SUBMIT_TEXTS:
             return e
     for e in ctx.elems:
         if e["id"] in ("subbtn", "submit") or {"final", "ui-submit"} & set(e["classes"].split()):
@@ -172,13 +30,13 @@ def submit_button(ctx: Ctx) -> El:
 
 def click_submit(ctx: Ctx, why: str = "Now I submit.") -> Step:
     e = submit_button(ctx)
-    label = _norm(e["text"]) or "Submit"
+    label = norm(e["text"]) or "Submit"
     return ctx.click(e, f'the "{label}" button', why)
 
 
 def fill(ctx: Ctx, field: El, text: str, name: str, why: str = "") -> Iterator[Step]:
     yield ctx.click(field, name, why or f'I need to type "{text}" into {name}.')
-    yield ctx.type(text, f'{_cap(name)} is focused, so I type "{text}".')
+    yield ctx.type(text, f'{cap(name)} is focused, so I type "{text}".')
 
 
 def _first_input(ctx: Ctx, tag: str = "input_text") -> El:
@@ -263,8 +121,8 @@ def identify_shape(ctx: Ctx) -> Iterator[Step]:
     svg = ctx.one("figure", tag="svg")
     shape = next(e for e in ctx.subtree(svg)[1:] if e["tag"] in ("text", *_SHAPE_NAMES))
     if shape["tag"] == "text":
-        answer = "Number" if _norm(shape["text"]).isdigit() else "Letter"
-        why = f'The figure shows "{_norm(shape["text"])}", a {answer.lower()}.'
+        answer = "Number" if norm(shape["text"]).isdigit() else "Letter"
+        why = f'The figure shows "{norm(shape["text"])}", a {answer.lower()}.'
     else:
         answer = _SHAPE_NAMES[shape["tag"]]
         why = f"The figure is a {answer.lower()}."
@@ -288,7 +146,7 @@ def _option_inputs(ctx: Ctx, kind: str) -> Iterator[tuple[str, El]]:
         lab = ctx.parent(e)
         texts = [c for c in ctx.children(lab) if c["tag"] == "t"] if lab else []
         if texts:
-            yield _norm(texts[0]["text"]), e
+            yield norm(texts[0]["text"]), e
 
 
 def click_checkboxes(ctx: Ctx) -> Iterator[Step]:
@@ -316,20 +174,20 @@ def click_tab_2(ctx: Ctx) -> Iterator[Step]:
         if links:
             yield ctx.click(links[0], f'the link "{target}"', f'The link "{target}" is on this tab.')
             return
-        active = {_norm(a["text"]) for a in ctx.find(tag="a", cls="ui-tabs-anchor")
+        active = {norm(a["text"]) for a in ctx.find(tag="a", cls="ui-tabs-anchor")
                   if "ui-tabs-active" in (ctx.parent(a) or {"classes": ""})["classes"].split()}
         tried |= active
-        nxt = [a for a in ctx.find(tag="a", cls="ui-tabs-anchor") if _norm(a["text"]) not in tried]
+        nxt = [a for a in ctx.find(tag="a", cls="ui-tabs-anchor") if norm(a["text"]) not in tried]
         if not nxt:
             raise TeacherError(f"click-tab-2: link {target!r} in no tab")
-        name = _norm(nxt[0]["text"])
+        name = norm(nxt[0]["text"])
         tried.add(name)
         yield ctx.click(nxt[0], f'tab "{name}"', f'The link "{target}" is not on this tab; I try the next one.')
 
 
 def click_collapsible(ctx: Ctx) -> Iterator[Step]:
     header = ctx.one("section header", tag="h3")
-    yield ctx.click(header, f'the "{_norm(header["text"])}" header', "The section must be expanded first.")
+    yield ctx.click(header, f'the "{norm(header["text"])}" header', "The section must be expanded first.")
     for _ in range(8):  # the accordion animates open; click Submit once it stops moving
         btn, prev = submit_button(ctx), None
         if ctx.prev:
@@ -353,7 +211,7 @@ def navigate_tree(ctx: Ctx) -> Iterator[Step]:
         if not closed:
             raise TeacherError(f"navigate-tree: {target!r} not found and nothing left to expand")
         folder = next((c for c in ctx.children(ctx.parent(closed[0])) if c["tag"] == "span"), None)
-        name = _norm(folder["text"]) if folder else "folder"
+        name = norm(folder["text"]) if folder else "folder"
         yield ctx.click(closed[0], f'the expander of folder "{name}"',
                         f'"{target}" is not visible; I open folder "{name}".')
     raise TeacherError("navigate-tree: too many folders")
@@ -367,7 +225,7 @@ def odd_or_even(ctx: Ctx) -> Iterator[Step]:
         num = int(next(e for e in sub if "display-number" in e["classes"].split())["text"])
         kind = "even" if num % 2 == 0 else "odd"
         btn = next(e for e in sub if e["tag"] == "button" and kind in e["classes"].split())
-        yield ctx.click(btn, f'the "{_cap(kind)}" button of row {i + 1}', f"{num} is {kind}.")
+        yield ctx.click(btn, f'the "{cap(kind)}" button of row {i + 1}', f"{num} is {kind}.")
     yield click_submit(ctx, "Every number is marked; now I submit.")
 
 
@@ -401,7 +259,7 @@ def login_user(ctx: Ctx) -> Iterator[Step]:
 
 def find_word(ctx: Ctx) -> Iterator[Step]:
     n = int(ctx.fields["target"])
-    words = _norm(ctx.one("paragraph", tag="p")["text"]).split()
+    words = norm(ctx.one("paragraph", tag="p")["text"]).split()
     word = re.sub(r"[^0-9A-Za-z]", "", words[n - 1])
     yield from fill(ctx, _first_input(ctx), word, "the answer field", f'Word number {n} of the paragraph is "{word}".')
     yield click_submit(ctx)
@@ -410,7 +268,7 @@ def find_word(ctx: Ctx) -> Iterator[Step]:
 def read_table(ctx: Ctx) -> Iterator[Step]:
     key = ctx.fields["target"]
     tds = ctx.find(tag="td")
-    value = next(_norm(tds[i + 1]["text"]) for i, e in enumerate(tds[:-1]) if _norm(e["text"]) == key)
+    value = next(norm(tds[i + 1]["text"]) for i, e in enumerate(tds[:-1]) if norm(e["text"]) == key)
     yield from fill(ctx, _first_input(ctx), value, "the text field", f'The table says {key} is "{value}".')
     yield click_submit(ctx)
 
@@ -438,7 +296,7 @@ def _solve(problem: str) -> tuple[str, int]:
 
 
 def simple_math(ctx: Ctx) -> Iterator[Step]:
-    problem = _norm(ctx.one("problem", id="math-problem")["text"])
+    problem = norm(ctx.one("problem", id="math-problem")["text"])
     why, value = _solve(problem)
     yield from fill(ctx, ctx.one("answer", id="math-answer"), str(value), "the answer box", f"{why}.")
     yield click_submit(ctx)
@@ -474,7 +332,7 @@ def choose_list(ctx: Ctx) -> Iterator[Step]:
 
 
 def _menu_items(ctx: Ctx, ok: Callable[[str], bool]) -> list[El]:
-    return ctx.find(cls="ui-menu-item-wrapper", pred=lambda e: ok(_norm(e["text"])))
+    return ctx.find(cls="ui-menu-item-wrapper", pred=lambda e: ok(norm(e["text"])))
 
 
 def use_autocomplete(ctx: Ctx) -> Iterator[Step]:
@@ -488,12 +346,12 @@ def use_autocomplete(ctx: Ctx) -> Iterator[Step]:
         yield ctx.wait(0.3, "The suggestions have not appeared yet; I wait.")
     else:
         raise TeacherError("use-autocomplete: no suggestion appeared")
-    name = _norm(items[0]["text"])
+    name = norm(items[0]["text"])
     if items[0]["top"] + items[0]["height"] > TASK_H:  # below the screen: type more to narrow the list
         yield ctx.type(name[len(start):], f'"{name}" {fits}; I type the rest of it to narrow the list.')
         for _ in range(10):
             items = _menu_items(ctx, lambda t: t == name)
-            if items and all(_norm(e["text"]).startswith(name) for e in _menu_items(ctx, lambda t: True)):
+            if items and all(norm(e["text"]).startswith(name) for e in _menu_items(ctx, lambda t: True)):
                 break
             yield ctx.wait(0.3, "The list has not narrowed yet; I wait.")
         else:
@@ -508,7 +366,7 @@ _FORM_KEYS = {"genre": ("genre",), "director": ("director",), "year": ("year", "
 def _field_of(ctx: Ctx, inp: El) -> str | None:
     """The form field an input belongs to: the closest ancestor holding exactly one label word."""
     for anc in ctx.ancestors(inp):
-        texts = [_norm(e["text"]).lower() for e in ctx.subtree(anc) if e["leaf"] and e["text"]
+        texts = [norm(e["text"]).lower() for e in ctx.subtree(anc) if e["leaf"] and e["text"]
                  and not e["tag"].startswith("input_")]
         kinds = {k for k, words in _FORM_KEYS.items() for t in texts if any(w in t for w in words)}
         if len(kinds) == 1:
