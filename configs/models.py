@@ -237,6 +237,7 @@ class RLConfig(_Cfg):
     warmup_steps: int = Field(20, ge=0, description="Linear learning-rate warmup over the first N optimizer steps of the run (0 = none): Adam's first steps move every weight by ~lr whatever its gradient, which knocked a small SFT'd student's success from 34% to 11% in one round (docs/LOG.md)")
     max_minutes: float | None = Field(None, gt=0, description="Wall-clock cap on the RL updates (summed over rounds); an update stops cleanly when reached")
     seed: int = Field(0, ge=0, description="Seed of the run: minibatch order and which task instances each round samples (sampling itself is unseeded)")
+    temperature: float | None = Field(None, gt=0, le=5, description="Sampling temperature of the RL rollouts; null = student.temperature. The update scores log-probs of logits / temperature, so the ratio, KL, entropy and SDPO terms are of the policy that sampled (as verl does); the truncated IS weight of a stale row still compares temperature-1 log-probs, the sampler's stored kind. Below 1, fewer samples break the reply format and the policy trained is closer to the greedy one evaluation runs")
     end_on_parse_error: bool = Field(True, description="RL rollouts end an episode at a reply that does not parse (a failure, one row) instead of following rollout.on_parse_error: a wandering failure repeats the same signal for up to the step cap and costs that many rollout steps and rows")
     tasks: list[str] | None = Field(None, description="Tasks RL samples (train tasks only); null = rollouts.selection.tasks")
 

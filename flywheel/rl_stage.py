@@ -67,6 +67,8 @@ def _finished_rounds(out: Path, rounds: int) -> int:
 
 def _policy(cfg: FlywheelConfig, model: str, version: str) -> PolicySpec:
     student = {**cfg.student.model_dump(), "model": model}
+    if cfg.rl.temperature is not None:
+        student["temperature"] = cfg.rl.temperature
     return PolicySpec("student", {"model": model, "config": student}, version=version)
 
 

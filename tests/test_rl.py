@@ -95,6 +95,41 @@ def test_recomputed_logprobs_match_the_samplers(tiny):
     assert torch.allclose(lp, torch.tensor(gen.logprobs), atol=1e-3)
 
 
+def test_tempered_logprobs_are_the_samplers_distribution(tiny):
+    """At rl.temperature T the update scores log softmax(logits / T): computed against the full logits here, and
+    different from T = 1 (a scorer that ignored T would pass the first check only at T = 1)."""
+    from training.losses import _backbone_and_head
+
+    model, proc = _load(tiny)
+    row = _rows(proc, [("e", "g", True, "A", 1)])[0]
+    enc = RowEncoder(proc)
+    batch, pos, mask = enc.pad([enc.encode(row["messages"], row["images"], _ids(proc, "A"))], "cpu")
+    with torch.no_grad():
+        lp_t, ent_t = response_logprobs(model.eval(), batch, pos, mask, temperature=0.5, entropy=True)
+        lp_1, ent_1 = response_logprobs(model, batch, pos, mask, entropy=True)
+        backbone, head = _backbone_and_head(model)
+        logits = head(backbone(**batch).last_hidden_state[0, pos[0][mask[0]]]).float()
+        tgt = batch["input_ids"][0, pos[0][mask[0]] + 1]
+        want = torch.log_softmax(logits / 0.5, -1).gather(-1, tgt[:, None])[:, 0]
+    assert torch.allclose(lp_t[0][mask[0]], want, atol=1e-5)
+    assert not torch.allclose(lp_t, lp_1, atol=1e-3)
+    assert float(ent_t[mask].mean()) < float(ent_1[mask].mean())  # a lower temperature is a sharper policy
+
+
+def test_rl_temperature_reaches_the_sampler_and_the_scorer(tmp_path):
+    from configs.models import load_config
+    from flywheel.rl_stage import _policy
+
+    cfg = load_config("configs/tiny.yaml", {"lake.root": str(tmp_path), "rl.temperature": 0.6})
+    assert RLSettings.from_config(cfg).temperature == 0.6
+    assert _policy(cfg, "m", "v").options["config"]["temperature"] == 0.6
+    plain = load_config("configs/tiny.yaml", {"lake.root": str(tmp_path), "student.temperature": 0.0})
+    assert RLSettings.from_config(plain).temperature == 1.0  # a greedy student config: RL scores the raw policy
+    assert _policy(plain, "m", "v").options["config"]["temperature"] == 0.0
+    with pytest.raises(ValueError, match="temperature"):
+        RLSettings(temperature=0.0)
+
+
 # ------------------------------------------------------------------------------------------------ GRPO
 def test_grpo_raises_the_rewarded_response(tiny):
     model, proc = _load(tiny)

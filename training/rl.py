@@ -99,6 +99,7 @@ class RLSettings:
     warmup_steps: int = 20
     seed: int = 0
     max_new_tokens: int = 96  # student.max_new_tokens: the per-row length of the constant normaliser
+    temperature: float = 1.0  # the sampler's (rl.temperature, else student.temperature): log-probs of logits / T
     targets: str = "full"  # sft.targets: how replayed demos are tokenised
     history_images: int = 1  # student prompt options (rows are rebuilt with them)
     use_ui_text: bool = True
@@ -115,6 +116,8 @@ class RLSettings:
                 raise ValueError(f"rl {name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
         if self.batch_size < 1 or self.epochs < 1:
             raise ValueError("rl batch_size and epochs must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"rl temperature must be > 0, got {self.temperature}")
         if self.sdpo_topk < 1 or not 0.0 <= self.sdpo_alpha <= 1.0:
             raise ValueError(f"rl sdpo_topk must be >= 1 and sdpo_alpha in [0, 1], got {self.sdpo_topk}, "
                              f"{self.sdpo_alpha}")
@@ -127,7 +130,9 @@ class RLSettings:
         """From a FlywheelConfig: cfg.rl's knobs, the student's prompt options and max_new_tokens, cfg.sft.targets."""
         names = {f.name for f in fields(cls)}
         d = {k: v for k, v in cfg.rl.model_dump().items() if k in names}
-        d.update(max_new_tokens=cfg.student.max_new_tokens, targets=cfg.sft.targets, config_hash=cfg.config_hash("rl"),
+        t = cfg.rl.temperature if cfg.rl.temperature is not None else cfg.student.temperature
+        d.update(temperature=t if t > 0 else 1.0,  # a greedy student config: RL still scores the raw policy
+                 max_new_tokens=cfg.student.max_new_tokens, targets=cfg.sft.targets, config_hash=cfg.config_hash("rl"),
                  history_images=cfg.student.history_images, use_ui_text=cfg.student.use_ui_text)
         if algo:
             d["algorithm"] = algo
@@ -198,15 +203,16 @@ class RLTrainer:
                                  parse_error_penalty=s.parse_error_penalty, keep_sdpo_rows=s.distill_weight > 0,
                                  gigpo_omega=s.gigpo_omega, gigpo_gamma=s.gigpo_gamma, step_weight=s.step_weight)
 
-    def _score(self, model, encoded: list[dict[str, Any]]) -> list[Any]:
-        """Per-row response log-probs (cpu, detached) under `model`."""
+    def _score(self, model, encoded: list[dict[str, Any]], temperature: float | None = None) -> list[Any]:
+        """Per-row response log-probs (cpu, detached) under `model` at `temperature` (default: the sampler's)."""
         import torch
 
         out, step = [], self.s.micro_batch or self.s.batch_size
+        t = self.s.temperature if temperature is None else temperature
         with torch.no_grad():
             for k in range(0, len(encoded), step):
                 batch, pos, mask = self.encoder.pad(encoded[k:k + step], self.device, self.pixel_dtype)
-                lp, _ = response_logprobs(model, batch, pos, mask)
+                lp, _ = response_logprobs(model, batch, pos, mask, temperature=t)
                 out += [lp[i][mask[i]].cpu() for i in range(lp.shape[0])]
         return out
 
@@ -237,8 +243,10 @@ class RLTrainer:
         enc, tenc = self._resident(enc, tenc)
         old = self._score(self.model, enc)
         ref = self._score(self.ref, enc) if self.ref is not None and s.kl_coef > 0 else None
+        # the sampler stores temperature-1 log-probs: at another temperature, staleness is measured at 1
+        raw = old if s.temperature == 1.0 else self._score(self.model, enc, 1.0)
         isw = [truncated_is_weight(o, torch.tensor(r["behaviour_logp"]) if r.get("behaviour_logp") else o, s.is_cap)
-               for o, r in zip(old, rows)]
+               for o, r in zip(raw, rows)]
         steps: list[dict[str, Any]] = []
         per_epoch = math.ceil(len(rows) / s.batch_size)
         bar = Bar(per_epoch * s.epochs, 0, "rl") if progress and rows else None
@@ -313,7 +321,7 @@ class RLTrainer:
             sd_rows = [j for j, i in enumerate(idx) if i in tenc]
             topk = s.sdpo_mode == "topk" and bool(sd_rows)
             logp, ent, *top = response_logprobs(self.model, batch, pos, mask, entropy=True,
-                                                topk=s.sdpo_topk if topk else 0)
+                                                topk=s.sdpo_topk if topk else 0, temperature=s.temperature)
             old_t = rows_tensor([old[i] for i in idx], width, dev)
             isw_t = rows_tensor([isw[i] for i in idx], width, dev, fill=1.0)
             adv = torch.tensor([rows[i]["advantage"] for i in idx], dtype=torch.float32, device=dev)
@@ -375,7 +383,7 @@ class RLTrainer:
         with torch.no_grad():
             tb, tpos, tmask = self.encoder.pad([tenc[idx[j]] for j in sd_rows], dev, self.pixel_dtype)
             r_t = tpos.shape[1]  # the same response lengths as the student's rows, at the teacher's positions
-            tlp, _, *t_top = response_logprobs(self.teacher, tb, tpos, tmask,
+            tlp, _, *t_top = response_logprobs(self.teacher, tb, tpos, tmask, temperature=s.temperature,
                                                at=s_ids[sel, :r_t] if s_ids is not None else None)
         cur = teacher_lp[sel, :r_t]
         teacher_lp[sel, :r_t] = torch.where(tmask, tlp, cur)

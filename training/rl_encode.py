@@ -104,9 +104,11 @@ class RowEncoder:
 
 
 def response_logprobs(model, batch: dict[str, Any], pos, mask, *, entropy: bool = False, chunk: int = 1024,
-                      topk: int = 0, at=None):
+                      topk: int = 0, at=None, temperature: float = 1.0):
     """(log-probs [B, R] of the response tokens, entropies [B, R] or None): one backbone forward, the LM head
     only at the positions that predict a response token (the full-logits values, without [T x vocab]).
+    `temperature`: the policy is softmax(logits / temperature), the distribution a sampler at that temperature
+    draws from (1 = the raw logits; everything below, entropies and buckets included, reads the tempered one).
 
     Top-k SDPO: with `topk` k > 0 (this model's own top-k ids at each position) or `at` (vocabulary ids
     [B, R, k], e.g. the student's, for the teacher) a third value (buckets [B, R, K], ids [B, R, k]) is
@@ -127,7 +129,8 @@ def response_logprobs(model, batch: dict[str, Any], pos, mask, *, entropy: bool 
     want = at[mask] if at is not None else None
     lps, ents, bks, ids = [], [], [], []
     for i in range(0, sel.shape[0], chunk):
-        lp = torch.log_softmax(head(sel[i:i + chunk]).float(), -1)  # one log-softmax serves all that is read below
+        logits = head(sel[i:i + chunk]).float()
+        lp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, -1)  # serves all read below
         lps.append(lp.gather(-1, tgt[i:i + chunk, None]).squeeze(-1))
         if topk or want is not None:
             ix = want[i:i + chunk] if want is not None else lp.detach().topk(min(topk, lp.shape[-1]), dim=-1).indices
