@@ -201,6 +201,25 @@ def _sdpo_setup(tiny, hinted_teacher):
     return model, _frozen(model), proc, rows, teacher_messages(rows[0]["messages"], rows[0]["sdpo_solution"])
 
 
+def test_hinted_sft_samples_show_the_prompt_the_sdpo_teacher_gets(tiny):
+    """sft.hint_fraction: a hinted copy of a sample is the SDPO teacher's prompt for a row whose successful sibling
+    did the same step (training.rl_encode.teacher_messages on rl_data.solution_text), with the target unchanged."""
+    from training.data import episode_samples, hinted_samples, retarget_sample
+
+    model, proc = _load(tiny)
+    eps = [("s1", "g", True, "A", 1), ("s2", "g", True, "A", 1)]
+    rows = attach_sdpo_context(_rows(proc, eps, targets="action"), "sibling")
+    steps = [dict(_step("s2", 0, "A"), fit=True)]
+    sample = retarget_sample(episode_samples("Click the OK button.", steps, "qwen3-vl", PromptOptions())[0], "action")
+    extra = hinted_samples([sample] * 4, 0.5, seed=1)
+    assert len(extra) == 2 and hinted_samples([sample], 0.0) == []
+    got = extra[0]["messages"]
+    want = teacher_messages(rows[0]["messages"], rows[0]["sdpo_solution"])
+    assert got[:-1] == [{**m, "content": [c for c in m["content"]]} for m in want]  # the prompt SDPO's teacher sees
+    assert got[-1] == sample["messages"][-1] and extra[0]["images"] == sample["images"]
+    assert "Correct solution:" in got[-2]["content"][-1]["text"] and "Correct solution:" not in str(sample["messages"])
+
+
 def test_sdpo_moves_the_student_towards_its_privileged_teacher(tiny, hinted_teacher):
     """Frozen, the hinted model is the SDPO teacher: with a successful sibling's solution in its prompt it scores A
     above what the student (no hint) gives A, and SDPO updates on the group's own responses raise the student's A."""
@@ -453,6 +472,9 @@ def test_replay_joins_a_stored_success_to_an_all_failed_group(tiny, tmp_path):
     assert stats["n_replayed"] == 1 and stats["n_groups_kept"] == 1 and stats["round_success"] == 0.0
     no_replay, _ = assign_advantages(load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), replay=False))
     assert no_replay == []  # without replay every group has zero variance
+    # rl.stored_same_seed: the demo is of seed 3, the group of seed 5000: neither replay nor stored context
+    same = load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", same_seed=True)
+    assert not any(r["replayed"] or r.get("stored_solution") for r in same) and len(same) == 4
 
     # a round over the lake: replayed rows train at IS weight 1 and the round's numbers land in rl_metrics / rl_rows
     trainer = RLTrainer(model, proc, RLSettings(lr=1e-3, batch_size=2, targets="action"))

@@ -78,6 +78,7 @@ class RLSettings:
     aggregation: str = "constant"
     drop_zero_variance: bool = True
     replay: bool = True
+    stored_same_seed: bool = False
     is_cap: float = 2.0
     kl_coef: float = 0.0
     sdpo_weight: float | None = None
@@ -426,7 +427,8 @@ class RLTrainer:
 
         s = self.s
         rows = load_rl_rows(connect(lake), run_keys, arch=model_arch(self.model), opts=s.prompt_options,
-                            targets=s.targets, replay=s.replay, stored_context=s.distill_weight > 0)
+                            targets=s.targets, replay=s.replay, stored_context=s.distill_weight > 0,
+                            same_seed=s.stored_same_seed)
         rows, stats = self.prepare(rows)
         res = self.update(rows, round_idx=round_idx, progress=progress)
         metrics, row_rows = lake_rows(res, stats, round_idx=round_idx, run_key=run_key, run_keys=run_keys,

@@ -157,16 +157,21 @@ def stored_successes(con, task_ids: Sequence[str], exclude_run_keys: Sequence[st
     return out
 
 
-def _pick(cands: list[dict[str, Any]], seed: Any) -> list[dict[str, Any]]:
-    """Candidates in the order tried: the same task instance (seed) first, then the newest."""
+def _pick(cands: list[dict[str, Any]], seed: Any, same_seed: bool = False) -> list[dict[str, Any]]:
+    """Candidates in the order tried: the same task instance (seed) first, then the newest (none of another
+    instance when `same_seed`)."""
+    if same_seed:
+        return [e for e in cands if e["seed"] == seed]
     return sorted(cands, key=lambda e: e["seed"] != seed)  # stable: newest first within each
 
 
 def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: PromptOptions = PromptOptions(),
-                 targets: str = "full", replay: bool = True, stored_context: bool = True) -> list[dict[str, Any]]:
+                 targets: str = "full", replay: bool = True, stored_context: bool = True,
+                 same_seed: bool = False) -> list[dict[str, Any]]:
     """Step rows of the episodes the rollouts `run_keys` wrote (episodes that never got a reward are left out).
 
-    `replay`: each all-failed group gets a stored success of its task as an extra, replayed member. Without
+    `replay`: each all-failed group gets a stored success of its task as an extra, replayed member (`same_seed`:
+    only one of the same task instance). Without
     replay but with `stored_context`, that success only becomes the SDPO teacher's "Correct solution" for the
     group's rows (keys stored_solution / stored_episode_id)."""
     run_keys = list(run_keys)
@@ -186,7 +191,7 @@ def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: 
     stored = stored_successes(con, sorted({m[0]["task_id"] for m in failed.values()}), run_keys)
     cache: dict[str, list[dict[str, Any]]] = {}
     for g, members in failed.items():
-        for cand in _pick(stored.get(members[0]["task_id"], []), members[0]["seed"]):
+        for cand in _pick(stored.get(members[0]["task_id"], []), members[0]["seed"], same_seed):
             if cand["episode_id"] not in cache:
                 cache.update(_steps_of(con, [cand["episode_id"]]))
             got = episode_rows(cand, cache[cand["episode_id"]], arch=arch, opts=opts, targets=targets,

@@ -83,6 +83,7 @@ class TrainSettings:
     distributed: str = "none"  # none | ddp (training.distributed: torchrun + PyTorch DDP over the local GPUs)
     nproc: int | None = None  # DDP processes (None = every visible GPU)
     record_step_times: bool = False  # benchmarks: per-step seconds and tokens into the result
+    hint_fraction: float = 0.0  # hint-aware SFT: this fraction of samples added again with the SDPO solution block
     packing: bool = False  # micro-batches as packed rows of whole samples (training.packing), not padded batches
     pack_tokens: int = 16384  # with packing: at most this many tokens a micro-batch (a longer sample goes alone)
 
@@ -102,6 +103,8 @@ class TrainSettings:
             raise ValueError("batch_size and grad_accum must be >= 1 and epochs > 0")
         if self.distributed not in ("none", "ddp"):
             raise ValueError(f"sft distributed must be 'none' or 'ddp', got {self.distributed!r}")
+        if not 0.0 <= self.hint_fraction <= 1.0:
+            raise ValueError(f"sft hint_fraction must be in [0, 1], got {self.hint_fraction}")
         if self.pack_tokens < 1:
             raise ValueError(f"sft pack_tokens must be >= 1, got {self.pack_tokens}")
 
@@ -282,9 +285,10 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
 
 def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, progress: bool,
            model_and_processor: tuple | None, ctx: Context) -> dict[str, Any]:
-    from training.data import SFTCollator, retarget_sample
+    from training.data import SFTCollator, hinted_samples, retarget_sample
 
     rows = [retarget_sample(r, s.targets) for r in read_samples(data_files)]
+    rows += hinted_samples(rows, s.hint_fraction, s.seed)
     kernels = _fused_kernels(base) if s.fused_kernels and model_and_processor is None else []
     model, proc = model_and_processor or load_for_training(base, s)
     device = next(model.parameters()).device
