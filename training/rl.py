@@ -17,6 +17,7 @@ One update (`RLTrainer.update`, `settings.epochs` passes over seeded minibatches
   denominator. behaviour_logp: the sampler's log-probs from the lake; the token weight
   w = losses.truncated_is_weight(old, behaviour, is_cap) corrects rows sampled by an older policy (an earlier
   round, another engine). Forwards run in eval mode (no dropout), so the first minibatch starts at ratio 1.
+  At rl.temperature T != 1 every log-prob is of logits / T (the sampler's policy); w then compares T = 1 ones.
 - PG term: losses.clipped_pg_loss (token level, or sequence level for gspo; clip eps_low/eps_high) x w, with
   the episode's group advantage (rl_data.assign_advantages) on every token of the row.
 - Replayed successes (rl_data: a stored success joined to an all-failed group with reward 1): a scripted
