@@ -53,7 +53,7 @@ def main() -> None:
     from agents.prompts import PromptOptions
     from storage.catalog import connect
     from storage.lake import Lake
-    from training.models import freeze_vision, load_model
+    from training.models import freeze_vision, load_model, model_arch
     from training.rl_data import assign_advantages, load_rl_rows
     from training.rl_encode import RowEncoder, response_logprobs
 
@@ -66,7 +66,7 @@ def main() -> None:
     enc = RowEncoder(proc)
     gs, n_rows, first = [], {}, None
     for key in a.run_keys:
-        rows = load_rl_rows(con, [key], arch="qwen3-vl", opts=PromptOptions(), targets=a.targets, replay=True)
+        rows = load_rl_rows(con, [key], arch=model_arch(model), opts=PromptOptions(), targets=a.targets, replay=True)
         rows, _ = assign_advantages(rows, step_weight="episode")
         rows = [r for r in rows if enc.scorable(enc.response_ids(r))]
         first = first if first is not None else rows

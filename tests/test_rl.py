@@ -215,9 +215,13 @@ def test_hinted_sft_samples_show_the_prompt_the_sdpo_teacher_gets(tiny):
     assert len(extra) == 2 and hinted_samples([sample], 0.0) == []
     got = extra[0]["messages"]
     want = teacher_messages(rows[0]["messages"], rows[0]["sdpo_solution"])
-    assert got[:-1] == [{**m, "content": [c for c in m["content"]]} for m in want]  # the prompt SDPO's teacher sees
+    assert got[:-1] == want  # the prompt SDPO's teacher sees
     assert got[-1] == sample["messages"][-1] and extra[0]["images"] == sample["images"]
     assert "Correct solution:" in got[-2]["content"][-1]["text"] and "Correct solution:" not in str(sample["messages"])
+    second = hinted_samples([dict(sample, step_idx=2)], 1.0)[0]["messages"][-2]["content"][-1]["text"]
+    assert "Step 3:\n" in second  # the step comes from the sample's step_idx
+    with pytest.raises(ValueError, match="step_idx"):
+        hinted_samples([{k: v for k, v in sample.items() if k != "step_idx"}], 1.0)
 
 
 def test_sdpo_moves_the_student_towards_its_privileged_teacher(tiny, hinted_teacher):

@@ -92,6 +92,9 @@ def test_per_sample_encoding_pads_to_the_processors_batch(env):
 def test_shorter_targets_label_only_what_is_kept(env):
     _, proc = load_model(env["tiny"])
     row = read_samples(env["data"])[0]
+    for r in read_samples(env["data"]):  # sft.hint_fraction numbers a hint by step_idx: it is the prompt's step
+        prompt = "".join(c.get("text") or "" for m in r["messages"] if m["role"] == "user" for c in m["content"])
+        assert r["step_idx"] == prompt.count("\nStep "), prompt
     full = row["messages"][-1]["content"][0]["text"]
     assert full.startswith("<thinking>") and "Action:" in full
     tok = proc.tokenizer

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from typing import Any, Sequence
 
 from agents.actions import ACTION_ADAPTER
@@ -176,10 +175,10 @@ def retarget_sample(sample: dict[str, Any], fmt: str) -> dict[str, Any]:
 def hinted_samples(samples: Sequence[dict[str, Any]], fraction: float, seed: int = 0) -> list[dict[str, Any]]:
     """Hint-aware SFT (sft.hint_fraction): copies of round(fraction x n) samples, picked by `seed`, whose last user
     message ends with the SDPO teacher's privileged block (training.rl_encode.teacher_messages) holding the
-    sample's own reply as the solution: "Step k:" (k = its step, one more than the prompt's history lines) and the
-    reply without its thought, as rl_data.solution_text writes a successful episode's steps. The target is
-    unchanged. A multi-step episode's teacher is shown every step of a sibling's episode; a hint here holds only
-    the current one."""
+    sample's own reply as the solution: "Step k:" (k = the sample's step_idx + 1, as the curate export stores it)
+    and the reply without its thought, as rl_data.solution_text writes a successful episode's steps. The target
+    is unchanged. A multi-step episode's teacher is shown every step of a sibling's episode; a hint here holds
+    only the current one."""
     import random
 
     from training.rl_encode import teacher_messages
@@ -194,10 +193,9 @@ def hinted_samples(samples: Sequence[dict[str, Any]], fraction: float, seed: int
             if msgs and msgs[-1]["role"] == "assistant" and isinstance(msgs[-1]["content"], list) else None
         if not reply:
             continue
-        prompt = " ".join(c.get("text") or "" for m in msgs if m["role"] == "user" for c in m["content"]
-                          if isinstance(c, dict))
-        k = len(re.findall(r"^Step \d+: ", prompt, flags=re.M)) + 1
-        solution = f"Step {k}:\n{retarget(reply, 'action').strip()}"
+        if samples[i].get("step_idx") is None:
+            raise ValueError("sft.hint_fraction needs each sample's step_idx (the curate export's column)")
+        solution = f"Step {int(samples[i]['step_idx']) + 1}:\n{retarget(reply, 'action').strip()}"
         out.append({**samples[i], "messages": teacher_messages(msgs[:-1], solution) + [msgs[-1]]})
     return out
 

@@ -111,13 +111,15 @@ class TrainSettings:
 
 # ------------------------------------------------------------------------------------------------ pieces
 def read_samples(data_files: str | Path) -> list[dict[str, Any]]:
-    """Rows (messages, images) of an exported SFT Parquet file (storage.curate's layout)."""
+    """Rows (messages, images, step_idx when the file has it) of an exported SFT Parquet file (storage.curate's
+    layout)."""
     import pyarrow.parquet as pq
 
     path = Path(data_files)
     if not path.exists():
         raise FileNotFoundError(f"no SFT dataset at {path}: run the curate stage first")
-    rows = pq.read_table(path, columns=["messages", "images"]).to_pylist()
+    cols = ["messages", "images"] + (["step_idx"] if "step_idx" in pq.read_schema(path).names else [])
+    rows = pq.read_table(path, columns=cols).to_pylist()
     if not rows:
         raise ValueError(f"{path} holds no samples")
     return rows
