@@ -239,6 +239,7 @@ class RLConfig(_Cfg):
     max_minutes: float | None = Field(None, gt=0, description="Wall-clock cap on the RL updates (summed over rounds); an update stops cleanly when reached")
     seed: int = Field(0, ge=0, description="Seed of the run: minibatch order and which task instances each round samples (sampling itself is unseeded)")
     stored_same_seed: bool = Field(False, description="Replay and the SDPO teacher's stored context take only a stored success of the same task instance (seed), never one of another instance of the task: on a single-screen task another instance's solution names other coordinates")
+    old_logp: Literal["recompute", "rollout"] = Field("recompute", description="Old-policy log-probs of the PPO ratio: recompute (a no-grad forward over the round's rows with the weights the update starts from) or rollout (the sampler's stored log-probs for the rows these weights just sampled: one forward over the round fewer, ~15% of a CPU round; replayed rows are still recomputed, and so is everything at rl.temperature != 1). Needs rl.source sample: stored rollouts were sampled by other weights")
     temperature: float | None = Field(None, gt=0, le=5, description="Sampling temperature of the RL rollouts; null = student.temperature. The update scores log-probs of logits / temperature, so the ratio, KL, entropy and SDPO terms are of the policy that sampled (as verl does); the truncated IS weight of a stale row still compares temperature-1 log-probs, the sampler's stored kind. Below 1, fewer samples break the reply format and the policy trained is closer to the greedy one evaluation runs")
     end_on_parse_error: bool = Field(True, description="RL rollouts end an episode at a reply that does not parse (a failure, one row) instead of following rollout.on_parse_error: a wandering failure repeats the same signal for up to the step cap and costs that many rollout steps and rows")
     tasks: list[str] | None = Field(None, description="Tasks RL samples (train tasks only); null = rollouts.selection.tasks")
@@ -273,6 +274,9 @@ class FlywheelConfig(_Cfg):
             raise ValueError("env.name is 'remote' but env.servers is empty: list the env servers' URLs, e.g. [http://127.0.0.1:8100]")
         if self.env.name != "remote" and self.env.servers:
             raise ValueError(f"env.servers is set but env.name is {self.env.name!r}: set env.name: remote to use the servers")
+        if self.rl.old_logp == "rollout" and self.rl.source != "sample":
+            raise ValueError("rl.old_logp 'rollout' needs rl.source 'sample': stored rollout groups were sampled by "
+                             "other weights than the update starts from; use old_logp: recompute")
         if self.student.backend == "openai" and not self.student.base_url:
             raise ValueError("student.backend is 'openai' but student.base_url is not set: set it to the server URL (e.g. http://host:8000/v1)")
         return self

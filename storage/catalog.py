@@ -56,12 +56,30 @@ def view_sql(lake: Lake, table: str, *, relative: bool = False) -> str:
             glob = f"{lake.uri}/{table}/*/*/*.parquet"
         else:
             glob = f"{table}/*/*/*.parquet" if relative else str(lake.root / table / "*" / "*" / "*.parquet")
-        hive_types = ", ".join(f"'{k}': '{v}'" for k, v in PARTITION_COLUMNS.items())
-        return (f"SELECT * FROM read_parquet({_q(glob)}, hive_partitioning=true, union_by_name=true, "
-                f"hive_types={{{hive_types}}})")
+        return _read(_q(glob))
+    return _empty_sql(table)
+
+
+def _read(files_sql: str) -> str:
+    hive_types = ", ".join(f"'{k}': '{v}'" for k, v in PARTITION_COLUMNS.items())
+    return (f"SELECT * FROM read_parquet({files_sql}, hive_partitioning=true, union_by_name=true, "
+            f"hive_types={{{hive_types}}})")
+
+
+def _empty_sql(table: str) -> str:
     cols = [f"NULL::{duckdb_type(f.type)} AS \"{f.name}\"" for f in TABLES[table]]
     cols += [f"NULL::{t} AS {k}" for k, t in PARTITION_COLUMNS.items()]
     return f"SELECT {', '.join(cols)} WHERE false"
+
+
+def runs_sql(lake: Lake, table: str, run_keys: list[str]) -> str:
+    """The SELECT of `table`'s view restricted to these run keys, reading only their files (the view's glob opens
+    every file of the table to filter it: seconds in a lake of thousands of per-episode files)."""
+    files = [str(f) for f in lake.files_of_runs(table, run_keys)]
+    if not files:
+        return _empty_sql(table)
+    keys = ", ".join(_q(k) for k in run_keys)
+    return _read(f"[{', '.join(_q(f) for f in files)}]") + f" WHERE run_key IN ({keys})"
 
 
 def create_views(con: duckdb.DuckDBPyConnection, lake: Lake, *, relative: bool = False) -> None:

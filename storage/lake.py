@@ -258,6 +258,19 @@ class Lake:
             names = list(d.glob("*.parquet")) if d.exists() else []
         return sorted(p for p in names if _name(p).startswith(prefix) and _name(p).endswith(".parquet"))
 
+    def files_of_runs(self, table: str, run_keys: Iterable[str]) -> list[Path | str]:
+        """Every file of these run keys in `table`, whatever their iteration and stage (a run's files are named
+        `<run_key>-<part>.parquet`): what a query about a few runs needs to read in a lake of thousands of files.
+        A longer run key that starts with one of these plus "-" is matched too: filter on `run_key` as well."""
+        prefixes = tuple(f"{_check_key('run_key', k)}-" for k in sorted(set(run_keys)))
+        if not prefixes:
+            return []
+        if self.store:
+            return [p for p, _ in self.store.list_files(self.store.join(table))
+                    if _name(p).startswith(prefixes) and _name(p).endswith(".parquet")]
+        d = self.root / table
+        return sorted(p for k in prefixes for p in d.glob(f"iteration=*/stage=*/{k}*.parquet"))
+
     def delete_run(self, table: str, *, iteration: int, stage: str, run_key: str) -> int:
         files = self.run_files(table, iteration=iteration, stage=stage, run_key=run_key)
         for f in files:

@@ -46,6 +46,25 @@ def test_write_and_query_with_partitions(tmp_path):
     assert "success_rate" in [d[0] for d in con.execute("SELECT * FROM evals").description]
 
 
+def test_runs_sql_reads_only_the_named_runs(tmp_path):
+    from storage.catalog import runs_sql
+    lake = Lake(tmp_path / "lake")
+    _fill(lake, run_key="r1")
+    _fill(lake, iteration=1, run_key="r1", seed=2)  # a run key's files in two partitions
+    _fill(lake, run_key="r1-x", seed=1)  # its file names start with "r1-" too: the run_key filter drops them
+    _fill(lake, run_key="r2", seed=3)
+    assert [f.name for f in lake.files_of_runs("episodes", ["r2"])] == ["r2-00000.parquet"]
+    con = connect(lake)
+    got = con.execute(f"SELECT run_key, iteration, count(*) FROM ({runs_sql(lake, 'episodes', ['r1'])}) GROUP BY ALL "
+                      "ORDER BY ALL").fetchall()
+    assert got == [("r1", 0, 20), ("r1", 1, 20)]
+    same = con.execute("SELECT * FROM episodes WHERE run_key = 'r2' ORDER BY episode_id").fetchall()
+    assert con.execute(f"SELECT * FROM ({runs_sql(lake, 'episodes', ['r2'])}) ORDER BY episode_id").fetchall() == same
+    none = con.execute(f"SELECT * FROM ({runs_sql(lake, 'steps', ['nope'])})")  # no files: the typed empty view
+    assert none.fetchall() == [] and [d[0] for d in none.description] == [d[0] for d in con.execute(
+        "SELECT * FROM steps LIMIT 0").description]
+
+
 def test_rerun_replaces_instead_of_duplicating(tmp_path):
     lake = Lake(tmp_path / "lake")
     _fill(lake)

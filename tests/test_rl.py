@@ -95,6 +95,36 @@ def test_recomputed_logprobs_match_the_samplers(tiny):
     assert torch.allclose(lp, torch.tensor(gen.logprobs), atol=1e-3)
 
 
+def test_old_logp_rollout_reads_fresh_rows_log_probs_from_the_sampler(tiny):
+    """rl.old_logp rollout: a freshly sampled row's stored log-probs are the ratio's denominator (no forward over
+    it); a replayed row is still scored. With the weights' own log-probs stored, the update is the recomputing one;
+    with other stored values it is not (the denominator really is read from the row)."""
+    model, proc = _load(tiny)
+    rows = _rows(proc, [("w", "g", True, "A", 1), ("l", "g", False, "B", 1)])
+    enc = RowEncoder(proc)
+    for r in rows:
+        batch, pos, mask = enc.pad([enc.encode(r["messages"], r["images"], enc.response_ids(r))], "cpu")
+        with torch.no_grad():
+            r["behaviour_logp"] = response_logprobs(model.eval(), batch, pos, mask)[0][0].tolist()
+    stale = [dict(r, behaviour_logp=[v - 1.0 for v in r["behaviour_logp"]]) for r in rows]
+    replayed = [rows[0], dict(rows[1], replayed=True)]
+    got = {}
+    for name, mode, rs in (("recompute", "recompute", rows), ("rollout", "rollout", rows),
+                           ("stale", "rollout", stale), ("replayed", "rollout", replayed)):
+        m, p = _load(tiny)
+        trainer, scored = RLTrainer(m, p, RLSettings(lr=1e-3, batch_size=2, old_logp=mode)), []
+        score = trainer._score
+        trainer._score = lambda model, e, temperature=None: scored.append(len(e)) or score(model, e, temperature)
+        trainer.update([dict(r) for r in rs])
+        got[name] = (trainer.weights.params, scored)
+    assert [got[k][1] for k in ("recompute", "rollout", "stale", "replayed")] == [[2], [0], [0], [1]]
+    same = got["recompute"][0]
+    assert all(torch.allclose(same[n], got["rollout"][0][n], atol=1e-5) for n in same)
+    assert not all(torch.allclose(same[n], got["stale"][0][n], atol=1e-5) for n in same)
+    with pytest.raises(ValueError, match="old_logp"):
+        RLSettings(old_logp="cached")
+
+
 def test_tempered_logprobs_are_the_samplers_distribution(tiny):
     """At rl.temperature T the update scores log softmax(logits / T): computed against the full logits here, and
     different from T = 1 (a scorer that ignored T would pass the first check only at T = 1)."""
@@ -441,7 +471,10 @@ def test_new_rl_knobs_validate_and_reach_the_settings():
     outside = {"max_new_tokens", "targets", "history_images", "use_ui_text", "config_hash"}
     assert {f.name for f in fields(RLSettings)} - outside <= set(RLConfig.model_fields)
     assert all(RLConfig.model_fields[k].description for k in ("sdpo_mode", "sdpo_topk", "sdpo_alpha", "gigpo_omega",
-                                                              "gigpo_gamma"))
+                                                              "gigpo_gamma", "old_logp"))
+    assert RLSettings.from_config(parse_config({"rl": {"old_logp": "rollout"}})).old_logp == "rollout"
+    with pytest.raises(ConfigError, match="rl.old_logp 'rollout' needs rl.source 'sample'"):
+        parse_config({"rl": {"old_logp": "rollout", "source": "lake"}})
 
 
 # ------------------------------------------------------------------------------------------------ replay
@@ -466,6 +499,8 @@ def test_replay_joins_a_stored_success_to_an_all_failed_group(tiny, tmp_path):
     _write(lake, demo, [_step("demo", i, "A", run_key="boot") for i in range(2)], stage="bootstrap")
     con = connect(lake)
     rows = load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action")
+    # with the lake, only the round's and the candidates' run files are read: the same rows
+    assert load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", lake=lake) == rows
     replayed = [r for r in rows if r["replayed"]]
     assert [(r["episode_id"], r["group_id"], r["reward"]) for r in replayed] == [("demo", "g-click-test", 1.0)] * 2
     assert replayed[0]["response_ids"] is None and replayed[0]["behaviour_logp"] is None
@@ -526,7 +561,7 @@ def test_learner_state_save_and_load_is_exact(tiny, tmp_path):
 def test_micro_batches_give_the_same_update(tiny, algo, aggregation):
     """Splitting a minibatch into micro-batches keeps the minibatch's normaliser: the same weights after."""
     got, curves = [], []
-    for micro in (None, 1):
+    for micro in (None, 1, 2):  # 2: micro-batches taken in length order, not minibatch order
         model, proc = _load(tiny)
         rows = _rows(proc, [("w", "g", True, "A", 2), ("l", "g", False, "J", 1)])
         s = RLSettings(algorithm=algo, aggregation=aggregation, lr=1e-3, batch_size=3, epochs=2, micro_batch=micro)
@@ -535,9 +570,10 @@ def test_micro_batches_give_the_same_update(tiny, algo, aggregation):
         assert len(res["steps"]) == 2 and res["steps"][0]["n_rows"] == 3
         curves.append([v for m in res["steps"] for v in (m["loss"], m["grad_norm"])])
         got.append(trainer.weights.params)
-    assert curves[0] == pytest.approx(curves[1], rel=1e-5, abs=1e-6)  # same loss and gradient norm at every step
-    # Adam's first steps are ~lr * sign(grad): float noise on near-zero gradients moves a weight by up to a few % of lr
-    assert all(torch.allclose(got[0][n], got[1][n], atol=1e-4) for n in got[0])
+    for k in (1, 2):
+        assert curves[0] == pytest.approx(curves[k], rel=1e-5, abs=1e-6)  # same loss and gradient norm at every step
+        # Adam's first steps are ~lr * sign(grad): float noise on near-zero gradients moves a weight by a few % of lr
+        assert all(torch.allclose(got[0][n], got[k][n], atol=1e-4) for n in got[0])
 
 
 def test_kl_penalty_uses_a_frozen_reference_only_when_asked(tiny):

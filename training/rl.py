@@ -14,7 +14,7 @@ a response token, projected through the LM head there only.
 
 One update (`RLTrainer.update`, `settings.epochs` passes over seeded minibatches, AdamW via training.core):
 - old_logp: the response log-probs under the weights at the start of the update (no gradient): the PPO ratio's
-  denominator. behaviour_logp: the sampler's log-probs from the lake; the token weight
+  denominator (rl.old_logp "rollout": for the rows a round just sampled with these weights, the sampler's own). behaviour_logp: the sampler's log-probs from the lake; the token weight
   w = losses.truncated_is_weight(old, behaviour, is_cap) corrects rows sampled by an older policy (an earlier
   round, another engine). Forwards run in eval mode (no dropout), so the first minibatch starts at ratio 1.
   At rl.temperature T != 1 every log-prob is of logits / T (the sampler's policy); w then compares T = 1 ones.
@@ -56,8 +56,8 @@ from typing import Any
 from training.core import (Bar, TrainableWeights, TrainState, load_extra, load_state as core_load_state,  # noqa: F401
                            make_optimizer, optimizer_step, rng_state, save_state as core_save_state, set_rng_state)
 from training.kernels import fuse_model
-from training.rl_encode import (FEEDBACK_BLOCK, SOLUTION_BLOCK, RowEncoder, frozen_copy, pixel_dtype,  # noqa: F401
-                                response_logprobs, rows_tensor, teacher_messages)
+from training.rl_encode import (FEEDBACK_BLOCK, SOLUTION_BLOCK, RowEncoder, frozen_copy, length_batches,  # noqa: F401
+                                pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
 from training.rl_data import (assign_advantages, attach_sdpo_context, episode_rows, lake_rows,  # noqa: F401
                               load_rl_rows, row_record, update_summary)
 
@@ -101,6 +101,7 @@ class RLSettings:
     warmup_steps: int = 20
     seed: int = 0
     max_new_tokens: int = 96  # student.max_new_tokens: the per-row length of the constant normaliser
+    old_logp: str = "recompute"  # or "rollout": fresh rows take the sampler's log-probs as old (no forward)
     temperature: float = 1.0  # the sampler's (rl.temperature, else student.temperature): log-probs of logits / T
     targets: str = "full"  # sft.targets: how replayed demos are tokenised
     history_images: int = 1  # student prompt options (rows are rebuilt with them)
@@ -113,7 +114,8 @@ class RLSettings:
                                      ("adv_mode", self.adv_mode, (None, "zscore", "mean")),
                                      ("sdpo_teacher", self.sdpo_teacher, ("ema", "frozen")),
                                      ("sdpo_context", self.sdpo_context, ("sibling", "feedback", "both")),
-                                     ("sdpo_mode", self.sdpo_mode, ("sampled", "topk"))):
+                                     ("sdpo_mode", self.sdpo_mode, ("sampled", "topk")),
+                                     ("old_logp", self.old_logp, ("recompute", "rollout"))):
             if value not in allowed:
                 raise ValueError(f"rl {name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
         if self.batch_size < 1 or self.epochs < 1:
@@ -209,14 +211,29 @@ class RLTrainer:
         """Per-row response log-probs (cpu, detached) under `model` at `temperature` (default: the sampler's)."""
         import torch
 
-        out, step = [], self.s.micro_batch or self.s.batch_size
+        out: list[Any] = [None] * len(encoded)
         t = self.s.temperature if temperature is None else temperature
         with torch.no_grad():
-            for k in range(0, len(encoded), step):
-                batch, pos, mask = self.encoder.pad(encoded[k:k + step], self.device, self.pixel_dtype)
+            for idx in length_batches(range(len(encoded)), encoded, self.s.micro_batch or self.s.batch_size):
+                batch, pos, mask = self.encoder.pad([encoded[i] for i in idx], self.device, self.pixel_dtype)
                 lp, _ = response_logprobs(model, batch, pos, mask, temperature=t)
-                out += [lp[i][mask[i]].cpu() for i in range(lp.shape[0])]
+                for j, i in enumerate(idx):
+                    out[i] = lp[j][mask[j]].cpu()
         return out
+
+    def _old_logp(self, rows, enc, resp) -> list[Any]:
+        """The PPO ratio's denominator per row: recomputed, or with rl.old_logp "rollout" the sampler's stored
+        log-probs for the rows these weights sampled at temperature 1 (every row of a freshly sampled round but the
+        replayed ones), so only the others take the no-grad forward."""
+        import torch
+
+        s = self.s
+        own = {i for i, r in enumerate(rows) if s.old_logp == "rollout" and s.temperature == 1.0
+               and not r.get("replayed") and r.get("behaviour_logp") and len(r["behaviour_logp"]) == len(resp[i])}
+        rest = [i for i in range(len(rows)) if i not in own]
+        out = dict(zip(rest, self._score(self.model, [enc[i] for i in rest])))
+        out.update({i: torch.tensor(rows[i]["behaviour_logp"], dtype=torch.float32) for i in own})
+        return [out[i] for i in range(len(rows))]
 
     # ---------------------------------------------------------------- update
     def update(self, rows: list[dict[str, Any]], *, round_idx: int = 0, progress: bool = False) -> dict[str, Any]:
@@ -243,7 +260,7 @@ class RLTrainer:
                                        r["images"], resp[i])
                 for i, r in enumerate(rows) if w > 0 and r.get("sdpo")}
         enc, tenc = self._resident(enc, tenc)
-        old = self._score(self.model, enc)
+        old = self._old_logp(rows, enc, resp)
         ref = self._score(self.ref, enc) if self.ref is not None and s.kl_coef > 0 else None
         # the sampler stores temperature-1 log-probs: at another temperature, staleness is measured at 1
         raw = old if s.temperature == 1.0 else self._score(self.model, enc, 1.0)
@@ -281,27 +298,9 @@ class RLTrainer:
                 "stopped": stopped}
 
     def _resident(self, enc: list[dict[str, Any]], tenc: dict[int, dict[str, Any]]):
-        """The update's encoded rows on the model's device (pixel_values in the vision tower's dtype), so a step
-        only pads them there; rows past `device_rows_bytes` stay on the host and are placed at every use. A teacher
-        row shares its student row's pixel_values (the same images, so the same tensor)."""
-        import torch
-
+        """RowEncoder.resident on this trainer's device, up to device_rows_bytes (none on CPU: rows stay put)."""
         budget = self.device_rows_bytes if self.device.type != "cpu" else 0
-        out, used = [], 0
-        for e in enc:
-            size = sum(v.numel() * (self.pixel_dtype or v.dtype).itemsize if v.is_floating_point() else
-                       v.numel() * v.element_size() for v in e.values())
-            keep = used + size <= budget
-            used += size if keep else 0
-            out.append(self.encoder.place(e, self.device, self.pixel_dtype) if keep else e)
-        for i, t in tenc.items():
-            if out[i] is enc[i]:
-                continue  # the student's row stays on the host: so does the teacher's
-            pv, spv = t.get("pixel_values"), enc[i].get("pixel_values")
-            if pv is not None and spv is not None and pv.shape == spv.shape and torch.equal(pv, spv):
-                t = dict(t, pixel_values=out[i]["pixel_values"])
-            tenc[i] = self.encoder.place(t, self.device, self.pixel_dtype)
-        return out, tenc
+        return self.encoder.resident(enc, tenc, self.device, self.pixel_dtype, budget)
 
     def _step(self, mb: list[int], rows, enc, tenc, old, ref, isw) -> dict[str, Any]:
         import torch
@@ -316,8 +315,7 @@ class RLTrainer:
         acc = dict(loss=0.0, ent=0.0, clip=0.0, akl=0.0, ratio=0.0, isw=0.0, klref=0.0, sd_tok=0.0, sd_high=0.0,
                    sd_adv=0.0, sd_div=0.0)
         n_sdpo = 0
-        for c in range(0, n_rows, s.micro_batch or n_rows):
-            idx = mb[c:c + (s.micro_batch or n_rows)]
+        for idx in length_batches(mb, enc, s.micro_batch or n_rows):
             batch, pos, mask = self.encoder.pad([enc[i] for i in idx], dev, self.pixel_dtype)
             width = pos.shape[1]
             sd_rows = [j for j, i in enumerate(idx) if i in tenc]
@@ -427,9 +425,9 @@ class RLTrainer:
         from training.models import model_arch
 
         s = self.s
-        rows = load_rl_rows(connect(lake), run_keys, arch=model_arch(self.model), opts=s.prompt_options,
-                            targets=s.targets, replay=s.replay, stored_context=s.distill_weight > 0,
-                            same_seed=s.stored_same_seed)
+        rows = load_rl_rows(connect(lake, write_catalog_file=False), run_keys, arch=model_arch(self.model),
+                            opts=s.prompt_options, targets=s.targets, replay=s.replay,
+                            stored_context=s.distill_weight > 0, same_seed=s.stored_same_seed, lake=lake)
         rows, stats = self.prepare(rows)
         res = self.update(rows, round_idx=round_idx, progress=progress)
         metrics, row_rows = lake_rows(res, stats, round_idx=round_idx, run_key=run_key, run_keys=run_keys,

@@ -132,12 +132,20 @@ def _query(con, sql: str, params: list[Any]) -> list[dict[str, Any]]:
     return con.sql(sql, params=params).to_arrow_table().to_pylist()
 
 
-def _steps_of(con, episode_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {e: [] for e in episode_ids}
-    if not episode_ids:
+def _source(lake: Any, table: str, run_keys: Sequence[str]) -> str:
+    """The table's view, or with a lake only the files of these run keys (catalog.runs_sql)."""
+    from storage.catalog import runs_sql
+    return f"({runs_sql(lake, table, sorted(set(run_keys)))})" if lake is not None else table
+
+
+def _steps_of(con, episodes: Sequence[dict[str, Any]], lake: Any = None) -> dict[str, list[dict[str, Any]]]:
+    """The non-final steps of these episodes (rows with episode_id and run_key), in order, per episode id."""
+    out: dict[str, list[dict[str, Any]]] = {e["episode_id"]: [] for e in episodes}
+    if not episodes:
         return out
-    got = _query(con, f"SELECT {_STEP_COLS} FROM steps WHERE NOT is_final AND list_contains($1, episode_id) "
-                      f"ORDER BY episode_id, step_idx", [list(episode_ids)])
+    src = _source(lake, "steps", [e["run_key"] for e in episodes])
+    got = _query(con, f"SELECT {_STEP_COLS} FROM {src} WHERE NOT is_final AND list_contains($1, episode_id) "
+                      f"ORDER BY episode_id, step_idx", [list(out)])
     for s in got:
         out[s["episode_id"]].append(s)
     return out
@@ -167,19 +175,20 @@ def _pick(cands: list[dict[str, Any]], seed: Any, same_seed: bool = False) -> li
 
 def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: PromptOptions = PromptOptions(),
                  targets: str = "full", replay: bool = True, stored_context: bool = True,
-                 same_seed: bool = False) -> list[dict[str, Any]]:
+                 same_seed: bool = False, lake: Any = None) -> list[dict[str, Any]]:
     """Step rows of the episodes the rollouts `run_keys` wrote (episodes that never got a reward are left out).
 
     `replay`: each all-failed group gets a stored success of its task as an extra, replayed member (`same_seed`:
     only one of the same task instance). Without
     replay but with `stored_context`, that success only becomes the SDPO teacher's "Correct solution" for the
-    group's rows (keys stored_solution / stored_episode_id)."""
+    group's rows (keys stored_solution / stored_episode_id). `lake` (the one `con` views): the rounds' episodes
+    and all steps are read from their runs' files only (the same rows, without opening the whole table)."""
     run_keys = list(run_keys)
     if not run_keys:
         return []
-    eps = _query(con, f"SELECT {_EP_COLS} FROM episodes WHERE list_contains($1, run_key) AND task_reward IS NOT NULL "
-                      f"ORDER BY group_id, sample_idx, episode_id", [run_keys])
-    steps = _steps_of(con, [e["episode_id"] for e in eps])
+    eps = _query(con, f"SELECT {_EP_COLS} FROM {_source(lake, 'episodes', run_keys)} WHERE list_contains($1, run_key) "
+                      f"AND task_reward IS NOT NULL ORDER BY group_id, sample_idx, episode_id", [run_keys])
+    steps = _steps_of(con, eps, lake)
     rows: list[dict[str, Any]] = []
     groups: dict[str, list[dict[str, Any]]] = {}
     for e in eps:
@@ -193,7 +202,7 @@ def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: 
     for g, members in failed.items():
         for cand in _pick(stored.get(members[0]["task_id"], []), members[0]["seed"], same_seed):
             if cand["episode_id"] not in cache:
-                cache.update(_steps_of(con, [cand["episode_id"]]))
+                cache.update(_steps_of(con, [cand], lake))
             got = episode_rows(cand, cache[cand["episode_id"]], arch=arch, opts=opts, targets=targets,
                                replayed=True, group_id=g)
             if not got:
