@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._rl_common import add_model_args, load_for_rl  # noqa: E402
 
 
 def _grad(model, params, enc, rows, response_logprobs, torch):
@@ -42,28 +43,21 @@ def _cos(gs, torch):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lake", required=True)
-    ap.add_argument("--checkpoint", required=True, help="weights to take the gradients at (lake-relative or absolute)")
+    add_model_args(ap)
     ap.add_argument("--run-keys", nargs="+", required=True, help="rollout run keys of RL rounds (episodes.run_key)")
-    ap.add_argument("--targets", default="action", help="sft.targets: how replayed demos are tokenised")
     a = ap.parse_args()
 
     import torch
 
     from agents.prompts import PromptOptions
     from storage.catalog import connect
-    from storage.lake import Lake
-    from training.models import freeze_vision, load_model, model_arch
+    from training.models import model_arch
     from training.rl_data import assign_advantages, load_rl_rows
-    from training.rl_encode import RowEncoder, response_logprobs
+    from training.rl_encode import response_logprobs
 
-    lake = Lake(a.lake, create=False)
-    model, proc = load_model(str(lake.resolve(a.checkpoint)))
-    freeze_vision(model)
-    model.eval()
+    lake, model, proc, enc = load_for_rl(a)
     params = [p for p in model.parameters() if p.requires_grad]
     con = connect(lake, write_catalog_file=False)
-    enc = RowEncoder(proc)
     gs, n_rows, first = [], {}, None
     for key in a.run_keys:
         rows = load_rl_rows(con, [key], arch=model_arch(model), opts=PromptOptions(), targets=a.targets, replay=True)
