@@ -17,6 +17,11 @@ an optimizer step, Qwen3-VL with the released 2B shape (random init, bf16, SDPA,
   ours_packed_sdpa   packing with SDPA and transformers' block-diagonal mask instead of varlen
   ours_packed_big_N  packing with --big-batch samples a step and packs of N tokens (--big-pack; what the memory
                      saved buys: compare its peak memory with the Trainer's)
+  *_epoch2       the same with sft.vision_cache filled by one untimed pass over every sample first (the frozen
+                 vision tower's outputs reused, as from the second epoch on; the tower does not run)
+  *_epoch1       sft.vision_cache from empty, over the first len(data) // big-batch steps (no sample seen twice)
+  old_packed, old_packed_big_N   the last commit's step (--old-code: its training/ package renamed old_training)
+The ours sides without a suffix run the tower in every forward (sft.vision_cache off), as a first epoch would.
 Throughput counts real tokens only (no pads): tokens/s = the timed steps' tokens over their time (and the median of
 the per-step rates, less sensitive to a stray slow step), MFU = 6 * N * tokens / step / 989
 TFLOP/s (dense bf16 H100; for LoRA 6N overstates the work, so compare sides, not modes). Peak memory per side.
@@ -27,6 +32,7 @@ Prints JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -40,19 +46,48 @@ import torch  # noqa: E402
 PEAK_BF16 = 989e12  # H100 SXM dense bf16
 DEVICE = "cuda"  # --device cpu: a smoke run of this script (with --size tiny), no numbers worth reading
 TRAINER_SIDES = ("trainer", "trainer_liger")
-OURS_SIDES = ("ours_padded", "ours_packed", "ours_packed_sdpa", "ours_packed_big")
+OURS_SIDES = ("ours_padded", "ours_packed", "ours_packed_epoch2", "ours_packed_sdpa", "ours_packed_big",
+              "ours_packed_big_epoch1", "ours_packed_big_epoch2")
+OLD_SIDES = ("old_packed", "old_packed_big")  # the last commit's step (--old-code)
 
 
-def encode_all(data: Path, proc, upscale: tuple[int, int], work: Path) -> tuple[list[dict], list[dict]]:
-    from benchmarks.sft_ddp import upscaled
+_WORKER: dict = {}
+
+
+def _encode_one(args) -> tuple[dict, dict]:
+    """One row: screenshots resized to `upscale` (PNG, as benchmarks/sft_ddp.upscaled writes them), then encoded."""
+    import io
+
+    from PIL import Image
+
     from training.data import SFTCollator
+    row, size, upscale = args
+    if "col" not in _WORKER:
+        _WORKER["col"] = SFTCollator(processor_for(size))
+    images = []
+    for im in row.get("images") or []:
+        buf = io.BytesIO()
+        raw = im["bytes"] if isinstance(im, dict) else im
+        Image.open(io.BytesIO(raw)).convert("RGB").resize(tuple(upscale), Image.BICUBIC).save(buf, format="PNG")
+        images.append({"bytes": buf.getvalue(), "path": None} if isinstance(im, dict) else buf.getvalue())
+    row = dict(row, images=images)
+    return row, _WORKER["col"].encode(row)
+
+
+def encode_all(data: Path, size: str, upscale: tuple[int, int], workers: int = 1) -> tuple[list[dict], list[dict]]:
+    """The export's rows with their screenshots resized, and each encoded once (SFTCollator.encode), over
+    `workers` processes."""
     from training.sft import read_samples
 
-    import pyarrow.parquet as pq
-    n = pq.ParquetFile(data).metadata.num_rows
-    rows = read_samples(upscaled(data, work / "data.parquet", upscale, n))
-    col = SFTCollator(proc)
-    return rows, [col.encode(r) for r in rows]
+    rows = read_samples(data)
+    jobs = [(r, size, upscale) for r in rows]
+    if workers > 1:
+        import multiprocessing as mp
+        with mp.get_context("fork").Pool(workers) as pool:
+            done = pool.map(_encode_one, jobs, chunksize=4)
+    else:
+        done = [_encode_one(j) for j in jobs]
+    return [r for r, _ in done], [e for _, e in done]
 
 
 def stream(n: int, batch: int, steps: int, seed: int = 0) -> list[list[int]]:
@@ -125,20 +160,40 @@ def processor_for(size: str):
 
 
 def run_ours(model, proc, counts, mode: str, rows, encoded: list[dict], batches: list[list[int]], warmup: int,
-             packing: bool, pack_tokens: int, varlen: bool) -> dict:
-    import training.packing as packing_mod
-    from training.core import TrainableWeights, make_optimizer, optimizer_step
-    from training.data import SFTCollator
-    from training.sft import EncodedSamples, TrainSettings, train_step
+             packing: bool, pack_tokens: int, varlen: bool, vision: str = "off", impl: str = "training") -> dict:
+    """Our step on `batches`. vision: "off" (the tower runs in every forward), "epoch1" (sft.vision_cache from
+    empty: give it batches of samples not seen before) or "epoch2" (the cache filled by one untimed pass over
+    every sample first, as after the first epoch). impl "old_training": the code of the last commit (a renamed
+    copy of its training/ package, benchmarks/old_training.sh): fp32 pixel_values, make_optimizer."""
+    import importlib
 
-    s = TrainSettings(method=mode, batch_size=len(batches[0]), grad_accum=1, packing=packing, pack_tokens=pack_tokens,
-                      lora_dropout=0.0)
+    packing_mod = importlib.import_module(f"{impl}.packing")
+    core = importlib.import_module(f"{impl}.core")
+    sft = importlib.import_module(f"{impl}.sft")
+    from training.data import SFTCollator
+
+    s = sft.TrainSettings(method=mode, batch_size=len(batches[0]), grad_accum=1, packing=packing,
+                          pack_tokens=pack_tokens, lora_dropout=0.0)
     positions = packing_mod.rope_positions_fn(model) if packing else None
-    # every sample encoded once, outside the timed steps (the stage caches the same way, up to its 4 GiB bound)
-    samples = EncodedSamples(rows, SFTCollator(proc), positions=positions, max_bytes=1 << 40)
-    samples.cache = {i: dict(e, position_ids=positions(e)) if packing else dict(e) for i, e in enumerate(encoded)}
-    weights = TrainableWeights(model, master=mode == "lora")
-    opt = make_optimizer(weights, 1e-5, 0.01)
+    # every sample encoded once, outside the timed steps (the stage caches the same way, up to sft.encode_cache_gib),
+    # pixel_values in the vision tower's dtype as the stage keeps them (the old code kept fp32)
+    dtype = next(p.dtype for n, p in model.named_parameters() if ".visual." in n) if impl == "training" else None
+    samples = sft.EncodedSamples(rows, SFTCollator(proc), positions=positions, max_bytes=1 << 40,
+                                 **({"pixel_dtype": dtype} if dtype is not None else {}))
+    samples.cache = {i: dict(e, pixel_values=e["pixel_values"].to(dtype or e["pixel_values"].dtype),
+                             **({"position_ids": positions(e)} if packing else {})) for i, e in enumerate(encoded)}
+    samples.bytes = sum(t.numel() * t.element_size() for e in samples.cache.values() for t in e.values())
+    weights = core.TrainableWeights(model, master=mode == "lora")
+    if impl == "training":
+        opt = sft._optimizer(weights, dataclasses.replace(s, lr=1e-5, weight_decay=0.01))
+        if vision != "off":
+            from training.vision_cache import VisionFeatures
+            samples.vision = VisionFeatures(model, samples)
+            if vision == "epoch2":
+                prefill(model, samples, s, len(rows))
+    else:
+        opt = core.make_optimizer(weights, 1e-5, 0.01)
+    optimizer_step, train_step = core.optimizer_step, sft.train_step
     stock = packing_mod.varlen_available
     packing_mod.varlen_available = (lambda: False) if not varlen else stock
     times, toks = [], []
@@ -156,12 +211,32 @@ def run_ours(model, proc, counts, mode: str, rows, encoded: list[dict], batches:
                 toks.append(tokens)
     finally:
         packing_mod.varlen_available = stock
-    out = _stats(times, toks, counts["total"], batch=len(batches[0]))
+    out = _stats(times, toks, counts["total"], batch=len(batches[0]), vision=vision, code=impl)
     if packing:
         out["pack_tokens"] = pack_tokens
-    del opt, weights
+    if getattr(samples, "vision", None) is not None:
+        out["tower_calls"] = samples.vision.tower_calls
+        out["host_cache_gib"] = round(samples.bytes / 2**30, 2)
+    del opt, weights, samples
     torch.cuda.empty_cache()
     return out
+
+
+def prefill(model, samples, s, n: int) -> None:
+    """sft.vision_cache as after one epoch: every sample's features computed and kept (no training)."""
+    from training.packing import plan_packs
+
+    device = torch.device(DEVICE)
+    with torch.no_grad():
+        for k in range(0, n, 24):
+            group = list(range(k, min(n, k + 24)))
+            for pack in plan_packs([samples.length(i) for i in group], 1 << 30):
+                g = [group[j] for j in sorted(pack)]
+                encs = [samples._get(i) for i in g]
+                b = samples.packed(g, encs=encs) if s.packing else samples.batch(g, encs=encs)
+                b.pop("labels")
+                b = {key: v.to(device) if hasattr(v, "to") else v for key, v in b.items()}
+                samples.vision.attach(g, encs, b, device)
 
 
 def varlen_check(model, proc, rows, idx: list[int]) -> dict:
@@ -233,13 +308,20 @@ def main() -> None:
     ap.add_argument("--upscale", type=int, nargs=2, default=[1280, 704])
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (--size tiny)")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    ap.add_argument("--workers", type=int, default=8, help="processes that encode the samples")
+    ap.add_argument("--old-code", type=Path, default=None,
+                    help="folder holding `old_training`, the last commit's training/ package renamed, for the old_* "
+                         "sides: git archive HEAD training | tar -x -C DIR; mv DIR/training DIR/old_training; "
+                         "sed -i 's/\\btraining\\./old_training./g' DIR/old_training/*.py")
     a = ap.parse_args()
     global DEVICE
     DEVICE = a.device
     import transformers
 
     a.work.mkdir(parents=True, exist_ok=True)
-    rows, encoded = encode_all(a.data, processor_for(a.size), tuple(a.upscale), a.work)
+    t0 = time.time()
+    rows, encoded = encode_all(a.data, a.size, tuple(a.upscale), a.workers)
+    print(f"encoded {len(rows)} samples in {time.time() - t0:.0f} s", file=sys.stderr)
     lengths = sorted(int(e["input_ids"].shape[1]) for e in encoded)
     n_images = [int(e["image_grid_thw"].shape[0]) for e in encoded]
     gpu = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu"
@@ -265,32 +347,49 @@ def main() -> None:
                 liger = side == "trainer_liger"
                 res[side] = _guard(lambda: run_trainer(mode, a.size, encoded, batches, a.warmup, liger))
                 print(json.dumps({mode: {side: res[side]}})[:800], file=sys.stderr)
-    if any(s in a.sides for s in OURS_SIDES):
-        from training.kernels import apply_fused_kernels
+    if any(s in a.sides for s in OURS_SIDES + OLD_SIDES):
+        from training.kernels import apply_fused_kernels, linear_patch_embed
         out["ours_kernels"] = apply_fused_kernels("qwen3-vl")
+        if a.old_code:
+            sys.path.insert(0, str(a.old_code.resolve()))
+        n_e1 = len(rows) // a.big_batch  # steps of the big stream that see no sample twice (the first epoch)
         for mode in a.modes:
             res = out["results"][mode]
             model, proc2, counts = build(a.size, mode, peft_default=False)
             res["params"], res["trainable_params"] = counts["total"], counts["trainable"]
-            if mode == a.modes[0]:
-                out["varlen_check"] = _guard(lambda: varlen_check(model, proc2, rows, batches[0]))
-            plan = {"ours_padded": (batches, False, pack_tokens, False),
-                    "ours_packed": (batches, True, pack_tokens, True),
-                    "ours_packed_sdpa": (batches, True, pack_tokens, False)}
-            if "ours_packed_big" in a.sides:
-                plan.update({f"ours_packed_big_{n}": (big, True, n, True) for n in a.big_pack})
-            for side, (bs, packing, pt, varlen) in plan.items():
-                if side.startswith("ours_packed_big") or side in a.sides:
-                    res[side] = _guard(lambda: run_ours(model, proc2, counts, mode, rows, encoded, bs, a.warmup,
-                                                        packing, pt, varlen))
-                    print(json.dumps({mode: {side: res[side]}})[:800], file=sys.stderr)
+            # side: (batches, packing, pack tokens, varlen, vision cache, code, warmup)
+            plan = {"old_packed": (batches, True, pack_tokens, True, "off", "old_training", a.warmup)}
+            plan.update({f"old_packed_big_{n}": (big, True, n, True, "off", "old_training", a.warmup)
+                         for n in a.big_pack})
+            plan.update({"ours_padded": (batches, False, pack_tokens, False, "off", "training", a.warmup),
+                         "ours_packed": (batches, True, pack_tokens, True, "off", "training", a.warmup),
+                         "ours_packed_epoch2": (batches, True, pack_tokens, True, "epoch2", "training", a.warmup),
+                         "ours_packed_sdpa": (batches, True, pack_tokens, False, "off", "training", a.warmup)})
+            for n in a.big_pack:
+                plan.update({f"ours_packed_big_{n}": (big, True, n, True, "off", "training", a.warmup),
+                             f"ours_packed_big_{n}_epoch1": (big[:n_e1], True, n, True, "epoch1", "training", 1),
+                             f"ours_packed_big_{n}_epoch2": (big, True, n, True, "epoch2", "training", a.warmup)})
+            for side, (bs, packing, pt, varlen, vision, impl, warm) in plan.items():
+                kind = side.replace(f"_{pt}", "") if "_big_" in side else side
+                if kind not in a.sides or (impl == "old_training" and not a.old_code):
+                    continue
+                if impl == "training" and DEVICE == "cuda":  # as training.sft does on CUDA (old sides run first)
+                    linear_patch_embed(model)
+                if mode == a.modes[0] and impl == "training" and "varlen_check" not in out:
+                    out["varlen_check"] = _guard(lambda: varlen_check(model, proc2, rows, batches[0]))
+                res[side] = _guard(lambda: run_ours(model, proc2, counts, mode, rows, encoded, bs, warm, packing, pt,
+                                                    varlen, vision, impl))
+                print(json.dumps({mode: {side: res[side]}})[:800], file=sys.stderr)
+                if a.out:  # so far: a run stopped at its time limit keeps what it measured
+                    a.out.write_text(json.dumps(out, indent=1))
             del model
             torch.cuda.empty_cache()
             for base in TRAINER_SIDES:
                 b = res.get(base, {})
                 if "tokens_per_s" in b:
                     res[f"speedup_vs_{base}"] = {s: round(res[s]["tokens_per_s"] / b["tokens_per_s"], 3)
-                                                 for s in res if s.startswith("ours") and "tokens_per_s" in res[s]}
+                                                 for s in res if s.startswith(("ours", "old"))
+                                                 and "tokens_per_s" in res[s]}
     out["target"] = {"speedup_vs_trainer": 1.8, "mfu": 0.5}
     print(json.dumps(out, indent=1))
     if a.out:

@@ -199,6 +199,8 @@ class SFTConfig(_Cfg):
     hint_fraction: float = Field(0.0, ge=0, le=1, description="Hint-aware SFT for SDPO: this fraction of the samples is added again with the SDPO teacher's privileged block in the prompt (\"Correct solution:\" holding the sample's own action, as training.rl_encode.teacher_messages writes it), the target unchanged, so the student learns to use a solution it is shown; 0 = off. A student never trained on that block scores its own replies lower when shown one (docs/LOG.md), which turned SDPO's term negative on most tokens")
     packing: bool = Field(False, description="Micro-batches as packed rows of whole samples instead of padded batches: no compute on pads, each sample keeps its own positions (multimodal RoPE) and attends only to itself (CUDA: torch varlen flash attention; CPU: SDPA with a block-diagonal mask); the same samples, loss and normaliser per optimizer step as padding (Qwen3-VL students)")
     pack_tokens: int = Field(16384, ge=1, description="With packing: at most this many tokens in one packed micro-batch (a longer sample is trained alone); batch_size is then unused within a step, the step still takes batch_size x grad_accum samples")
+    encode_cache_gib: float = Field(4.0, ge=0, description="Host memory for samples encoded once (chat template + image processor) and kept across epochs; past it, samples are re-encoded at every use (pixel_values are kept in the vision tower's dtype: bf16 on GPU)")
+    vision_cache: bool = Field(False, description="With the vision tower frozen and epochs > 1: each sample's image features are computed once (no_grad) and kept instead of its pixel_values, so later epochs skip the tower (training/vision_cache.py; the same loss up to float rounding; the first epoch is slower on GPU: docs/LOG.md, session 9)")
 
 
 class RLConfig(_Cfg):
@@ -280,6 +282,10 @@ class FlywheelConfig(_Cfg):
         if self.student.backend == "openai" and not self.student.base_url:
             raise ValueError("student.backend is 'openai' but student.base_url is not set: set it to the server URL (e.g. http://host:8000/v1)")
         return self
+
+    def rl_temperature(self) -> float:
+        """The temperature RL rollouts sample at: rl.temperature, else the student's (0 = greedy)."""
+        return self.rl.temperature if self.rl.temperature is not None else self.student.temperature
 
     def config_hash(self, section: str | None = None) -> str:
         """Stable short hash of the whole config or one section (provenance on every lake row)."""

@@ -257,6 +257,74 @@ def test_packed_step_matches_padded_step(env):
         assert torch.allclose(grads[1][n], g, atol=1e-6, rtol=1e-3), n
 
 
+@pytest.mark.parametrize("packing", [False, True])
+def test_vision_cache_reuses_the_frozen_towers_outputs(env, packing):
+    """sft.vision_cache: the first step runs the frozen vision tower and keeps each sample's image features in place
+    of its pixel_values; the second step on the same samples runs no tower at all and gives the loss and gradients
+    of a model that runs the tower every step."""
+    from training.packing import rope_positions_fn
+    from training.vision_cache import VisionFeatures
+
+    rows = read_samples(env["data"])
+    idx = [0, 5, 9, 14]  # different lengths and target sizes
+    s = TrainSettings(batch_size=2, grad_accum=2, lora_dropout=0.0, packing=packing, pack_tokens=100_000)
+    runs = []
+    for cache in (False, True):
+        model, proc = load_model(env["tiny"])
+        freeze_vision(model)
+        model.train()
+        samples = EncodedSamples(rows, SFTCollator(proc), positions=rope_positions_fn(model) if packing else None)
+        assert VisionFeatures.supported(model)
+        samples.vision = VisionFeatures(model, samples) if cache else None
+        calls = []
+        model.model.visual.register_forward_hook(lambda *_: calls.append(1))
+        losses, tower = [], []
+        for _ in range(2):
+            losses.append(train_step(model, samples, idx, s, torch.device("cpu"))[0])
+            tower.append(len(calls))
+        runs.append((losses, tower, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                     samples))
+    (plain, plain_tower, plain_grads, _), (cached, tower, grads, samples) = runs
+    assert plain_tower[1] == 2 * plain_tower[0] > 0  # without the cache the tower runs every step
+    assert tower[1] == tower[0] > 0  # with it, not at all on the second step
+    assert set(samples.vision.stored) == set(idx) and not any("pixel_values" in samples.cache[i] for i in idx)
+    assert cached == pytest.approx(plain, rel=1e-5)
+    for n, g in plain_grads.items():
+        assert torch.allclose(grads[n], g, atol=1e-6, rtol=1e-3), n
+    trainable = load_model(env["tiny"])[0]  # a trainable tower: its outputs change with training, no cache
+    assert not VisionFeatures.supported(trainable)
+    freeze_vision(trainable)  # past the cache's bound nothing is kept: the tower runs each time, as without it
+    unkept = EncodedSamples(rows, SFTCollator(proc), max_bytes=0,
+                            positions=rope_positions_fn(trainable) if packing else None)
+    unkept.vision = VisionFeatures(trainable, unkept)
+    train_step(trainable, unkept, idx, s, torch.device("cpu"))
+    assert unkept.vision.tower_calls > 0 and not unkept.vision.stored
+
+
+def test_pixel_dtype_cache_bound_and_linear_patch_embed(env):
+    """pixel_values kept in the vision tower's dtype (bf16 on CUDA: half the bytes of fp32, the values the tower
+    casts to anyway); sft.encode_cache_gib is checked; the patch embedding as one matrix product equals the Conv3d."""
+    from training.kernels import linear_patch_embed
+
+    model, proc = load_model(env["tiny"])
+    rows = read_samples(env["data"])[:2]
+    fp32 = EncodedSamples(rows, SFTCollator(proc))
+    half = EncodedSamples(rows, SFTCollator(proc), pixel_dtype=torch.bfloat16)
+    a, b = fp32.batch([0, 1]), half.batch([0, 1])
+    assert b["pixel_values"].dtype == torch.bfloat16 and torch.equal(b["pixel_values"], a["pixel_values"].bfloat16())
+    assert torch.equal(a["input_ids"], b["input_ids"]) and half.bytes < fp32.bytes
+    with pytest.raises(ValueError, match="encode_cache_gib"):
+        TrainSettings(encode_cache_gib=-1)
+    visual = model.model.visual
+    x = a["pixel_values"]
+    with torch.no_grad():
+        conv = visual.patch_embed(x)
+        assert linear_patch_embed(model)
+        lin = visual.patch_embed(x)
+    assert "forward" in visual.patch_embed.__dict__
+    assert torch.allclose(lin, conv, rtol=1e-5, atol=1e-5)
+
+
 def test_pack_plan_and_bad_settings():
     from training.packing import plan_packs
 
@@ -460,3 +528,16 @@ def test_each_lake_keeps_its_own_checkpoints(env, tmp_path):
     assert not sft(cfg("c", shared), 0, env["dataset_id"], progress=False)["skipped"]
     with pytest.raises(UserError, match="has no row for"):
         sft(cfg("d", shared), 0, env["dataset_id"], progress=False)
+
+
+def test_cache_knobs_are_config_keys():
+    """sft.vision_cache (off unless set: the CPU main job's result was measured without it) and sft.encode_cache_gib
+    reach the trainer from YAML; a negative cache size is refused by the config."""
+    from configs.models import ConfigError, parse_config
+
+    d = TrainSettings.from_config(parse_config({}).sft)
+    assert (d.vision_cache, d.encode_cache_gib) == (False, 4.0)
+    s = TrainSettings.from_config(parse_config({"sft": {"vision_cache": True, "encode_cache_gib": 0.5}}).sft)
+    assert (s.vision_cache, s.encode_cache_gib) == (True, 0.5)
+    with pytest.raises(ConfigError, match=r"sft\.encode_cache_gib"):
+        parse_config({"sft": {"encode_cache_gib": -1}})

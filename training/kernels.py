@@ -3,6 +3,7 @@
     applied = apply_fused_kernels("qwen3-vl")   # SFT: before building/loading the model; [] when unavailable
     applied = fuse_model(model)                 # RL: into a model already built (its own modules); [] when unavailable
     unfuse_model(model)                         # back to the stock forwards
+    linear_patch_embed(model)                   # the vision patch embedding as one matrix product (CPU and CUDA)
 
 Only on CUDA with `liger-kernel` installed (its kernels are Triton). We swap the transformers
 module-level pieces ourselves from Liger's public components rather than calling its
@@ -120,3 +121,30 @@ def unfuse_model(model) -> None:
 
         if m.apply_rotary_pos_emb is _rope:
             m.apply_rotary_pos_emb = _STOCK_ROPE[m.__name__]
+
+
+# ------------------------------------------------------------------------------------------------ patch embedding
+_PATCH_CLASSES = ("Qwen3VLVisionPatchEmbed", "Qwen2_5_VisionPatchEmbed", "PatchEmbed")
+
+
+def _patch_linear_forward(self, hidden_states):
+    import torch.nn.functional as F
+
+    w = self.proj.weight  # [E, C, T, P, P]: the Conv3d's kernel covers one whole patch, with stride = kernel
+    return F.linear(hidden_states.reshape(-1, w[0].numel()).to(w.dtype), w.reshape(w.shape[0], -1), self.proj.bias)
+
+
+def linear_patch_embed(model) -> bool:
+    """The vision tower's patch embedding (a Conv3d whose kernel and stride are one whole patch, fed one patch a
+    row) as the matrix product it is: each output is the dot product of the patch's C*T*P*P values, in the same
+    (C, T, P, P) order, with the kernel. Same weights and parameter names; bf16 Conv3d on cuDNN can be many
+    times slower than the GEMM. Returns whether a patch embedding was found."""
+    found = False
+    for mod in model.modules():
+        proj = getattr(mod, "proj", None)
+        if (type(mod).__name__ in _PATCH_CLASSES and type(proj).__name__ == "Conv3d"
+                and tuple(proj.kernel_size) == tuple(proj.stride) and proj.padding in ((0, 0, 0), 0)
+                and proj.groups == 1):
+            mod.forward = MethodType(_patch_linear_forward, mod)
+            found = True
+    return found

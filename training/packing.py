@@ -72,13 +72,15 @@ def rope_positions_fn(model) -> Callable[[dict[str, Any]], Any]:
     return positions
 
 
-def pack(encoded: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def pack(encoded: Sequence[dict[str, Any]], pin: bool = False) -> dict[str, Any]:
     """One packed row from per-sample encodings (each with `position_ids` [3, 1, L] from `rope_positions_fn`).
 
     Returns input_ids / labels / mm_token_type_ids [1, T], position_ids [4, 1, T], the images concatenated in
-    sample order, the varlen keys (`cu_seq_lens_q/k` int32 [n + 1], `max_length_q/k`) and use_cache False; no
-    attention_mask."""
+    sample order (into page-locked memory with `pin`, so the copy to the GPU is asynchronous), the varlen keys
+    (`cu_seq_lens_q/k` int32 [n + 1], `max_length_q/k`) and use_cache False; no attention_mask."""
     import torch
+
+    from training.data import cat_rows
 
     lengths = [int(e["input_ids"].shape[1]) for e in encoded]
     labels = torch.cat([e["labels"] for e in encoded], dim=1).clone()
@@ -98,7 +100,7 @@ def pack(encoded: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for key in ("pixel_values", "image_grid_thw"):
         parts = [e[key] for e in encoded if key in e]
         if parts:
-            out[key] = torch.cat(parts, dim=0)
+            out[key] = cat_rows(parts, pin=pin and key == "pixel_values")
     cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
     out["use_cache"] = False  # with a cache object transformers skips the packed-sequence mask: SDPA would mix samples
@@ -133,10 +135,49 @@ def _varlen_signature() -> dict[str, bool]:
     return _VARLEN_SIG
 
 
+class _FlashVarlen:
+    """Flash attention over cumulative sequence lengths straight from aten (`_flash_attention_forward/_backward`,
+    the kernels torch's varlen_attn calls), built lazily as a torch.autograd.Function. Unlike torch 2.11's
+    varlen_attn it takes K/V with fewer heads than Q (GQA: the flash kernel reads each K/V head for its group of
+    query heads, and its backward sums their gradients), so no repeated K/V copies are made or kept for backward."""
+
+    fn = None
+
+    @classmethod
+    def apply(cls, q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float | None):
+        if cls.fn is None:
+            import torch
+
+            class Fn(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+                    out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
+                        q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale)
+                    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seed, offset)
+                    ctx.args = (max_q, max_k, causal, scale)
+                    return out
+
+                @staticmethod
+                def backward(ctx, grad):
+                    q, k, v, out, lse, cu_q, cu_k, seed, offset = ctx.saved_tensors
+                    max_q, max_k, causal, scale = ctx.args
+                    dq, dk, dv = torch.ops.aten._flash_attention_backward(
+                        grad.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.0, causal, seed, offset,
+                        scale=scale)
+                    return dq, dk, dv, None, None, None, None, None, None
+
+            cls.fn = Fn
+        return cls.fn.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
+
+
+GQA_NATIVE = True  # False: torch's varlen_attn with K/V repeated to the query heads when it lacks enable_gqa
+
+
 def varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
                      is_causal: bool | None = None, cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None,
                      max_length_k=None, **kwargs):
-    """A transformers attention function: causal attention within each packed sample (torch varlen_attn).
+    """A transformers attention function: attention within each packed sequence on flash varlen kernels; causal
+    unless the caller says `is_causal=False`.
 
     query [B, Hq, T, D], key/value [B, Hkv, T, D] with B * T tokens split by `cu_seq_lens_q`; returns
     ([B, T, Hq, D], None) like transformers' sdpa_attention_forward. Without cu_seq_lens it is plain SDPA."""
@@ -145,13 +186,19 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    from torch.nn.attention.varlen import varlen_attn
-
     b, hq, t, d = query.shape
     hk = key.shape[1]
+    causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
     q = query.transpose(1, 2).reshape(b * t, hq, d)
     k = key.transpose(1, 2).reshape(b * t, hk, d)
     v = value.transpose(1, 2).reshape(b * t, hk, d)
+    cu_k = cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q
+    max_q, max_k = int(max_length_q), int(max_length_k or max_length_q)
+    if GQA_NATIVE:
+        out = _FlashVarlen.apply(q, k, v, cu_seq_lens_q, cu_k, max_q, max_k, causal, scaling)
+        return out.reshape(b, t, hq, d), None
+    from torch.nn.attention.varlen import varlen_attn
+
     sig = _varlen_signature()
     extra: dict[str, Any] = {}
     if hq != hk:
@@ -160,13 +207,12 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
         else:
             k, v = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
     if sig["window_size"]:
-        extra["window_size"] = (-1, 0)
+        extra["window_size"] = (-1, 0) if causal else (-1, -1)
     elif sig["is_causal"]:
-        extra["is_causal"] = True
+        extra["is_causal"] = causal
     else:
         raise RuntimeError("this torch's varlen_attn takes neither is_causal nor window_size: cannot make it causal")
-    out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
-                      int(max_length_q), int(max_length_k or max_length_q), scale=scaling, **extra)
+    out = varlen_attn(q, k, v, cu_seq_lens_q, cu_k, max_q, max_k, scale=scaling, **extra)
     return out.reshape(b, t, hq, d), None
 
 
@@ -191,7 +237,8 @@ def _text_attention_configs(model) -> list[Any]:
 def packed_attention(model, batch: dict[str, Any], varlen: bool):
     """Run the forward inside this block with the text model's attention on varlen (when `varlen`), else as
     configured; without varlen the varlen keys are dropped from `batch` and SDPA isolates the samples through the
-    mask transformers builds from the position restarts. The vision tower's attention is left as it is."""
+    mask transformers builds from the position restarts. The vision tower's attention is left as it is (its
+    per-image cuDNN attention measured faster than one flash varlen call over the images: docs/LOG.md)."""
     if not varlen:
         for k in VARLEN_KEYS:
             batch.pop(k, None)

@@ -86,6 +86,8 @@ class TrainSettings:
     hint_fraction: float = 0.0  # hint-aware SFT: this fraction of samples added again with the SDPO solution block
     packing: bool = False  # micro-batches as packed rows of whole samples (training.packing), not padded batches
     pack_tokens: int = 16384  # with packing: at most this many tokens a micro-batch (a longer sample goes alone)
+    encode_cache_gib: float = 4.0  # encoded samples kept in host memory (past it: re-encoded on every use)
+    vision_cache: bool = False  # frozen vision tower, epochs > 1: image features computed once per sample, reused
 
     @classmethod
     def from_config(cls, sft_cfg: Any) -> "TrainSettings":
@@ -107,6 +109,8 @@ class TrainSettings:
             raise ValueError(f"sft hint_fraction must be in [0, 1], got {self.hint_fraction}")
         if self.pack_tokens < 1:
             raise ValueError(f"sft pack_tokens must be >= 1, got {self.pack_tokens}")
+        if self.encode_cache_gib < 0:
+            raise ValueError(f"sft encode_cache_gib must be >= 0, got {self.encode_cache_gib}")
 
 
 # ------------------------------------------------------------------------------------------------ pieces
@@ -129,32 +133,46 @@ def read_samples(data_files: str | Path) -> list[dict[str, Any]]:
 class EncodedSamples:
     """Samples encoded once (chat template + image processor) and kept, so later epochs only pad and stack.
 
-    Bounded by `max_bytes`: past it, samples are encoded on every use (same tensors, just slower)."""
+    Bounded by `max_bytes`: past it, samples are encoded on every use (same tensors, just slower). With
+    `pixel_dtype` (the vision tower's dtype) pixel_values are kept in it: the tower casts them to its dtype first
+    thing, so a bf16 model sees the same values from half the bytes (two 1280x704 screenshots: 21.6 MB, not 43)."""
 
-    def __init__(self, rows: list[dict[str, Any]], collator, max_bytes: int = 4 << 30, positions=None):
+    def __init__(self, rows: list[dict[str, Any]], collator, max_bytes: int = 4 << 30, positions=None,
+                 pixel_dtype=None):
         self.rows, self.collator, self.max_bytes, self.positions = rows, collator, max_bytes, positions
+        self.pixel_dtype = pixel_dtype
         self.cache: dict[int, dict[str, Any]] = {}
-        self.bytes = 0
+        self.n_targets: dict[int, int] = {}
+        self.bytes, self.vision = 0, None  # vision: training.vision_cache.VisionFeatures (set by _train)
 
-    def batch(self, idx: list[int]) -> dict[str, Any]:
-        return self.collator.pad([self._get(i) for i in idx])
+    def batch(self, idx: list[int], pin: bool = False, encs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return self.collator.pad(encs or [self._get(i) for i in idx], pin=pin)
 
-    def packed(self, idx: list[int]) -> dict[str, Any]:
+    def packed(self, idx: list[int], pin: bool = False, encs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The samples as one packed row (training.packing.pack); needs `positions` (rope_positions_fn)."""
         from training.packing import pack
 
         if self.positions is None:
             raise ValueError("packed batches need EncodedSamples(..., positions=rope_positions_fn(model)) "
                              "(training.packing)")
-        return pack([self._get(i) for i in idx])
+        return pack(encs or [self._get(i) for i in idx], pin=pin)
 
     def length(self, i: int) -> int:
         return int(self._get(i)["input_ids"].shape[1])
+
+    def targets(self, i: int) -> int:
+        """Target tokens sample i adds to a step's normaliser, padded or packed (labels[:, 1:] != -100: its first
+        token is never a target)."""
+        if i not in self.n_targets:
+            self.n_targets[i] = int((self._get(i)["labels"][:, 1:] != -100).sum())
+        return self.n_targets[i]
 
     def _get(self, i: int) -> dict[str, Any]:
         got = self.cache.get(i)
         if got is None:
             got = self.collator.encode(self.rows[i])
+            if self.pixel_dtype is not None and "pixel_values" in got:
+                got["pixel_values"] = got["pixel_values"].to(self.pixel_dtype)
             if self.positions is not None:  # packing: the sample's own multimodal RoPE positions
                 got["position_ids"] = self.positions(got)
             size = sum(t.numel() * t.element_size() for t in got.values())
@@ -191,21 +209,25 @@ def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings,
     mine = idx[ctx.rank::ctx.world]
     if s.packing:  # the same samples as packed rows: same loss sum and normaliser, no pad tokens
         lengths = [samples.length(i) for i in mine]
-        batches = [samples.packed([mine[j] for j in sorted(p)]) for p in plan_packs(lengths, s.pack_tokens)]
+        groups = [[mine[j] for j in sorted(p)] for p in plan_packs(lengths, s.pack_tokens)]
     else:
-        batches = [samples.batch(mine[k:k + s.batch_size]) for k in range(0, len(mine), s.batch_size)]
-    local = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
-    n_target = global_sum(ctx, local)  # CPU ints (a gloo group under NCCL): no wait on the GPU
-    total, tokens = None, 0
-    for i, b in enumerate(batches):
+        groups = [mine[k:k + s.batch_size] for k in range(0, len(mine), s.batch_size)]
+    n_target = global_sum(ctx, sum(samples.targets(i) for i in mine))  # CPU ints (gloo under NCCL): no GPU wait
+    total, tokens, varlen, pin = None, 0, _varlen(device), device.type == "cuda"
+    for i, g in enumerate(groups):
+        # built here, while the GPU still runs the previous micro-batch; images into pinned memory, copied async
+        encs = [samples._get(j) for j in g]
+        b = samples.packed(g, pin, encs) if s.packing else samples.batch(g, pin, encs)
         labels = b.pop("labels")
         tokens += int(b["attention_mask"].sum()) if "attention_mask" in b else int(b["input_ids"].numel())
         b = {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in b.items()}
-        with packed_attention(model, b, varlen=s.packing and _varlen(device)) if s.packing else nullcontext():
+        if samples.vision is not None:  # training.vision_cache: the kept image features, or the tower now
+            b = samples.vision.attach(g, encs, b, device)
+        with packed_attention(model, b, varlen=varlen) if s.packing else nullcontext():
             if ddp is None:
                 loss_sum, _ = labelled_token_loss(model, b, labels)
             else:  # gradients are all-reduced once, after the step's last micro-batch
-                with ddp.no_sync() if i < len(batches) - 1 else nullcontext():
+                with ddp.no_sync() if i < len(groups) - 1 else nullcontext():
                     loss_sum = ddp(b, labels)
         (loss_sum * ctx.world / n_target).backward()
         total = loss_sum.detach() if total is None else total + loss_sum.detach()  # read once, after the step
@@ -245,7 +267,15 @@ def loss_module(model):
 
 
 def _optimizer(weights: TrainableWeights, s: TrainSettings):
-    return make_optimizer(weights, s.lr, s.weight_decay)
+    """training.core's AdamW; on CUDA as torch's fused kernel (one launch over all tensors; same update, same
+    state_dict layout)."""
+    opt = make_optimizer(weights, s.lr, s.weight_decay)
+    if weights.opt_params and all(p.is_cuda for p in weights.opt_params):
+        import torch
+        d = opt.defaults
+        return torch.optim.AdamW(weights.opt_params, lr=d["lr"], betas=d["betas"], eps=d["eps"],
+                                 weight_decay=d["weight_decay"], fused=True)
+    return opt
 
 
 def _reusable(con, ckpt_id: str, out: Path, root: Path) -> bool:
@@ -289,8 +319,8 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
            model_and_processor: tuple | None, ctx: Context) -> dict[str, Any]:
     from training.data import SFTCollator, hinted_samples, retarget_sample
 
-    rows = [retarget_sample(r, s.targets) for r in read_samples(data_files)]
-    rows += hinted_samples(rows, s.hint_fraction, s.seed)
+    raw = read_samples(data_files)  # hints quote the full stored reply (its Action line and tool call)
+    rows = [retarget_sample(r, s.targets) for r in raw + hinted_samples(raw, s.hint_fraction, s.seed)]
     kernels = _fused_kernels(base) if s.fused_kernels and model_and_processor is None else []
     model, proc = model_and_processor or load_for_training(base, s)
     device = next(model.parameters()).device
@@ -304,7 +334,16 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
         positions = rope_positions_fn(model)
     else:
         positions = None
-    samples, per_step = EncodedSamples(rows, SFTCollator(proc), positions=positions), s.batch_size * s.grad_accum
+    if device.type == "cuda" and s.fused_kernels:
+        from training.kernels import linear_patch_embed
+        linear_patch_embed(model)
+    vision_dtype = next((p.dtype for n, p in model.named_parameters() if ".visual." in n), None)
+    samples = EncodedSamples(rows, SFTCollator(proc), positions=positions, pixel_dtype=vision_dtype,
+                             max_bytes=int(s.encode_cache_gib * 2**30))
+    if s.vision_cache and s.epochs > 1:  # a sample seen once gains nothing (and its first pass costs: docs/LOG.md)
+        from training.vision_cache import VisionFeatures
+        samples.vision = VisionFeatures(model, samples) if VisionFeatures.supported(model) else None
+    per_step = s.batch_size * s.grad_accum
     bar = Bar(st.planned_steps, st.step, "sft") if progress else None
     ddp = _ddp(model, device) if ctx.active else None
     model.train()
@@ -392,7 +431,8 @@ def checkpoint_id_for(iteration: int, dataset: dict[str, Any], base: str, s: Tra
     """Deterministic in the data (the manifest's episodes, not just its id), the base and the settings."""
     # left out: knobs that change how, not what, is trained (DDP and packing keep the objective and sample order)
     knobs = {k: v for k, v in asdict(s).items() if k not in ("keep_state", "step_sleep_s", "distributed", "nproc",
-                                                           "record_step_times", "packing", "pack_tokens")}
+                                                           "record_step_times", "packing", "pack_tokens",
+                                                           "encode_cache_gib", "vision_cache")}
     payload = {"dataset": dataset["dataset_id"], "episodes": sorted(dataset["episode_ids"]),
                "n_steps": dataset["n_steps"], "base": base, "settings": knobs}
     h = hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
