@@ -66,9 +66,7 @@ def _finished_rounds(out: Path, rounds: int) -> int:
 
 
 def _policy(cfg: FlywheelConfig, model: str, version: str) -> PolicySpec:
-    student = {**cfg.student.model_dump(), "model": model}
-    if cfg.rl.temperature is not None:
-        student["temperature"] = cfg.rl.temperature
+    student = {**cfg.student.model_dump(), "model": model, "temperature": cfg.rl_temperature()}
     return PolicySpec("student", {"model": model, "config": student}, version=version)
 
 

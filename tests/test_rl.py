@@ -252,6 +252,11 @@ def test_hinted_sft_samples_show_the_prompt_the_sdpo_teacher_gets(tiny):
     assert "Step 3:\n" in second  # the step comes from the sample's step_idx
     with pytest.raises(ValueError, match="step_idx"):
         hinted_samples([{k: v for k, v in sample.items() if k != "step_idx"}], 1.0)
+    # SFT hints the stored sample, then retargets: with any sft.targets the hint quotes what the teacher is shown
+    raw = episode_samples("Click the OK button.", steps, "qwen3-vl", PromptOptions())[0]
+    for targets in ("full", "action", "tool_call"):
+        hinted = retarget_sample(hinted_samples([raw], 1.0)[0], targets)
+        assert hinted["messages"][:-1] == want and hinted["messages"][-1] == retarget_sample(raw, targets)["messages"][-1]
 
 
 def test_sdpo_moves_the_student_towards_its_privileged_teacher(tiny, hinted_teacher):

@@ -134,7 +134,7 @@ class RLSettings:
         """From a FlywheelConfig: cfg.rl's knobs, the student's prompt options and max_new_tokens, cfg.sft.targets."""
         names = {f.name for f in fields(cls)}
         d = {k: v for k, v in cfg.rl.model_dump().items() if k in names}
-        t = cfg.rl.temperature if cfg.rl.temperature is not None else cfg.student.temperature
+        t = cfg.rl_temperature()
         d.update(temperature=t if t > 0 else 1.0,  # a greedy student config: RL still scores the raw policy
                  max_new_tokens=cfg.student.max_new_tokens, targets=cfg.sft.targets, config_hash=cfg.config_hash("rl"),
                  history_images=cfg.student.history_images, use_ui_text=cfg.student.use_ui_text)
