@@ -32,25 +32,12 @@ def _timed(fn):
     return time.perf_counter() - t, out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(ap)
-    ap.add_argument("--run-key", required=True, help="a rollout run key of one RL round (episodes.run_key)")
-    ap.add_argument("--rows", type=int, default=192, help="rows in the forward+backward comparison")
-    ap.add_argument("--micro", type=int, default=16, help="rows per micro-batch")
-    ap.add_argument("--repeats", type=int, default=2)
-    a = ap.parse_args()
-
-    import numpy as np
-    import torch
-
+def _compare_loads(a, lake, model) -> tuple[list[dict], dict[str, list[float]]]:
+    """The round's rows through the whole-table views and through its run files, alternated: (rows, seconds)."""
     from agents.prompts import PromptOptions
     from storage.catalog import connect
     from training.models import model_arch
     from training.rl_data import load_rl_rows
-    from training.rl_encode import length_batches, response_logprobs
-
-    lake, model, proc, enc = load_for_rl(a)
 
     def load(with_lake: bool):
         con = connect(lake, write_catalog_file=False)
@@ -65,19 +52,22 @@ def main() -> None:
             loads[name].append(dt)
     if got["views"] != got["run_files"]:
         raise SystemExit("the two loads returned different rows")
-    rows = got["run_files"]
-    encoded = [enc.encode(r["messages"], r["images"], enc.response_ids(r)) for r in rows]
+    return got["run_files"], loads
+
+
+def _compare_steps(a, model, enc, encoded) -> tuple[dict[str, list[float]], list[float], dict[str, float], int]:
+    """Forward+backward of `a.rows` rows in minibatch (random) vs length order, alternated, and the scoring pass:
+    (seconds per order, scoring seconds, pad fraction per order, rows)."""
+    import numpy as np
+    import torch
+
+    from training.rl_encode import length_batches, response_logprobs
 
     def score():
         with torch.no_grad():
             for idx in length_batches(range(len(encoded)), encoded, a.micro):
                 batch, pos, mask = enc.pad([encoded[i] for i in idx], "cpu")
                 response_logprobs(model, batch, pos, mask)
-
-    n = min(a.rows, len(encoded))
-    random_order = np.random.default_rng(0).permutation(len(encoded))[:n].tolist()
-    ways = {"random": [random_order[k:k + a.micro] for k in range(0, n, a.micro)],
-            "length": length_batches(random_order, encoded, a.micro)}
 
     def fwd_bwd(batches):
         model.zero_grad()
@@ -86,6 +76,10 @@ def main() -> None:
             lp, _ = response_logprobs(model, batch, pos, mask)
             (lp * mask).sum().backward()
 
+    n = min(a.rows, len(encoded))
+    random_order = np.random.default_rng(0).permutation(len(encoded))[:n].tolist()
+    ways = {"random": [random_order[k:k + a.micro] for k in range(0, n, a.micro)],
+            "length": length_batches(random_order, encoded, a.micro)}
     lens = [e["input_ids"].shape[-1] for e in encoded]
     pads = {k: 1 - sum(lens[i] for b in v for i in b) / sum(max(lens[i] for i in b) * len(b) for b in v)
             for k, v in ways.items()}
@@ -95,6 +89,24 @@ def main() -> None:
         scores.append(_timed(score)[0])
         for k in ("random", "length"):
             steps[k].append(_timed(lambda: fwd_bwd(ways[k]))[0])
+    return steps, scores, pads, n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
+    ap.add_argument("--run-key", required=True, help="a rollout run key of one RL round (episodes.run_key)")
+    ap.add_argument("--rows", type=int, default=192, help="rows in the forward+backward comparison")
+    ap.add_argument("--micro", type=int, default=16, help="rows per micro-batch")
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args()
+
+    import torch
+
+    lake, model, proc, enc = load_for_rl(a)
+    rows, loads = _compare_loads(a, lake, model)
+    encoded = [enc.encode(r["messages"], r["images"], enc.response_ids(r)) for r in rows]
+    steps, scores, pads, n = _compare_steps(a, model, enc, encoded)
     med = {k: statistics.median(v) for k, v in {**{f"load_{k}": v for k, v in loads.items()},
                                                  **{f"fwd_bwd_{k}": v for k, v in steps.items()}}.items()}
     print(json.dumps({

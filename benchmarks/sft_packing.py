@@ -232,7 +232,7 @@ def prefill(model, samples, s, n: int) -> None:
             group = list(range(k, min(n, k + 24)))
             for pack in plan_packs([samples.length(i) for i in group], 1 << 30):
                 g = [group[j] for j in sorted(pack)]
-                encs = [samples._get(i) for i in g]
+                encs = [samples.get(i) for i in g]
                 b = samples.packed(g, encs=encs) if s.packing else samples.batch(g, encs=encs)
                 b.pop("labels")
                 b = {key: v.to(device) if hasattr(v, "to") else v for key, v in b.items()}

@@ -205,11 +205,13 @@ class TrainableWeights:
                     self.master[n].copy_(t.to(self.master[n].device, torch.float32))
 
 
-def make_optimizer(weights: TrainableWeights, lr: float, weight_decay: float):
-    """AdamW over the trainable weights (betas 0.9 / 0.98)."""
+def make_optimizer(weights: TrainableWeights, lr: float, weight_decay: float, fused: bool = False):
+    """AdamW over the trainable weights (betas 0.9 / 0.98); `fused`: torch's fused CUDA kernel (one launch over all
+    tensors; the same update and state_dict layout)."""
     import torch
 
-    return torch.optim.AdamW(weights.opt_params, lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
+    return torch.optim.AdamW(weights.opt_params, lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay,
+                             fused=True if fused else None)
 
 
 def optimizer_step(weights: TrainableWeights, opt, grad_clip: float) -> float:

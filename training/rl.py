@@ -14,7 +14,8 @@ a response token, projected through the LM head there only.
 
 One update (`RLTrainer.update`, `settings.epochs` passes over seeded minibatches, AdamW via training.core):
 - old_logp: the response log-probs under the weights at the start of the update (no gradient): the PPO ratio's
-  denominator (rl.old_logp "rollout": for the rows a round just sampled with these weights, the sampler's own). behaviour_logp: the sampler's log-probs from the lake; the token weight
+  denominator (rl.old_logp "rollout": for the rows a round just sampled with these weights, the sampler's own).
+  behaviour_logp: the sampler's log-probs from the lake; the token weight
   w = losses.truncated_is_weight(old, behaviour, is_cap) corrects rows sampled by an older policy (an earlier
   round, another engine). Forwards run in eval mode (no dropout), so the first minibatch starts at ratio 1.
   At rl.temperature T != 1 every log-prob is of logits / T (the sampler's policy); w then compares T = 1 ones.

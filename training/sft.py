@@ -146,7 +146,7 @@ class EncodedSamples:
         self.bytes, self.vision = 0, None  # vision: training.vision_cache.VisionFeatures (set by _train)
 
     def batch(self, idx: list[int], pin: bool = False, encs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        return self.collator.pad(encs or [self._get(i) for i in idx], pin=pin)
+        return self.collator.pad(encs or [self.get(i) for i in idx], pin=pin)
 
     def packed(self, idx: list[int], pin: bool = False, encs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The samples as one packed row (training.packing.pack); needs `positions` (rope_positions_fn)."""
@@ -155,19 +155,19 @@ class EncodedSamples:
         if self.positions is None:
             raise ValueError("packed batches need EncodedSamples(..., positions=rope_positions_fn(model)) "
                              "(training.packing)")
-        return pack(encs or [self._get(i) for i in idx], pin=pin)
+        return pack(encs or [self.get(i) for i in idx], pin=pin)
 
     def length(self, i: int) -> int:
-        return int(self._get(i)["input_ids"].shape[1])
+        return int(self.get(i)["input_ids"].shape[1])
 
     def targets(self, i: int) -> int:
         """Target tokens sample i adds to a step's normaliser, padded or packed (labels[:, 1:] != -100: its first
         token is never a target)."""
         if i not in self.n_targets:
-            self.n_targets[i] = int((self._get(i)["labels"][:, 1:] != -100).sum())
+            self.n_targets[i] = int((self.get(i)["labels"][:, 1:] != -100).sum())
         return self.n_targets[i]
 
-    def _get(self, i: int) -> dict[str, Any]:
+    def get(self, i: int) -> dict[str, Any]:
         got = self.cache.get(i)
         if got is None:
             got = self.collator.encode(self.rows[i])
@@ -216,7 +216,7 @@ def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings,
     total, tokens, varlen, pin = None, 0, _varlen(device), device.type == "cuda"
     for i, g in enumerate(groups):
         # built here, while the GPU still runs the previous micro-batch; images into pinned memory, copied async
-        encs = [samples._get(j) for j in g]
+        encs = [samples.get(j) for j in g]
         b = samples.packed(g, pin, encs) if s.packing else samples.batch(g, pin, encs)
         labels = b.pop("labels")
         tokens += int(b["attention_mask"].sum()) if "attention_mask" in b else int(b["input_ids"].numel())
@@ -267,15 +267,31 @@ def loss_module(model):
 
 
 def _optimizer(weights: TrainableWeights, s: TrainSettings):
-    """training.core's AdamW; on CUDA as torch's fused kernel (one launch over all tensors; same update, same
-    state_dict layout)."""
-    opt = make_optimizer(weights, s.lr, s.weight_decay)
-    if weights.opt_params and all(p.is_cuda for p in weights.opt_params):
-        import torch
-        d = opt.defaults
-        return torch.optim.AdamW(weights.opt_params, lr=d["lr"], betas=d["betas"], eps=d["eps"],
-                                 weight_decay=d["weight_decay"], fused=True)
-    return opt
+    """training.core's AdamW, fused when every trainable tensor is on CUDA."""
+    cuda = bool(weights.opt_params) and all(p.is_cuda for p in weights.opt_params)
+    return make_optimizer(weights, s.lr, s.weight_decay, fused=cuda)
+
+
+def _encoded_samples(model, proc, rows: list[dict[str, Any]], s: TrainSettings, device) -> "EncodedSamples":
+    """The run's encoded samples: pixel_values kept in the vision tower's dtype within sft.encode_cache_gib, each
+    sample's mRoPE positions with packing, and with sft.vision_cache (epochs > 1) the frozen tower's features;
+    on CUDA the patch embedding runs as the matrix product it is (kernels.linear_patch_embed)."""
+    from training.data import SFTCollator
+    from training.rl_encode import pixel_dtype
+
+    positions = None
+    if s.packing:
+        from training.packing import rope_positions_fn
+        positions = rope_positions_fn(model)
+    if device.type == "cuda" and s.fused_kernels:
+        from training.kernels import linear_patch_embed
+        linear_patch_embed(model)
+    samples = EncodedSamples(rows, SFTCollator(proc), positions=positions, pixel_dtype=pixel_dtype(model),
+                             max_bytes=int(s.encode_cache_gib * 2**30))
+    if s.vision_cache and s.epochs > 1:  # a sample seen once gains nothing (and its first pass costs: docs/LOG.md)
+        from training.vision_cache import VisionFeatures
+        samples.vision = VisionFeatures(model, samples) if VisionFeatures.supported(model) else None
+    return samples
 
 
 def _reusable(con, ckpt_id: str, out: Path, root: Path) -> bool:
@@ -301,8 +317,6 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
     """Train (or resume) and save the result into `out`; returns the metrics (also in out/sft_result.json).
 
     `model_and_processor` trains a model already in memory (tests); with LoRA and `merge`, it ends merged."""
-    from training.data import SFTCollator, retarget_sample
-
     out = Path(out)
     base = str(Path(base).resolve()) if Path(base).exists() else str(base)  # adapters record an absolute base
     if model_and_processor is None and wants_launch(s):
@@ -317,7 +331,7 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
 
 def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, progress: bool,
            model_and_processor: tuple | None, ctx: Context) -> dict[str, Any]:
-    from training.data import SFTCollator, hinted_samples, retarget_sample
+    from training.data import hinted_samples, retarget_sample
 
     raw = read_samples(data_files)  # hints quote the full stored reply (its Action line and tool call)
     rows = [retarget_sample(r, s.targets) for r in raw + hinted_samples(raw, s.hint_fraction, s.seed)]
@@ -329,20 +343,7 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
     opt = _optimizer(weights, s)
     st = _start_state(out, len(rows), weights, opt, s)
     resumed_from = st.step
-    if s.packing:
-        from training.packing import rope_positions_fn
-        positions = rope_positions_fn(model)
-    else:
-        positions = None
-    if device.type == "cuda" and s.fused_kernels:
-        from training.kernels import linear_patch_embed
-        linear_patch_embed(model)
-    vision_dtype = next((p.dtype for n, p in model.named_parameters() if ".visual." in n), None)
-    samples = EncodedSamples(rows, SFTCollator(proc), positions=positions, pixel_dtype=vision_dtype,
-                             max_bytes=int(s.encode_cache_gib * 2**30))
-    if s.vision_cache and s.epochs > 1:  # a sample seen once gains nothing (and its first pass costs: docs/LOG.md)
-        from training.vision_cache import VisionFeatures
-        samples.vision = VisionFeatures(model, samples) if VisionFeatures.supported(model) else None
+    samples = _encoded_samples(model, proc, rows, s, device)
     per_step = s.batch_size * s.grad_accum
     bar = Bar(st.planned_steps, st.step, "sft") if progress else None
     ddp = _ddp(model, device) if ctx.active else None
