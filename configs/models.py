@@ -245,6 +245,8 @@ class RLConfig(_Cfg):
     temperature: float | None = Field(None, gt=0, le=5, description="Sampling temperature of the RL rollouts; null = student.temperature. The update scores log-probs of logits / temperature, so the ratio, KL, entropy and SDPO terms are of the policy that sampled (as verl does); the truncated IS weight of a stale row still compares temperature-1 log-probs, the sampler's stored kind. Below 1, fewer samples break the reply format and the policy trained is closer to the greedy one evaluation runs")
     end_on_parse_error: bool = Field(True, description="RL rollouts end an episode at a reply that does not parse (a failure, one row) instead of following rollout.on_parse_error: a wandering failure repeats the same signal for up to the step cap and costs that many rollout steps and rows")
     tasks: list[str] | None = Field(None, description="Tasks RL samples (train tasks only); null = rollouts.selection.tasks")
+    distributed: Literal["none", "ddp"] = Field("none", description="ddp: the update runs data-parallel over the local GPUs (torchrun + PyTorch DDP, one process per GPU): each rank takes its token-balanced share of every minibatch and the old-log-prob pass, the same normalisers, steps and resume as one device; rank 0 writes the lake and the rounds. Needs rl.source lake (the ranks do not sample)")
+    nproc: int | None = Field(None, ge=1, le=64, description="Processes for distributed: ddp (null = every visible GPU)")
 
 
 class EvalConfig(_Cfg):
@@ -279,6 +281,9 @@ class FlywheelConfig(_Cfg):
         if self.rl.old_logp == "rollout" and self.rl.source != "sample":
             raise ValueError("rl.old_logp 'rollout' needs rl.source 'sample': stored rollout groups were sampled by "
                              "other weights than the update starts from; use old_logp: recompute")
+        if self.rl.distributed == "ddp" and self.rl.source != "lake":
+            raise ValueError("rl.distributed 'ddp' needs rl.source 'lake': the update's processes train on stored "
+                             "rollout groups (stage rollouts); sampling runs on the machines with the browsers")
         if self.student.backend == "openai" and not self.student.base_url:
             raise ValueError("student.backend is 'openai' but student.base_url is not set: set it to the server URL (e.g. http://host:8000/v1)")
         return self

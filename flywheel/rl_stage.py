@@ -31,8 +31,10 @@ from flywheel.errors import UserError
 from flywheel.evaluate import save_png
 from flywheel.rollout import PolicySpec, RolloutPool, git_sha, run_rollouts
 from storage.lake import Lake
+from training import distributed
 
 ROUND_DONE = "rl_round.json"
+LAUNCH_FILE, RESULT_FILE = "ddp_job.json", "ddp_result.json"  # rl.distributed ddp: the workers' job and rank 0's result
 # RL samples task instances of its own: train seeds after every bootstrap / rollout range this config can use
 RL_SEED_OFFSET = 5000
 
@@ -42,7 +44,9 @@ def _rl_tasks(cfg: FlywheelConfig) -> list[str]:
 
 
 def rl_run_id(cfg: FlywheelConfig, iteration: int, base: str, algo: str) -> str:
-    payload = json.dumps({"base": base, "algo": algo, "rl": cfg.rl.model_dump(mode="json"),
+    # how the update is spread over processes (rl.distributed, rl.nproc) does not change what it trains
+    rl = cfg.rl.model_dump(mode="json", exclude={"distributed", "nproc"})
+    payload = json.dumps({"base": base, "algo": algo, "rl": rl,
                           "tasks": _rl_tasks(cfg), "student": cfg.student.model_dump(mode="json")},
                          sort_keys=True)
     return f"rl-it{iteration}-{algo}-" + hashlib.sha1(payload.encode()).hexdigest()[:10]
@@ -120,9 +124,7 @@ def _stored_groups(lake: Lake, iteration: int) -> tuple[list[str], int]:
 
 def rl_stage(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, lake: Lake, algo: str | None = None,
              rounds: int | None = None, progress: bool = True) -> dict[str, Any]:
-    from flywheel.stages import resolve_tasks, rollout_spec
-    from training import rl as rlcore
-    from training.models import load_model
+    from flywheel.stages import resolve_tasks
 
     algo = algo or cfg.rl.algorithm
     if rounds is not None:
@@ -134,10 +136,39 @@ def rl_stage(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, lake: Lake
     run_id = rl_run_id(cfg, iteration, lake.rel(base), algo)
     out = lake.root / "_checkpoints" / run_id
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.rl.distributed == "ddp" and not distributed.in_worker() and distributed.nproc_for(cfg.rl) > 1:
+        return _launch(cfg, iteration, base, algo, lake, out, progress=progress)
+    ctx = distributed.setup()
+    try:
+        start, history, current = _rounds(cfg, iteration, base, algo, lake, out, run_id, tasks, ctx,
+                                          progress=progress)
+    finally:
+        distributed.teardown(ctx)
+    if not ctx.main:
+        return {}
+    row = dict(checkpoint_id=run_id, path=lake.rel(current), method=f"rl-{algo}", base_model=lake.rel(base),
+               parent_checkpoint=lake.rel(base), dataset_id=None, adapter=False,
+               metrics=json.dumps({"rounds": cfg.rl.rounds, "history": history}, default=str),
+               created_at=datetime.now(timezone.utc), run_key=run_id, git_sha=git_sha(), config_hash=cfg.config_hash("rl"))
+    lake.replace_run("checkpoints", [[row]], iteration=iteration, stage="rl", run_key=run_id)
+    plot = plot_rl_metrics(lake, run_id, lake.root / "_reports" / f"{run_id}.png")
+    return {"checkpoint_id": run_id, "checkpoint": current, "model_path": current, "algo": algo,
+            "plot": str(plot) if plot else None,
+            "rounds": cfg.rl.rounds, "resumed_from_round": start, "history": history, "skipped": False}
+
+
+def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lake, out: Path, run_id: str,
+            tasks: list[str], ctx, *, progress: bool) -> tuple[int, list[dict[str, Any]], str]:
+    """The rounds not yet finished: sample (or take the stored groups), update, save, reload; under DDP (rl.source
+    lake) every rank runs them, rank 0 saves. Returns (first round run here, their history, the last round's folder)."""
+    from flywheel.stages import rollout_spec
+    from training import rl as rlcore
+    from training.models import load_model
+
     start = _finished_rounds(out, cfg.rl.rounds)
     current = str(out / f"round-{start - 1}") if start else base
     model, processor = load_model(current)
-    trainer = rlcore.RLTrainer(model, processor, rlcore.RLSettings.from_config(cfg, algo), base_model=base)
+    trainer = rlcore.RLTrainer(model, processor, rlcore.RLSettings.from_config(cfg, algo), base_model=base, ctx=ctx)
     if start:
         trainer.load_state(Path(current) / "trainer_state.pt")
     history, pool = [], None
@@ -160,7 +191,9 @@ def rl_stage(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, lake: Lake
             rdir = out / f"round-{r}"
             info = {"round": r, "rollout_run_key": keys[0] if len(keys) == 1 else keys, "episodes": n_episodes,
                     "round_success": res.get("round_success"), "metrics": res.get("summary", {})}
-            _save_round(trainer.model, processor, trainer.state_dict(), rdir, info)
+            if ctx.main:
+                _save_round(trainer.model, processor, trainer.state_dict(), rdir, info)
+            distributed.barrier(ctx)
             current = str(rdir)
             if pool is not None:
                 pool.reload(current, version=current)
@@ -168,12 +201,39 @@ def rl_stage(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, lake: Lake
     finally:
         if pool is not None:
             pool.close()
-    row = dict(checkpoint_id=run_id, path=lake.rel(current), method=f"rl-{algo}", base_model=lake.rel(base),
-               parent_checkpoint=lake.rel(base), dataset_id=None, adapter=False,
-               metrics=json.dumps({"rounds": cfg.rl.rounds, "history": history}, default=str),
-               created_at=datetime.now(timezone.utc), run_key=run_id, git_sha=git_sha(), config_hash=cfg.config_hash("rl"))
-    lake.replace_run("checkpoints", [[row]], iteration=iteration, stage="rl", run_key=run_id)
-    plot = plot_rl_metrics(lake, run_id, lake.root / "_reports" / f"{run_id}.png")
-    return {"checkpoint_id": run_id, "checkpoint": current, "model_path": current, "algo": algo,
-            "plot": str(plot) if plot else None,
-            "rounds": cfg.rl.rounds, "resumed_from_round": start, "history": history, "skipped": False}
+    return start, history, current
+
+
+def _launch(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lake, out: Path, *,
+            progress: bool) -> dict[str, Any]:
+    """rl.distributed ddp: this stage again under torchrun, one process per GPU; rank 0's result."""
+    job = out / LAUNCH_FILE
+    job.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "iteration": iteration, "checkpoint": base,
+                               "algo": algo}))
+    (out / RESULT_FILE).unlink(missing_ok=True)
+    env = {"FLYWHEEL_LAKE": lake.uri, **({"FLYWHEEL_S3_ENDPOINT": lake.endpoint} if lake.endpoint else {})}
+    distributed.torchrun("flywheel.rl_stage", [str(job)] + ([] if progress else ["--no-progress"]),
+                         distributed.nproc_for(cfg.rl), progress=progress, env=env, what="DDP RL")
+    return json.loads((out / RESULT_FILE).read_text())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """A torchrun worker of `_launch`: python -m flywheel.rl_stage <job.json> [--no-progress]."""
+    import argparse
+
+    from configs.models import FlywheelConfig as Cfg
+    from flywheel.stages import lake_for
+    ap = argparse.ArgumentParser()
+    ap.add_argument("job", type=Path)
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    job = json.loads(a.job.read_text())
+    cfg = Cfg.model_validate(job["config"])
+    res = rl_stage(cfg, job["iteration"], job["checkpoint"], lake=lake_for(cfg), algo=job["algo"],
+                   progress=not a.no_progress)
+    if res:
+        (a.job.parent / RESULT_FILE).write_text(json.dumps(res, default=str))
+
+
+if __name__ == "__main__":
+    main()

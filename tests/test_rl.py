@@ -480,6 +480,24 @@ def test_new_rl_knobs_validate_and_reach_the_settings():
     assert RLSettings.from_config(parse_config({"rl": {"old_logp": "rollout"}})).old_logp == "rollout"
     with pytest.raises(ConfigError, match="rl.old_logp 'rollout' needs rl.source 'sample'"):
         parse_config({"rl": {"old_logp": "rollout", "source": "lake"}})
+    with pytest.raises(ConfigError, match="rl.distributed 'ddp' needs rl.source 'lake'"):
+        parse_config({"rl": {"distributed": "ddp"}})
+    assert parse_config({"rl": {"distributed": "ddp", "source": "lake", "nproc": 2}}).rl.nproc == 2
+
+
+def test_balanced_share_splits_a_step_by_tokens():
+    """Each DDP rank's part of a step: every sample on exactly one rank, token loads as even as longest-first
+    allows, step order kept, one sample each when there are as many as ranks, none for a rank beyond them."""
+    from training.distributed import Context, balanced_share
+
+    idx, lengths = [10, 11, 12, 13, 14, 15], [900, 100, 800, 200, 300, 700]
+    parts = [balanced_share(idx, lengths, Context(r, 2)) for r in range(2)]
+    assert sorted(parts[0] + parts[1]) == idx
+    load = [sum(lengths[idx.index(i)] for i in p) for p in parts]
+    assert load == [1500, 1500]  # by count, every other sample would give 2000 / 1000
+    assert parts[0] == sorted(parts[0], key=idx.index)  # step order within a rank
+    assert [balanced_share([5, 6], [3, 9], Context(r, 2)) for r in range(2)] == [[6], [5]]
+    assert balanced_share([5], [3], Context(1, 2)) == [] and balanced_share(idx, lengths, Context()) == idx
 
 
 # ------------------------------------------------------------------------------------------------ replay

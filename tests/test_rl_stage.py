@@ -132,3 +132,44 @@ def test_rl_from_stored_groups_samples_nothing(setup):
     assert trained and trained <= stored
     assert con.execute("SELECT count(DISTINCT round) FROM rl_metrics WHERE run_key = ?",
                        [res["checkpoint_id"]]).fetchone()[0] == 2
+
+
+def test_ddp_update_over_two_processes_matches_one(setup):
+    """rl.distributed ddp (rl.source lake): the stage reruns itself under torchrun (2 gloo processes on CPU), each rank
+    takes its token-balanced share of every minibatch and of the old-log-prob pass, rank 0 writes. Its per-step loss,
+    grad norm and trained weights equal one process's on the same stored groups; its run id, rounds, lake rows and
+    checkpoint row are those of the single-process run."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from flywheel.stages import rl, student_rollouts
+    cfg, root, model = setup
+    student_rollouts(cfg, 0, model, progress=False)  # the stored groups (a no-op when an earlier test made them)
+    ov = {**OVERRIDES, "rl.source": "lake", "rl.seed": 7, "rl.batch_size": 3, "rl.micro_batch": 1,
+          "rl.warmup_steps": 0}  # a rank's 2 rows of a minibatch: 2 micro-batches, the first without the all-reduce
+    one = rl(load_config(ROOT / "configs" / "tiny.yaml", ov), 0, model, progress=False)
+    out = Path(one["model_path"]).parent
+    keep = root / "one-round-1"
+    shutil.copytree(out / "round-1", keep)
+    sql = "SELECT global_step, loss, grad_norm, n_rows FROM rl_metrics WHERE run_key = ? ORDER BY global_step"
+    m_one = connect(root / "lake").execute(sql, [one["checkpoint_id"]]).fetchall()
+    shutil.rmtree(out)  # the same run id: train it again, now over two processes
+    two = rl(load_config(ROOT / "configs" / "tiny.yaml", {**ov, "rl.distributed": "ddp", "rl.nproc": 2}), 0, model,
+             progress=False)
+    assert two["checkpoint_id"] == one["checkpoint_id"] and [h["round"] for h in two["history"]] == [0, 1]
+    con = connect(root / "lake")
+    m_two = con.execute(sql, [two["checkpoint_id"]]).fetchall()
+    assert len(m_two) == len(m_one) > 2  # (a 1-row minibatch, when a round has one, leaves a rank at weight 0)
+    for a, b in zip(m_one, m_two):
+        assert a[0] == b[0] and a[3] == b[3]
+        assert b[1] == pytest.approx(a[1], abs=1e-5) and b[2] == pytest.approx(a[2], rel=1e-3)
+    n_ck = con.execute("SELECT count(*) FROM checkpoints WHERE checkpoint_id = ?", [two["checkpoint_id"]]).fetchone()[0]
+    assert n_ck == 1
+    wa, wb = load_file(str(keep / "model.safetensors")), load_file(str(out / "round-1" / "model.safetensors"))
+    for k in wa:  # gloo sums in another order: float noise, which Adam can lift in near-zero coordinates
+        assert torch.linalg.norm(wa[k] - wb[k]) <= 1e-3 * torch.linalg.norm(wa[k]) + 1e-6, k
+    start = load_file(str(Path(model) / "model.safetensors"))
+    moved = sum(not torch.equal(start[k], wa[k]) for k in wa)
+    assert moved > 0  # the runs trained something

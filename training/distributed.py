@@ -87,17 +87,46 @@ def _cpu_group():
 
 
 def global_float(ctx: Context, value: float) -> float:
+    return global_floats(ctx, [value])[0] if ctx.active else value
+
+
+def global_floats(ctx: Context, values: list[float]) -> list[float]:
+    """Element-wise sums over the ranks, in one all-reduce on the host (gloo)."""
     if not ctx.active:
-        return value
+        return list(values)
     import torch
     import torch.distributed as dist
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, group=_cpu_group())
-    return float(t.item())
+    return t.tolist()
+
+
+def gather(ctx: Context, obj: Any) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order, on every rank."""
+    if not ctx.active:
+        return [obj]
+    import torch.distributed as dist
+    out: list[Any] = [None] * ctx.world
+    dist.all_gather_object(out, obj, group=_cpu_group())
+    return out
+
+
+def balanced_share(idx: list[int], lengths: list[int], ctx: Context) -> list[int]:
+    """This rank's part of a step's samples, balanced by tokens (longest first, each to the rank with the fewest
+    tokens so far; ties to the lower rank), in step order. Every rank computes the same split, and with at least
+    `world` samples every rank gets one. Equal counts would leave a rank with the long samples waiting for
+    nothing, so the split follows the lengths."""
+    if not ctx.active:
+        return list(idx)
+    load, owner = [0] * ctx.world, {}
+    for j in sorted(range(len(idx)), key=lambda j: (-lengths[j], j)):
+        r = min(range(ctx.world), key=lambda r: (load[r], r))
+        owner[j], load[r] = r, load[r] + lengths[j]
+    return [idx[j] for j in range(len(idx)) if owner[j] == ctx.rank]
 
 
 def nproc_for(s: Any) -> int:
-    """Processes a DDP run starts: sft.nproc, else every visible GPU (1 on a CPU-only box)."""
+    """Processes a DDP run starts: sft.nproc / rl.nproc, else every visible GPU (1 on a CPU-only box)."""
     if s.nproc:
         return int(s.nproc)
     import torch
@@ -108,17 +137,29 @@ def wants_launch(s: Any) -> bool:
     return s.distributed == "ddp" and not in_worker() and nproc_for(s) > 1
 
 
-def launch(base: str, data_files: str | Path, out: Path, s: Any, *, progress: bool) -> dict[str, Any]:
-    """Run this training under torchrun (one process per GPU) and return rank 0's result."""
-    from training.sft import RESULT_FILE
-    n = nproc_for(s)
-    settings = json.dumps({k: v for k, v in asdict(s).items()})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-           "-m", "training.sft", "--base", str(base), "--data", str(data_files), "--out", str(out),
-           "--settings", settings] + ([] if progress else ["--no-progress"])
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+def torchrun(module: str, args: list[str], n: int, *, progress: bool, env: dict[str, str] | None = None,
+             what: str = "DDP training") -> None:
+    """`python -m <module> <args>` under torchrun, n processes on this machine; one clear error if it fails."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m", module, *args]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
     r = subprocess.run(cmd, env=env, capture_output=not progress, text=True)
     if r.returncode != 0:
         tail = (r.stderr or "")[-1500:] if not progress else ""
-        raise RuntimeError(f"DDP training ({n} processes) failed with exit code {r.returncode}: {tail}")
+        raise RuntimeError(f"{what} ({n} processes) failed with exit code {r.returncode}: {tail}")
+
+
+def launch(base: str, data_files: str | Path, out: Path, s: Any, *, progress: bool) -> dict[str, Any]:
+    """Run this training under torchrun (one process per GPU) and return rank 0's result."""
+    from training.sft import RESULT_FILE
+    settings = json.dumps({k: v for k, v in asdict(s).items()})
+    torchrun("training.sft", ["--base", str(base), "--data", str(data_files), "--out", str(out), "--settings", settings]
+             + ([] if progress else ["--no-progress"]), nproc_for(s), progress=progress)
     return json.loads((Path(out) / RESULT_FILE).read_text())
+
+
+def ddp_wrap(module, device):
+    """`module` (every trainable parameter of the run inside it) in PyTorch DDP: gradients all-reduced (averaged)
+    across the torchrun ranks after each synced backward, overlapped with it in buckets."""
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True)  # grads live in the buckets: no copy, less memory

@@ -50,15 +50,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from training.core import (Bar, TrainableWeights, TrainState, load_extra, load_state as core_load_state,  # noqa: F401
-                           make_optimizer, optimizer_step, rng_state, save_state as core_save_state, set_rng_state)
+from training.core import Bar, TrainableWeights, TrainState, make_optimizer, optimizer_step
+from training.distributed import Context, balanced_share, ddp_wrap, gather, global_floats
 from training.kernels import fuse_model
 from training.rl_encode import (FEEDBACK_BLOCK, SOLUTION_BLOCK, RowEncoder, frozen_copy, length_batches,  # noqa: F401
-                                pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
+                                logprob_module, pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
+from training.rl_state import ResumableTrainer
 from training.rl_data import (assign_advantages, attach_sdpo_context, episode_rows, lake_rows,  # noqa: F401
                               load_rl_rows, row_record, update_summary)
 
@@ -169,7 +172,7 @@ class RLSettings:
 
 
 # ------------------------------------------------------------------------------------------------ trainer
-class RLTrainer:
+class RLTrainer(ResumableTrainer):
     """The learner of an RL run: optimizer and trainable weights (training.core), the SDPO teacher and KL
     reference, and the step counter, kept across rounds; `state_dict`/`load_state` or `save_state` resume it
     exactly. The vision tower is frozen (as in SFT); LoRA adapters get fp32 master copies. On CUDA (with
@@ -178,7 +181,8 @@ class RLTrainer:
 
     device_rows_bytes = 4 << 30  # an update's encoded rows kept on a GPU (bf16 pixels); the rest is placed per use
 
-    def __init__(self, model, processor, settings: RLSettings, *, ref=None, teacher=None, base_model: str | None = None):
+    def __init__(self, model, processor, settings: RLSettings, *, ref=None, teacher=None, base_model: str | None = None,
+                 ctx: Context | None = None):
         from training.models import freeze_vision, is_lora_param
 
         self.model, self.processor, self.s, self.base_model = model, processor, settings, base_model
@@ -197,6 +201,9 @@ class RLTrainer:
                 fuse_model(twin)
         self.pixel_dtype = pixel_dtype(model)  # bf16 on GPU: what the vision tower casts pixel_values to anyway
         self._ema_pairs = None
+        # rl.distributed ddp (a torchrun worker): each rank takes its share of every minibatch, DDP averages grads
+        self.ctx = ctx or Context()
+        self.ddp = ddp_wrap(logprob_module(model), self.device) if self.ctx.active else None
 
     # ---------------------------------------------------------------- rows
     def prepare(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -214,12 +221,17 @@ class RLTrainer:
 
         out: list[Any] = [None] * len(encoded)
         t = self.s.temperature if temperature is None else temperature
+        mine = range(self.ctx.rank, len(encoded), self.ctx.world)  # under DDP each rank scores its part
         with torch.no_grad():
-            for idx in length_batches(range(len(encoded)), encoded, self.s.micro_batch or self.s.batch_size):
+            for idx in length_batches(mine, encoded, self.s.micro_batch or self.s.batch_size):
                 batch, pos, mask = self.encoder.pad([encoded[i] for i in idx], self.device, self.pixel_dtype)
                 lp, _ = response_logprobs(model, batch, pos, mask, temperature=t)
                 for j, i in enumerate(idx):
                     out[i] = lp[j][mask[j]].cpu()
+        if self.ctx.active:
+            for part in gather(self.ctx, {i: out[i] for i in mine}):
+                for i, v in part.items():
+                    out[i] = v
         return out
 
     def _old_logp(self, rows, enc, resp) -> list[Any]:
@@ -304,69 +316,87 @@ class RLTrainer:
         return self.encoder.resident(enc, tenc, self.device, self.pixel_dtype, budget)
 
     def _step(self, mb: list[int], rows, enc, tenc, old, ref, isw) -> dict[str, Any]:
+        """One optimizer step on minibatch `mb` (micro-batches in length order); returns the step's metrics."""
         import torch
 
-        from training.losses import aggregate, blend, clipped_pg_loss, kl_k3
-
-        s, dev = self.s, self.device
-        eps_low, eps_high = s.clip
-        w = s.distill_weight
+        s, w = self.s, self.s.distill_weight
         lens = [len(old[i]) for i in mb]
-        n_rows, n_tok, n_nonempty = len(mb), sum(lens), sum(n > 0 for n in lens)
-        acc = dict(loss=0.0, ent=0.0, clip=0.0, akl=0.0, ratio=0.0, isw=0.0, klref=0.0, sd_tok=0.0, sd_high=0.0,
-                   sd_adv=0.0, sd_div=0.0)
-        n_sdpo = 0
-        for idx in length_batches(mb, enc, s.micro_batch or n_rows):
-            batch, pos, mask = self.encoder.pad([enc[i] for i in idx], dev, self.pixel_dtype)
-            width = pos.shape[1]
-            sd_rows = [j for j, i in enumerate(idx) if i in tenc]
-            topk = s.sdpo_mode == "topk" and bool(sd_rows)
-            logp, ent, *top = response_logprobs(self.model, batch, pos, mask, entropy=True,
-                                                topk=s.sdpo_topk if topk else 0, temperature=s.temperature)
-            old_t = rows_tensor([old[i] for i in idx], width, dev)
-            isw_t = rows_tensor([isw[i] for i in idx], width, dev, fill=1.0)
-            adv = torch.tensor([rows[i]["advantage"] for i in idx], dtype=torch.float32, device=dev)
-            per_tok, st = clipped_pg_loss(logp, old_t, adv, mask, eps_low, eps_high, s.level, is_weight=isw_t)
-            if sd_rows:
-                n_sdpo += len(sd_rows)
-                sd, sd_mask = self._sdpo_term(idx, sd_rows, tenc, logp, old_t, mask, top[0] if topk else None, acc)
-                per_tok = blend(per_tok, sd * isw_t, sd_mask, w)
-            if ref is not None:
-                kl = kl_k3(logp, rows_tensor([ref[i] for i in idx], width, dev))
-                per_tok = per_tok + s.kl_coef * kl
-                acc["klref"] += float(torch.where(mask, kl.detach(), torch.zeros_like(kl)).sum())
-            if s.aggregation == "constant":
-                loss = aggregate(per_tok, mask, "constant", constant=s.max_new_tokens * n_rows)
-            elif s.aggregation == "token_mean":
-                loss = aggregate(per_tok, mask, "constant", constant=max(n_tok, 1))
-            else:
-                loss = aggregate(per_tok, mask, "seq_mean_token_mean") * (int((mask.sum(-1) > 0).sum()) / max(n_nonempty, 1))
-            loss.backward()
-            t = float(mask.sum())
-            acc["loss"] += float(loss.detach())
-            acc["ent"] += float(torch.where(mask, ent, torch.zeros_like(ent)).sum())
-            acc["clip"] += st["clip_frac"] * t
-            acc["akl"] += st["approx_kl"] * t
-            acc["ratio"] += st["ratio_mean"] * t
-            acc["isw"] += float(torch.where(mask, isw_t, torch.zeros_like(isw_t)).sum())
+        norm = (len(mb), sum(lens), sum(n > 0 for n in lens))  # rows, tokens, non-empty rows: global normalisers
+        acc = dict.fromkeys(("loss", "ent", "clip", "akl", "ratio", "isw", "klref", "sd_tok", "sd_high", "sd_adv",
+                             "sd_div", "n_sdpo"), 0.0)
+        # under DDP this rank runs its token-balanced share of the minibatch, its loss x world (DDP averages the
+        # gradients); a rank left without a row (a minibatch smaller than the world) runs one at weight 0, so every
+        # rank takes part in the one synced backward
+        share = balanced_share(mb, [enc[i]["input_ids"].shape[-1] for i in mb], self.ctx)
+        mine, scale = (share, float(self.ctx.world)) if share else (mb[:1], 0.0)
+        parts = length_batches(mine, enc, s.micro_batch or len(mb))
+        for k, idx in enumerate(parts):
+            with self.ddp.no_sync() if self.ddp is not None and k < len(parts) - 1 else nullcontext():
+                self._micro(idx, rows, enc, tenc, old, ref, isw, norm, scale, acc)
+        if self.ctx.active:
+            acc = dict(zip(acc, global_floats(self.ctx, list(acc.values()))))
         lr = s.lr * min(1.0, (self.state.step + 1) / s.warmup_steps) if s.warmup_steps else s.lr
         for g in self.opt.param_groups:
             g["lr"] = lr
         grad_norm = optimizer_step(self.weights, self.opt, s.grad_clip)
         if self.teacher is not None and w > 0 and s.sdpo_teacher == "ema":
             self._ema()
+        n_rows, n_tok = norm[0], norm[1]
         st_ = self.state
         st_.step, st_.samples_seen, st_.target_tokens = st_.step + 1, st_.samples_seen + n_rows, st_.target_tokens + n_tok
         st_.losses.append(round(acc["loss"], 6))
         a = torch.tensor([rows[i]["advantage"] for i in mb], dtype=torch.float64)
-        T = max(n_tok, 1)
+        T, sd = max(n_tok, 1), acc["sd_tok"]
         return dict(lr=lr, loss=acc["loss"], entropy=acc["ent"] / T, clip_frac=acc["clip"] / T, approx_kl=acc["akl"] / T,
                     kl_ref=acc["klref"] / T, ratio_mean=acc["ratio"] / T, is_weight_mean=acc["isw"] / T,
                     adv_mean=float(a.mean()), adv_std=float(a.std(unbiased=False)), adv_abs=float(a.abs().mean()),
-                    grad_norm=grad_norm, n_rows=n_rows, n_tokens=n_tok, n_sdpo_rows=n_sdpo,
-                    sdpo_teacher_higher_frac=acc["sd_high"] / acc["sd_tok"] if acc["sd_tok"] else None,
-                    sdpo_adv_mean=acc["sd_adv"] / acc["sd_tok"] if acc["sd_tok"] else None,
-                    sdpo_div_mean=acc["sd_div"] / acc["sd_tok"] if acc["sd_tok"] and s.sdpo_mode == "topk" else None)
+                    grad_norm=grad_norm, n_rows=n_rows, n_tokens=n_tok, n_sdpo_rows=int(acc["n_sdpo"]),
+                    sdpo_teacher_higher_frac=acc["sd_high"] / sd if sd else None,
+                    sdpo_adv_mean=acc["sd_adv"] / sd if sd else None,
+                    sdpo_div_mean=acc["sd_div"] / sd if sd and s.sdpo_mode == "topk" else None)
+
+    def _micro(self, idx, rows, enc, tenc, old, ref, isw, norm, scale, acc) -> None:
+        """Forward + backward of one micro-batch; its loss over the minibatch's normaliser `norm`, x `scale`."""
+        import torch
+
+        from training.losses import aggregate, blend, clipped_pg_loss, kl_k3
+
+        s, dev, w = self.s, self.device, self.s.distill_weight
+        n_rows, n_tok, n_nonempty = norm
+        batch, pos, mask = self.encoder.pad([enc[i] for i in idx], dev, self.pixel_dtype)
+        width = pos.shape[1]
+        sd_rows = [j for j, i in enumerate(idx) if i in tenc]
+        topk = s.sdpo_mode == "topk" and bool(sd_rows)
+        kw = dict(entropy=True, topk=s.sdpo_topk if topk else 0, temperature=s.temperature)
+        logp, ent, *top = (self.ddp or partial(response_logprobs, self.model))(batch, pos, mask, **kw)
+        old_t = rows_tensor([old[i] for i in idx], width, dev)
+        isw_t = rows_tensor([isw[i] for i in idx], width, dev, fill=1.0)
+        adv = torch.tensor([rows[i]["advantage"] for i in idx], dtype=torch.float32, device=dev)
+        per_tok, st = clipped_pg_loss(logp, old_t, adv, mask, s.clip[0], s.clip[1], s.level, is_weight=isw_t)
+        part = dict.fromkeys(acc, 0.0)
+        if sd_rows:
+            part["n_sdpo"] = len(sd_rows)
+            sd, sd_mask = self._sdpo_term(idx, sd_rows, tenc, logp, old_t, mask, top[0] if topk else None, part)
+            per_tok = blend(per_tok, sd * isw_t, sd_mask, w)
+        if ref is not None:
+            kl = kl_k3(logp, rows_tensor([ref[i] for i in idx], width, dev))
+            per_tok = per_tok + s.kl_coef * kl
+            part["klref"] = float(torch.where(mask, kl.detach(), torch.zeros_like(kl)).sum())
+        if s.aggregation == "constant":
+            loss = aggregate(per_tok, mask, "constant", constant=s.max_new_tokens * n_rows)
+        elif s.aggregation == "token_mean":
+            loss = aggregate(per_tok, mask, "constant", constant=max(n_tok, 1))
+        else:
+            loss = aggregate(per_tok, mask, "seq_mean_token_mean") * (int((mask.sum(-1) > 0).sum()) / max(n_nonempty, 1))
+        (loss * scale).backward()
+        if not scale:  # a weight-0 stand-in: no metrics
+            return
+        t = float(mask.sum())
+        part.update(loss=float(loss.detach()), ent=float(torch.where(mask, ent, torch.zeros_like(ent)).sum()),
+                    clip=st["clip_frac"] * t, akl=st["approx_kl"] * t, ratio=st["ratio_mean"] * t,
+                    isw=float(torch.where(mask, isw_t, torch.zeros_like(isw_t)).sum()))
+        for key, v in part.items():
+            acc[key] += v
 
     def _sdpo_term(self, idx, sd_rows, tenc, logp, old_t, mask, student_top, acc) -> tuple[Any, Any]:
         """The SDPO per-token term of a micro-batch (rows `sd_rows` of `idx` have a teacher context) and its row mask.
@@ -434,60 +464,11 @@ class RLTrainer:
         metrics, row_rows = lake_rows(res, stats, round_idx=round_idx, run_key=run_key, run_keys=run_keys,
                                       git_sha=git_sha, config_hash=s.config_hash)
         part = f"r{round_idx:03d}"
-        lake.write("rl_metrics", metrics, iteration=iteration, stage="rl", run_key=run_key, part=part)
-        lake.write("rl_rows", row_rows, iteration=iteration, stage="rl", run_key=run_key, part=part)
+        if self.ctx.main:  # under DDP every rank holds the same records; rank 0 writes them
+            lake.write("rl_metrics", metrics, iteration=iteration, stage="rl", run_key=run_key, part=part)
+            lake.write("rl_rows", row_rows, iteration=iteration, stage="rl", run_key=run_key, part=part)
         return {"round_success": stats["round_success"], "summary": res["summary"], "stats": stats,
                 "n_rows": len(rows), "stopped": res["stopped"]}
-
-    # ---------------------------------------------------------------- resume
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs besides the model folder: trainable weights (fp32 masters), optimizer,
-        the teacher's and reference's copies of them, step counters and RNG (torch.save-able, weights_only)."""
-        return {"weights": {n: p.detach().cpu().clone() for n, p in self.weights.named().items()},
-                "optimizer": self.opt.state_dict(), "train_state": asdict(self.state), "rng": rng_state(),
-                "twins": self._twins()}
-
-    def load_state(self, src: str | Path | dict[str, Any]) -> None:
-        """Restore `state_dict()` (a dict or a torch.save file) or a `save_state` folder."""
-        import torch
-
-        if not isinstance(src, dict) and Path(src).is_dir():
-            self.state = core_load_state(Path(src), self.weights, self.opt)
-            self._load_twins(load_extra(Path(src)))
-            return
-        d = src if isinstance(src, dict) else torch.load(src, weights_only=True)
-        self.weights.load(d["weights"], source="rl state")
-        self.opt.load_state_dict(d["optimizer"])
-        self.state = TrainState(**d["train_state"])
-        set_rng_state(d["rng"])
-        self._load_twins(d.get("twins") or {})
-
-    def save_state(self, out: Path, keep: int = 2) -> Path:
-        """A resumable state folder `<out>/state/step-N` through training.core (teacher/ref weights as extra)."""
-        return core_save_state(Path(out), self.weights, self.opt, self.state, keep=keep, extra=self._twins() or None)
-
-    def _twins(self) -> dict[str, Any]:
-        """The SDPO teacher's and KL reference's values of the trainable weights ("teacher.<name>", "ref.<name>"):
-        an EMA teacher drifts from the student, and both differ from the weights a resumed run loads."""
-        out = {}
-        for tag, twin in (("teacher", self.teacher), ("ref", self.ref)):
-            if twin is not None:
-                tp = dict(twin.named_parameters())
-                out.update({f"{tag}.{n}": tp[n].detach().cpu().clone() for n in self.weights.params})
-        return out
-
-    def _load_twins(self, saved: dict[str, Any]) -> None:
-        import torch
-
-        for tag, twin in (("teacher", self.teacher), ("ref", self.ref)):
-            if twin is None:
-                continue
-            tp = dict(twin.named_parameters())
-            with torch.no_grad():
-                for k, t in saved.items():
-                    if k.startswith(tag + "."):
-                        n = k[len(tag) + 1:]
-                        tp[n].copy_(t.to(tp[n].device, tp[n].dtype))
 
 
 def rl_update(model, processor, rows: list[dict[str, Any]], settings: RLSettings, *, ref=None,

@@ -48,7 +48,8 @@ from training.core import fused_kernels as _fused_kernels
 from training.core import lake_key as _lake_key
 from training.core import model_path_of as _model_path_of  # noqa: F401
 from training.core import trainable as _trainable  # noqa: F401
-from training.distributed import Context, global_float, global_sum, launch, setup, teardown, wants_launch
+from training.distributed import (Context, balanced_share, global_float, global_sum, launch, setup, teardown,
+                                  wants_launch)
 
 RESULT_FILE = "sft_result.json"
 
@@ -198,7 +199,7 @@ def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings,
 
     The loss projects only the labelled positions through the LM head (training.losses.labelled_token_loss:
     the same value as the full-logits loss, without the [tokens x vocab] matrix). Under DDP (`ddp` wraps a
-    LossModule) this rank takes every world-th sample of the step, and the normaliser is the step's target
+    LossModule) this rank takes its token-balanced share of the step's samples, and the normaliser is the step's target
     tokens over all ranks times the world size over DDP's gradient average: the same objective as one device."""
     from contextlib import nullcontext
 
@@ -206,7 +207,7 @@ def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings,
 
     from training.packing import packed_attention, plan_packs
 
-    mine = idx[ctx.rank::ctx.world]
+    mine = balanced_share(idx, [samples.length(i) for i in idx], ctx) if ctx.active else idx
     if s.packing:  # the same samples as packed rows: same loss sum and normaliser, no pad tokens
         lengths = [samples.length(i) for i in mine]
         groups = [[mine[j] for j in sorted(p)] for p in plan_packs(lengths, s.pack_tokens)]
@@ -246,8 +247,8 @@ def _varlen(device) -> bool:
 
 def _ddp(model, device):
     """The loss module wrapped in PyTorch DDP (gradients all-reduced across the torchrun ranks)."""
-    from torch.nn.parallel import DistributedDataParallel
-    return DistributedDataParallel(loss_module(model), device_ids=[device.index] if device.type == "cuda" else None)
+    from training.distributed import ddp_wrap
+    return ddp_wrap(loss_module(model), device)
 
 
 def loss_module(model):
@@ -345,6 +346,8 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
     resumed_from = st.step
     samples = _encoded_samples(model, proc, rows, s, device)
     per_step = s.batch_size * s.grad_accum
+    if per_step < ctx.world:  # a rank without a sample would skip the gradient all-reduce the others wait in
+        raise ValueError(f"sft.batch_size x sft.grad_accum ({per_step}) must be >= the DDP processes ({ctx.world})")
     bar = Bar(st.planned_steps, st.step, "sft") if progress else None
     ddp = _ddp(model, device) if ctx.active else None
     model.train()
