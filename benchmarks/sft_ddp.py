@@ -1,6 +1,7 @@
 """Benchmark (GPU): the SFT stage on 2 GPUs (sft.distributed: ddp) vs 1 GPU, same data, steps and global batch.
 
     python benchmarks/sft_ddp.py --data EXPORT.parquet [--size 2b] [--modes lora full] [--steps 24] [--batch 8]
+                                 [--packing --pack-tokens 24576] [--json OUT.json]
 
 Model: Qwen3-VL with the released 2B shape (random init, written once to --work). Data: a curate export
 (messages + images); --upscale W H resizes its screenshots (MiniWoB's 160x210 to a desktop-sized 1280x704:
@@ -8,7 +9,9 @@ Model: Qwen3-VL with the released 2B shape (random init, written once to --work)
 `python -m training.sft` (one process on GPU 0, or torchrun with DDP over GPUs 0-1), with the same settings:
 global batch --batch, --steps optimizer steps, no merge, no intermediate saves. Throughput is the tokens of
 the steps after the first --warmup, over their time (sft_result.json's per-step times). Prints JSON with
-tokens/s per side and the speedup (target >= 1.8x).
+tokens/s per side and the speedup (target >= 1.8x). --packing trains packed micro-batches (sft.packing: a step's
+samples, split across the ranks by tokens, packed into rows of at most --pack-tokens); --json also writes the
+result after each mode, so a run cut short keeps the modes it finished.
 """
 
 from __future__ import annotations
@@ -67,6 +70,10 @@ def main() -> None:
                     "runs `accum` micro-batches a step, two GPUs split them")
     ap.add_argument("--upscale", type=int, nargs=2, default=[1280, 704])
     ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--packing", action="store_true", help="sft.packing (the step's samples as packed rows)")
+    ap.add_argument("--pack-tokens", type=int, default=24576)
+    ap.add_argument("--cache-gib", type=float, default=4.0, help="sft.encode_cache_gib (per process)")
+    ap.add_argument("--json", type=Path, help="also write the result here after each mode")
     a = ap.parse_args()
     import torch
 
@@ -77,10 +84,12 @@ def main() -> None:
     data = upscaled(a.data, a.work / "data.parquet", tuple(a.upscale), a.samples)
     out = {"gpus": torch.cuda.device_count(), "size": a.size,
            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-           "micro_batch": a.batch, "global_batch": a.batch * a.accum, "steps": a.steps, "warmup_steps": a.warmup, "modes": {}}
+           "micro_batch": a.batch, "global_batch": a.batch * a.accum, "steps": a.steps, "warmup_steps": a.warmup,
+           "packing": a.packing, "pack_tokens": a.pack_tokens if a.packing else None, "modes": {}}
     for mode in a.modes:
         settings = {"method": mode, "batch_size": a.batch, "grad_accum": a.accum, "max_steps": a.steps, "epochs": 1000.0, "lr": 1e-4,
-                    "warmup_ratio": 0.0, "save_every": 10 ** 6, "merge": False, "record_step_times": True}
+                    "warmup_ratio": 0.0, "save_every": 10 ** 6, "merge": False, "record_step_times": True,
+                    "packing": a.packing, "pack_tokens": a.pack_tokens, "encode_cache_gib": a.cache_gib}
         sides = {}
         for n in (1, 2):
             res = run(base, data, a.work / f"{mode}-{n}gpu", settings, n)
@@ -92,6 +101,8 @@ def main() -> None:
         sides["speedup"] = round(sides["2gpu"]["tokens_per_s"] / sides["1gpu"]["tokens_per_s"], 3)
         out["modes"][mode] = sides
         print(json.dumps({mode: sides}), file=sys.stderr)
+        if a.json:
+            a.json.write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
 
 

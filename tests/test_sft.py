@@ -89,6 +89,40 @@ def test_per_sample_encoding_pads_to_the_processors_batch(env):
     assert torch.equal(none_kept.batch([2, 0])["labels"], cached.batch([2, 0])["labels"]) and not none_kept.cache
 
 
+def test_lengths_without_encoding_and_the_prefetch_thread(env):
+    """SFTCollator.length counts the tokens encode() gives without the image processor (screenshots of two sizes,
+    samples with 1-2 images); Prefetch fills the cache from its thread, and an encoding error reaches the caller."""
+    import io
+
+    from PIL import Image
+
+    from training.samples import Prefetch
+    _, proc = load_model(env["tiny"])
+    rows = read_samples(env["data"])
+    big = dict(rows[1], images=[])
+    for im in rows[1]["images"]:
+        buf = io.BytesIO()
+        Image.open(io.BytesIO(im["bytes"])).resize((320, 180)).save(buf, format="PNG")
+        big["images"].append({**im, "bytes": buf.getvalue()})
+    rows = rows[:6] + [big]
+    col = SFTCollator(proc)
+    assert {len(r["images"]) for r in rows} >= {1}
+    for r in rows:
+        assert col.length(r) == col.encode(r)["input_ids"].shape[1]
+    samples = EncodedSamples(rows, col)
+    assert [samples.length(i) for i in range(len(rows))] and not samples.cache  # lengths encode nothing
+    ahead = Prefetch(samples)
+    ahead.start([0, 3, 6])
+    ahead.ready()
+    assert sorted(samples.cache) == [0, 3, 6]
+    broken = EncodedSamples([dict(rows[0], images=[])], col)
+    ahead.samples = broken
+    ahead.start([0])
+    with pytest.raises(ValueError, match="image items"):
+        ahead.ready()
+    ahead.close()
+
+
 def test_shorter_targets_label_only_what_is_kept(env):
     _, proc = load_model(env["tiny"])
     row = read_samples(env["data"])[0]

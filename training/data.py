@@ -246,6 +246,25 @@ class SFTCollator:
         out["labels"] = out["input_ids"].masked_fill(~mask, IGNORE_INDEX)
         return dict(out)
 
+    def length(self, sample: dict[str, Any]) -> int:
+        """The tokens `encode(sample)` gives, without running the image processor: the templated text's tokens with
+        each image placeholder counted as that image's tokens (from its size alone). Falls
+        back to encoding when the processor cannot count them."""
+        images = sample.get("images") or []
+        count = getattr(self.processor, "_get_num_multimodal_tokens", None)
+        if count is None:
+            return int(self.encode(sample)["input_ids"].shape[1])
+        conv = with_images(sample["messages"], images)
+        text = self.processor.apply_chat_template([conv], tokenize=False)
+        n = len(self.processor.tokenizer(text[0] if isinstance(text, list) else text)["input_ids"])
+        if not images:
+            return n
+        sizes = [item["image"].size for m in conv if isinstance(m["content"], list) for item in m["content"]
+                 if item.get("type") == "image"]
+        mm = count(image_sizes=[(h, w) for w, h in sizes])
+        per_image = mm["num_image_tokens"] if isinstance(mm, dict) else mm.num_image_tokens
+        return n - len(images) + sum(per_image)
+
     def pad(self, encoded: Sequence[dict[str, Any]], pin: bool = False) -> dict[str, Any]:
         """Right-pad per-sample encodings into one batch; image tensors (pixel_values, grid) are concatenated
         (pixel_values into page-locked memory with `pin`: cat_rows)."""

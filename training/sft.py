@@ -48,6 +48,7 @@ from training.core import fused_kernels as _fused_kernels
 from training.core import lake_key as _lake_key
 from training.core import model_path_of as _model_path_of  # noqa: F401
 from training.core import trainable as _trainable  # noqa: F401
+from training.samples import EncodedSamples, Prefetch  # noqa: F401 (EncodedSamples: the tests import it here)
 from training.distributed import (Context, balanced_share, global_float, global_sum, launch, setup, teardown,
                                   wants_launch)
 
@@ -128,58 +129,6 @@ def read_samples(data_files: str | Path) -> list[dict[str, Any]]:
     if not rows:
         raise ValueError(f"{path} holds no samples")
     return rows
-
-
-
-class EncodedSamples:
-    """Samples encoded once (chat template + image processor) and kept, so later epochs only pad and stack.
-
-    Bounded by `max_bytes`: past it, samples are encoded on every use (same tensors, just slower). With
-    `pixel_dtype` (the vision tower's dtype) pixel_values are kept in it: the tower casts them to its dtype first
-    thing, so a bf16 model sees the same values from half the bytes (two 1280x704 screenshots: 21.6 MB, not 43)."""
-
-    def __init__(self, rows: list[dict[str, Any]], collator, max_bytes: int = 4 << 30, positions=None,
-                 pixel_dtype=None):
-        self.rows, self.collator, self.max_bytes, self.positions = rows, collator, max_bytes, positions
-        self.pixel_dtype = pixel_dtype
-        self.cache: dict[int, dict[str, Any]] = {}
-        self.n_targets: dict[int, int] = {}
-        self.bytes, self.vision = 0, None  # vision: training.vision_cache.VisionFeatures (set by _train)
-
-    def batch(self, idx: list[int], pin: bool = False, encs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        return self.collator.pad(encs or [self.get(i) for i in idx], pin=pin)
-
-    def packed(self, idx: list[int], pin: bool = False, encs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The samples as one packed row (training.packing.pack); needs `positions` (rope_positions_fn)."""
-        from training.packing import pack
-
-        if self.positions is None:
-            raise ValueError("packed batches need EncodedSamples(..., positions=rope_positions_fn(model)) "
-                             "(training.packing)")
-        return pack(encs or [self.get(i) for i in idx], pin=pin)
-
-    def length(self, i: int) -> int:
-        return int(self.get(i)["input_ids"].shape[1])
-
-    def targets(self, i: int) -> int:
-        """Target tokens sample i adds to a step's normaliser, padded or packed (labels[:, 1:] != -100: its first
-        token is never a target)."""
-        if i not in self.n_targets:
-            self.n_targets[i] = int((self.get(i)["labels"][:, 1:] != -100).sum())
-        return self.n_targets[i]
-
-    def get(self, i: int) -> dict[str, Any]:
-        got = self.cache.get(i)
-        if got is None:
-            got = self.collator.encode(self.rows[i])
-            if self.pixel_dtype is not None and "pixel_values" in got:
-                got["pixel_values"] = got["pixel_values"].to(self.pixel_dtype)
-            if self.positions is not None:  # packing: the sample's own multimodal RoPE positions
-                got["position_ids"] = self.positions(got)
-            size = sum(t.numel() * t.element_size() for t in got.values())
-            if self.bytes + size <= self.max_bytes:
-                self.cache[i], self.bytes = got, self.bytes + size
-        return got
 
 
 
@@ -350,6 +299,7 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
         raise ValueError(f"sft.batch_size x sft.grad_accum ({per_step}) must be >= the DDP processes ({ctx.world})")
     bar = Bar(st.planned_steps, st.step, "sft") if progress else None
     ddp = _ddp(model, device) if ctx.active else None
+    ahead = Prefetch(samples) if device.type == "cuda" else None  # CPU: the cores are busy training
     model.train()
     step_log: list[tuple[float, int]] = []
     t_run, recent = time.monotonic(), deque(maxlen=10)  # step times: the budget fit follows the current load
@@ -360,6 +310,9 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
                 break
             t0 = time.monotonic()
             idx = [sample_at(st.samples_seen + k, len(rows), s.seed) for k in range(per_step)]
+            if ahead:  # the next step's samples (this rank's share) are encoded while this step runs on the GPU
+                nxt = [sample_at(st.samples_seen + per_step + k, len(rows), s.seed) for k in range(per_step)]
+                ahead.start(balanced_share(nxt, [samples.length(i) for i in nxt], ctx))
             for g in opt.param_groups:
                 g["lr"] = s.lr * lr_factor(st.step + 1, st.planned_steps, st.warmup_steps)
             loss, n_target, tokens = train_step(model, samples, idx, s, device, ddp, ctx)
@@ -384,6 +337,8 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
             if st.step % s.save_every == 0 and st.step < st.planned_steps and ctx.main:
                 save_state(out, weights, opt, st)
     finally:
+        if ahead:
+            ahead.close()
         if bar:
             bar.stop()
     st.stopped = st.stopped or "done"

@@ -1,0 +1,102 @@
+"""The SFT samples of a run, encoded once and kept (`EncodedSamples`), and the next step's encoding done in a thread
+while the current step runs on the GPU (`Prefetch`)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+
+class EncodedSamples:
+    """Samples encoded once (chat template + image processor) and kept, so later epochs only pad and stack.
+
+    Bounded by `max_bytes`: past it, samples are encoded on every use (same tensors, just slower). With
+    `pixel_dtype` (the vision tower's dtype) pixel_values are kept in it: the tower casts them to its dtype first
+    thing, so a bf16 model sees the same values from half the bytes (two 1280x704 screenshots: 21.6 MB, not 43)."""
+
+    def __init__(self, rows: list[dict[str, Any]], collator, max_bytes: int = 4 << 30, positions=None,
+                 pixel_dtype=None):
+        self.rows, self.collator, self.max_bytes, self.positions = rows, collator, max_bytes, positions
+        self.pixel_dtype = pixel_dtype
+        self.cache: dict[int, dict[str, Any]] = {}
+        self.n_targets: dict[int, int] = {}
+        self.bytes, self.vision = 0, None  # vision: training.vision_cache.VisionFeatures (set by _train)
+        self.lengths: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def batch(self, idx: list[int], pin: bool = False, encs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return self.collator.pad(encs or [self.get(i) for i in idx], pin=pin)
+
+    def packed(self, idx: list[int], pin: bool = False, encs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The samples as one packed row (training.packing.pack); needs `positions` (rope_positions_fn)."""
+        from training.packing import pack
+
+        if self.positions is None:
+            raise ValueError("packed batches need EncodedSamples(..., positions=rope_positions_fn(model)) "
+                             "(training.packing)")
+        return pack(encs or [self.get(i) for i in idx], pin=pin)
+
+    def length(self, i: int) -> int:
+        """Tokens of sample i, without encoding it when it is not kept yet (SFTCollator.length): a DDP step splits
+        its samples by tokens before each rank encodes only its own."""
+        if i not in self.lengths:
+            got = self.cache.get(i)
+            with self._lock:  # the fast tokenizer is not to be used from two threads at once
+                self.lengths[i] = int(got["input_ids"].shape[1]) if got else self.collator.length(self.rows[i])
+        return self.lengths[i]
+
+    def targets(self, i: int) -> int:
+        """Target tokens sample i adds to a step's normaliser, padded or packed (labels[:, 1:] != -100: its first
+        token is never a target)."""
+        if i not in self.n_targets:
+            self.n_targets[i] = int((self.get(i)["labels"][:, 1:] != -100).sum())
+        return self.n_targets[i]
+
+    def get(self, i: int) -> dict[str, Any]:
+        got = self.cache.get(i)
+        if got is not None:
+            return got
+        with self._lock:  # Prefetch encodes from a thread
+            got = self.cache.get(i)
+            if got is not None:
+                return got
+            got = self.collator.encode(self.rows[i])
+            if self.pixel_dtype is not None and "pixel_values" in got:
+                got["pixel_values"] = got["pixel_values"].to(self.pixel_dtype)
+            if self.positions is not None:  # packing: the sample's own multimodal RoPE positions
+                got["position_ids"] = self.positions(got)
+            size = sum(t.numel() * t.element_size() for t in got.values())
+            if self.bytes + size <= self.max_bytes:
+                self.cache[i], self.bytes = got, self.bytes + size
+        return got
+
+
+class Prefetch:
+    """Encodes the samples of the next step in one background thread, so the step that needs them finds them kept
+    (EncodedSamples.get) instead of running the chat template and the image processor between its GPU work.
+
+        ahead = Prefetch(samples)
+        ahead.ready()                   # the samples queued for this step are encoded (or failed: raised here)
+        ahead.start([7, 3, 9])          # this rank's samples of the next step
+        ahead.close()
+
+    Samples past the cache bound are encoded again when used (the prefetch then only warmed the cache)."""
+
+    def __init__(self, samples: EncodedSamples):
+        self.samples = samples
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="sft-prefetch")
+        self.pending: Future | None = None
+
+    def start(self, idx: list[int]) -> None:
+        self.ready()
+        self.pending = self.pool.submit(lambda: [self.samples.get(i) for i in idx])
+
+    def ready(self) -> None:
+        if self.pending is not None:
+            fut, self.pending = self.pending, None
+            fut.result()
+
+    def close(self) -> None:
+        self.pending = None
+        self.pool.shutdown(wait=True, cancel_futures=True)
