@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--text-tokens", type=int, default=150)
     ap.add_argument("--work", type=Path, default=Path("bench-out/rl_ddp"))
+    ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="sides to run (1 alone: a check on one GPU)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.worker:
@@ -113,8 +114,9 @@ def main() -> None:
            "size": a.size, "rows": a.rows, "micro_batch": a.micro, "steps": a.steps, "warmup": a.warmup, "runs": {}}
     for mode in a.modes:
         for algo in a.algos:
-            sides = {f"{n}gpu": side(a, mode, algo, n) for n in (1, 2)}
-            sides["speedup"] = round(sides["2gpu"]["tokens_per_s"] / sides["1gpu"]["tokens_per_s"], 3)
+            sides = {f"{n}gpu": side(a, mode, algo, n) for n in a.gpus}
+            if len(sides) == 2:
+                sides["speedup"] = round(sides["2gpu"]["tokens_per_s"] / sides["1gpu"]["tokens_per_s"], 3)
             res["runs"][f"{mode}/{algo}"] = sides
             print(json.dumps({f"{mode}/{algo}": {k: v if k == "speedup" else v["tokens_per_s"]
                                                   for k, v in sides.items()}}), file=sys.stderr)
