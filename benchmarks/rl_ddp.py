@@ -30,9 +30,7 @@ sys.path.insert(0, str(HERE))
 
 
 def worker(a: argparse.Namespace) -> None:
-    import torch
-
-    from rl_gpu import batch_shape, build, calibrate_ui, make_rows
+    from rl_gpu import _time_update, batch_shape, build, calibrate_ui, make_rows
     from training.distributed import setup, teardown
     from training.rl import RLSettings, RLTrainer
 
@@ -44,33 +42,10 @@ def worker(a: argparse.Namespace) -> None:
     shape = batch_shape(proc, rows)
     s = RLSettings(algorithm=a.algo, lr=1e-5, batch_size=len(rows), micro_batch=a.micro, epochs=a.warmup + a.steps,
                    warmup_steps=0, seed=0)
-    trainer = RLTrainer(model, proc, s, ctx=ctx)
-    times: list[float] = []
-    inner = trainer._step
-
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)  # CPU: a smoke run (--size tiny)
-
-    def timed(*args, **kw):
-        sync()
-        t0 = time.perf_counter()
-        m = inner(*args, **kw)
-        sync()
-        times.append(time.perf_counter() - t0)
-        return m
-
-    trainer._step = timed
-    t0 = time.perf_counter()
-    res = trainer.update([dict(r) for r in rows])
-    total = time.perf_counter() - t0
-    if ctx.main:
-        step = sorted(times[a.warmup:])[len(times[a.warmup:]) // 2]
-        out = {"world_size": ctx.world, "step_s": round(step, 4), "tokens_per_s": round(shape["tokens"] / step, 1),
-               "rows": len(rows), "tokens": shape["tokens"], "prep_s": round(total - sum(times), 2),
-               "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
-               "params": n_params,
-               "losses": [round(m["loss"], 6) for m in res["steps"]],
-               "grad_norms": [round(m["grad_norm"], 5) for m in res["steps"]]}
-        Path(a.out).write_text(json.dumps(out))
+    out = _time_update(RLTrainer(model, proc, s, ctx=ctx), rows, s, a.steps, a.warmup, shape, n_params["total"], False)
+    if ctx.main:  # rl_gpu's timing: each step between CUDA syncs, the median after the warmup steps
+        Path(a.out).write_text(json.dumps({**out, "world_size": ctx.world, "rows": len(rows), "tokens": shape["tokens"],
+                                           "params": n_params}))
     teardown(ctx)
 
 

@@ -156,8 +156,8 @@ def test_ddp_update_over_two_processes_matches_one(setup):
     sql = "SELECT global_step, loss, grad_norm, n_rows FROM rl_metrics WHERE run_key = ? ORDER BY global_step"
     m_one = connect(root / "lake").execute(sql, [one["checkpoint_id"]]).fetchall()
     shutil.rmtree(out)  # the same run id: train it again, now over two processes
-    two = rl(load_config(ROOT / "configs" / "tiny.yaml", {**ov, "rl.distributed": "ddp", "rl.nproc": 2}), 0, model,
-             progress=False)
+    ddp_cfg = load_config(ROOT / "configs" / "tiny.yaml", {**ov, "rl.distributed": "ddp", "rl.nproc": 2})
+    two = rl(ddp_cfg, 0, model, progress=False)
     assert two["checkpoint_id"] == one["checkpoint_id"] and [h["round"] for h in two["history"]] == [0, 1]
     con = connect(root / "lake")
     m_two = con.execute(sql, [two["checkpoint_id"]]).fetchall()
@@ -170,6 +170,12 @@ def test_ddp_update_over_two_processes_matches_one(setup):
     wa, wb = load_file(str(keep / "model.safetensors")), load_file(str(out / "round-1" / "model.safetensors"))
     for k in wa:  # gloo sums in another order: float noise, which Adam can lift in near-zero coordinates
         assert torch.linalg.norm(wa[k] - wb[k]) <= 1e-3 * torch.linalg.norm(wa[k]) + 1e-6, k
+    # resume under DDP: a lost last round is redone from the last finished one's state, to the same weights
+    shutil.rmtree(out / "round-1")
+    again = rl(ddp_cfg, 0, model, progress=False)
+    assert again["resumed_from_round"] == 1 and [h["round"] for h in again["history"]] == [1]
+    redone = load_file(str(out / "round-1" / "model.safetensors"))
+    assert all(torch.equal(redone[k], wb[k]) for k in wb)
     start = load_file(str(Path(model) / "model.safetensors"))
     moved = sum(not torch.equal(start[k], wa[k]) for k in wa)
     assert moved > 0  # the runs trained something

@@ -38,12 +38,11 @@ class EncodedSamples:
         return pack(encs or [self.get(i) for i in idx], pin=pin)
 
     def length(self, i: int) -> int:
-        """Tokens of sample i, without encoding it when it is not kept yet (SFTCollator.length): a DDP step splits
-        its samples by tokens before each rank encodes only its own."""
-        if i not in self.lengths:
-            got = self.cache.get(i)
+        """Tokens of sample i, counted without encoding it (SFTCollator.length): a DDP step splits its samples by
+        tokens before each rank encodes only its own."""
+        if i not in self.lengths:  # always counted the same way, so every DDP rank computes the same split
             with self._lock:  # the fast tokenizer is not to be used from two threads at once
-                self.lengths[i] = int(got["input_ids"].shape[1]) if got else self.collator.length(self.rows[i])
+                self.lengths[i] = self.collator.length(self.rows[i])
         return self.lengths[i]
 
     def targets(self, i: int) -> int:
