@@ -252,9 +252,10 @@ def latest_state(out: Path) -> Path | None:
 
 
 def save_state(out: Path, weights: TrainableWeights, opt, st: TrainState, keep: int = 2,
-               extra: dict[str, Any] | None = None) -> Path:
+               extra: dict[str, Any] | None = None, rng: dict[str, Any] | None = None) -> Path:
     """Write a resumable checkpoint to a temp folder and rename it into place (never half-written).
-    `extra`: more named tensors to keep (e.g. an RL teacher's EMA weights), read back with `load_extra`."""
+    `extra`: more named tensors to keep (e.g. an RL teacher's EMA weights), read back with `load_extra`.
+    `rng`: the RNG state to keep (default this process's; DDP: {"ranks": [each rank's]})."""
     import torch
     from safetensors.torch import save_file
 
@@ -266,7 +267,7 @@ def save_state(out: Path, weights: TrainableWeights, opt, st: TrainState, keep: 
     if extra:
         save_file({n: t.detach().cpu().contiguous() for n, t in extra.items()}, tmp / EXTRA_FILE)
     torch.save(opt.state_dict(), tmp / "optimizer.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
+    torch.save(rng if rng is not None else rng_state(), tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(st)))
     final = root / f"step-{st.step:07d}"
     if final.exists():
@@ -278,13 +279,17 @@ def save_state(out: Path, weights: TrainableWeights, opt, st: TrainState, keep: 
     return final
 
 
-def load_state(path: Path, weights: TrainableWeights, opt) -> TrainState:
+def load_state(path: Path, weights: TrainableWeights, opt, rank: int = 0) -> TrainState:
+    """Restore `save_state`'s folder; `rank`: whose RNG state to take when it holds one per DDP rank (a rank the
+    saving run did not have takes rank 0's)."""
     import torch
     from safetensors.torch import load_file
 
     weights.load(load_file(str(path / "trainable.safetensors")), source=str(path))
     opt.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-    set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+    rng = torch.load(path / "rng.pt", weights_only=True)
+    ranks = rng.get("ranks")
+    set_rng_state(ranks[rank if rank < len(ranks) else 0] if ranks else rng)
     return TrainState(**json.loads((path / "trainer_state.json").read_text()))
 
 

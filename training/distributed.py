@@ -42,10 +42,28 @@ def in_worker() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent dies. torchrun starts each worker in a session of its own,
+    so killing the command's process group (a SIGKILLed stage, a cancelled flow run) would otherwise leave the
+    ranks training on, writing into the run's folder while a rerun resumes it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
 def setup() -> Context:
-    """Join torchrun's process group (nccl on CUDA, gloo on CPU) and pin this rank's GPU."""
+    """Join torchrun's process group (nccl on CUDA, gloo on CPU) and pin this rank's GPU; a worker dies with the
+    torchrun agent that started it (die_with_parent)."""
     if not in_worker():
         return Context()
+    die_with_parent()
     import torch
     import torch.distributed as dist
     ctx = Context(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from training.core import Bar, TrainableWeights, TrainState, make_optimizer, optimizer_step
-from training.distributed import Context, balanced_share, ddp_wrap, gather, global_floats
+from training.distributed import Context, balanced_share, ddp_wrap, gather, global_float, global_floats
 from training.kernels import fuse_model
 from training.rl_encode import (FEEDBACK_BLOCK, SOLUTION_BLOCK, RowEncoder, frozen_copy, length_batches,  # noqa: F401
                                 logprob_module, pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
@@ -292,7 +292,8 @@ class RLTrainer(ResumableTrainer):
                         break
                     t0 = time.monotonic()
                     m = self._step(order[k:k + s.batch_size], rows, enc, tenc, old, ref, isw)
-                    self.state.elapsed_s += time.monotonic() - t0
+                    # DDP: the ranks' mean step time, so every rank stops at the same step of the rl.max_minutes cap
+                    self.state.elapsed_s += global_float(self.ctx, time.monotonic() - t0) / self.ctx.world
                     m.update(round=round_idx, update_step=len(steps), global_step=self.state.step - 1, epoch=epoch,
                              algo=s.algorithm, lr=m.pop("lr"))
                     steps.append(m)

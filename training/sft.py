@@ -40,7 +40,7 @@ from typing import Any
 from training.core import (CHECKPOINTS_DIR, MERGED_DIR, STATE_DIR, Bar, TrainableWeights,  # noqa: F401 (re-exported)
                            TrainState, checkpoint_row, fit_budget, latest_state, load_for_training, load_state,
                            lr_factor, make_optimizer, optimizer_step, output_root, resolve_base, reusable, sample_at,
-                           save_model, save_state)
+                           rng_state, save_model, save_state)
 # the private names this module had before training.core existed
 from training.core import Bar as _Bar  # noqa: F401
 from training.core import _perm, _unsloth_model  # noqa: F401
@@ -49,8 +49,8 @@ from training.core import lake_key as _lake_key
 from training.core import model_path_of as _model_path_of  # noqa: F401
 from training.core import trainable as _trainable  # noqa: F401
 from training.samples import EncodedSamples, Prefetch  # noqa: F401 (EncodedSamples: the tests import it here)
-from training.distributed import (Context, balanced_share, global_float, global_sum, launch, setup, teardown,
-                                  wants_launch)
+from training.distributed import (Context, balanced_share, gather, global_float, global_sum, launch, setup,
+                                  teardown, wants_launch)
 
 RESULT_FILE = "sft_result.json"
 
@@ -249,13 +249,21 @@ def _reusable(con, ckpt_id: str, out: Path, root: Path) -> bool:
     return reusable(con, ckpt_id, out, root, RESULT_FILE)
 
 
-def _start_state(out: Path, n: int, weights: TrainableWeights, opt, s: TrainSettings) -> TrainState:
+def _save(out: Path, weights: TrainableWeights, opt, st: TrainState, ctx: Context) -> None:
+    """Rank 0 writes the resumable state; under DDP it holds every rank's RNG state (each rank's dropout draws its
+    own numbers), gathered here from all ranks."""
+    rng = {"ranks": gather(ctx, rng_state())} if ctx.active else None
+    if ctx.main:
+        save_state(out, weights, opt, st, rng=rng)
+
+
+def _start_state(out: Path, n: int, weights: TrainableWeights, opt, s: TrainSettings, rank: int = 0) -> TrainState:
     """The newest checkpoint's state (weights, optimizer and RNG restored), or a fresh plan for n samples."""
     ckpt = latest_state(out)
     if ckpt is None:
         planned, warmup = _plan(n, s)
         return TrainState(planned_steps=planned, total_steps=planned, warmup_steps=warmup, n_samples=n)
-    st = load_state(ckpt, weights, opt)
+    st = load_state(ckpt, weights, opt, rank=rank)
     if st.n_samples != n:
         raise ValueError(f"{ckpt} was trained on {st.n_samples} samples but the dataset has {n}: resume with "
                          f"the same data, or use a new output folder")
@@ -291,7 +299,7 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
     # fp32 masters only for low-precision LoRA adapters (a bf16 full fine-tune would double its memory)
     weights = TrainableWeights(model, master=s.method == "lora")
     opt = _optimizer(weights, s)
-    st = _start_state(out, len(rows), weights, opt, s)
+    st = _start_state(out, len(rows), weights, opt, s, ctx.rank)
     resumed_from = st.step
     samples = _encoded_samples(model, proc, rows, s, device)
     per_step = s.batch_size * s.grad_accum
@@ -322,10 +330,12 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
             st.step, st.samples_seen = st.step + 1, st.samples_seen + per_step
             st.tokens, st.target_tokens = st.tokens + tokens, st.target_tokens + n_target
             st.losses.append(round(loss, 6))
-            st.elapsed_s += time.monotonic() - t0
+            # under DDP the ranks' mean step time: every rank then takes the same budget decisions
+            dt = global_float(ctx, time.monotonic() - t0) / ctx.world
+            st.elapsed_s += dt
             if s.record_step_times:
-                step_log.append((round(time.monotonic() - t0, 5), tokens))
-            recent.append(time.monotonic() - t0)
+                step_log.append((round(dt, 5), tokens))
+            recent.append(dt)
             if s.max_minutes and s.schedule_to_budget and len(recent) >= 4 and st.step % 4 == 0:
                 # leave out the oldest time in the window: early on that is the first step, which pays
                 # one-off costs (allocations, lazy init)
@@ -334,17 +344,17 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
                     bar.total(st.planned_steps)
             if bar:
                 bar.update(st, time.monotonic() - t_run)
-            if st.step % s.save_every == 0 and st.step < st.planned_steps and ctx.main:
-                save_state(out, weights, opt, st)
+            if st.step % s.save_every == 0 and st.step < st.planned_steps:
+                _save(out, weights, opt, st, ctx)
     finally:
         if ahead:
             ahead.close()
         if bar:
             bar.stop()
     st.stopped = st.stopped or "done"
+    _save(out, weights, opt, st, ctx)  # a crash while saving the final model resumes here and only re-saves
     if not ctx.main:  # rank 0 saves; the others wait for it (teardown's barrier) and report nothing
         return {}
-    save_state(out, weights, opt, st)  # a crash while saving the final model resumes here and only re-saves
     extra = {"step_times": [t for t, _ in step_log], "step_tokens": [n for _, n in step_log]} if step_log else {}
     return _finish(model, proc, out, s, st, base, resumed_from, kernels, world_size=ctx.world, **extra)
 
