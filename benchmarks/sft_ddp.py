@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--packing", action="store_true", help="sft.packing (the step's samples as packed rows)")
     ap.add_argument("--pack-tokens", type=int, default=24576)
     ap.add_argument("--cache-gib", type=float, default=4.0, help="sft.encode_cache_gib (per process)")
+    ap.add_argument("--vision-cache", action="store_true", help="sft.vision_cache (the frozen tower's outputs kept)")
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="sides to run (1 alone: a check on one GPU)")
     ap.add_argument("--json", type=Path, help="also write the result here after each mode")
     a = ap.parse_args()
@@ -93,7 +94,8 @@ def main() -> None:
     for mode in a.modes:
         settings = {"method": mode, "batch_size": a.batch, "grad_accum": a.accum, "max_steps": a.steps, "epochs": 1000.0, "lr": 1e-4,
                     "warmup_ratio": 0.0, "save_every": 10 ** 6, "merge": False, "record_step_times": True,
-                    "packing": a.packing, "pack_tokens": a.pack_tokens, "encode_cache_gib": a.cache_gib}
+                    "packing": a.packing, "pack_tokens": a.pack_tokens, "encode_cache_gib": a.cache_gib,
+                    "vision_cache": a.vision_cache}
         sides = {}
         for n in a.gpus:
             res = run(base, data, a.work / f"{mode}-{n}gpu", settings, n)
@@ -101,7 +103,8 @@ def main() -> None:
             toks = res["step_tokens"][a.warmup:]
             sides[f"{n}gpu"] = {"tokens_per_s": round(sum(toks) / sum(times), 1),
                                 "step_s": round(sum(times) / len(times), 4), "final_loss": res["final_loss"],
-                                "world_size": res.get("world_size"), "process_s": res["process_s"]}
+                                "world_size": res.get("world_size"), "process_s": res["process_s"],
+                                "step_times": res["step_times"]}
         if len(sides) == 2:
             sides["speedup"] = round(sides["2gpu"]["tokens_per_s"] / sides["1gpu"]["tokens_per_s"], 3)
         out["modes"][mode] = sides

@@ -111,10 +111,12 @@ def test_lengths_without_encoding_and_the_prefetch_thread(env):
         assert col.length(r) == col.encode(r)["input_ids"].shape[1]
     samples = EncodedSamples(rows, col)
     assert [samples.length(i) for i in range(len(rows))] and not samples.cache  # lengths encode nothing
-    ahead = Prefetch(samples)
-    ahead.start([0, 3, 6])
+    ahead = Prefetch(samples, threads=3)  # each thread with its own copy of the processor
+    ahead.start([0, 3, 6, 2, 5])
     ahead.ready()
-    assert sorted(samples.cache) == [0, 3, 6]
+    assert sorted(samples.cache) == [0, 2, 3, 5, 6]
+    for i in (0, 6):  # the threads' encodings equal the main collator's
+        assert all(torch.equal(samples.cache[i][k], v) for k, v in col.encode(rows[i]).items())
     broken = EncodedSamples([dict(rows[0], images=[])], col)
     ahead.samples = broken
     ahead.start([0])
@@ -574,8 +576,9 @@ def test_cache_knobs_are_config_keys():
     from configs.models import ConfigError, parse_config
 
     d = TrainSettings.from_config(parse_config({}).sft)
-    assert (d.vision_cache, d.encode_cache_gib) == (False, 4.0)
-    s = TrainSettings.from_config(parse_config({"sft": {"vision_cache": True, "encode_cache_gib": 0.5}}).sft)
-    assert (s.vision_cache, s.encode_cache_gib) == (True, 0.5)
+    assert (d.vision_cache, d.encode_cache_gib, d.encode_threads) == (False, 4.0, None)
+    s = TrainSettings.from_config(parse_config({"sft": {"vision_cache": True, "encode_cache_gib": 0.5,
+                                                        "encode_threads": 3}}).sft)
+    assert (s.vision_cache, s.encode_cache_gib, s.encode_threads) == (True, 0.5, 3)
     with pytest.raises(ConfigError, match=r"sft\.encode_cache_gib"):
         parse_config({"sft": {"encode_cache_gib": -1}})

@@ -1,5 +1,5 @@
-"""The SFT samples of a run, encoded once and kept (`EncodedSamples`), and the next step's encoding done in a thread
-while the current step runs on the GPU (`Prefetch`)."""
+"""The SFT samples of a run, encoded once and kept (`EncodedSamples`), and the next step's encoding done by a pool of
+threads while the current step runs on the GPU (`Prefetch`)."""
 
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ class EncodedSamples:
         """Tokens of sample i, counted without encoding it (SFTCollator.length): a DDP step splits its samples by
         tokens before each rank encodes only its own."""
         if i not in self.lengths:  # always counted the same way, so every DDP rank computes the same split
-            with self._lock:  # the fast tokenizer is not to be used from two threads at once
-                self.lengths[i] = self.collator.length(self.rows[i])
+            self.lengths[i] = self.collator.length(self.rows[i])
         return self.lengths[i]
 
     def targets(self, i: int) -> int:
@@ -52,50 +51,63 @@ class EncodedSamples:
             self.n_targets[i] = int((self.get(i)["labels"][:, 1:] != -100).sum())
         return self.n_targets[i]
 
-    def get(self, i: int) -> dict[str, Any]:
+    def get(self, i: int, collator=None) -> dict[str, Any]:
+        """Sample i's encoding, kept from an earlier use or encoded now with `collator` (default this object's; a
+        Prefetch thread passes its own copy, since the fast tokenizer is not to be used from two threads)."""
         got = self.cache.get(i)
         if got is not None:
             return got
-        with self._lock:  # Prefetch encodes from a thread
-            got = self.cache.get(i)
-            if got is not None:
-                return got
-            got = self.collator.encode(self.rows[i])
-            if self.pixel_dtype is not None and "pixel_values" in got:
-                got["pixel_values"] = got["pixel_values"].to(self.pixel_dtype)
-            if self.positions is not None:  # packing: the sample's own multimodal RoPE positions
-                got["position_ids"] = self.positions(got)
-            size = sum(t.numel() * t.element_size() for t in got.values())
+        got = (collator or self.collator).encode(self.rows[i])
+        if self.pixel_dtype is not None and "pixel_values" in got:
+            got["pixel_values"] = got["pixel_values"].to(self.pixel_dtype)
+        if self.positions is not None:  # packing: the sample's own multimodal RoPE positions
+            got["position_ids"] = self.positions(got)
+        size = sum(t.numel() * t.element_size() for t in got.values())
+        with self._lock:  # Prefetch threads keep samples too
+            kept = self.cache.get(i)
+            if kept is not None:
+                return kept
             if self.bytes + size <= self.max_bytes:
                 self.cache[i], self.bytes = got, self.bytes + size
         return got
 
 
 class Prefetch:
-    """Encodes the samples of the next step in one background thread, so the step that needs them finds them kept
-    (EncodedSamples.get) instead of running the chat template and the image processor between its GPU work.
+    """Encodes the samples of the next step on a pool of threads, so the step that needs them finds them kept
+    (EncodedSamples.get) instead of running the chat template and the image processor between its GPU work. Each
+    thread encodes with its own copy of the processor; the image processing releases the GIL, so the threads run
+    in parallel (one thread could not keep up with an H100: docs/LOG.md, session 10).
 
-        ahead = Prefetch(samples)
+        ahead = Prefetch(samples, threads=8)
         ahead.ready()                   # the samples queued for this step are encoded (or failed: raised here)
         ahead.start([7, 3, 9])          # this rank's samples of the next step
         ahead.close()
 
     Samples past the cache bound are encoded again when used (the prefetch then only warmed the cache)."""
 
-    def __init__(self, samples: EncodedSamples):
+    def __init__(self, samples: EncodedSamples, threads: int = 1):
         self.samples = samples
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="sft-prefetch")
-        self.pending: Future | None = None
+        self._local = threading.local()
+        self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="sft-prefetch", initializer=self._init)
+        self.pending: list[Future] = []
+
+    def _init(self) -> None:
+        import copy
+        col = self.samples.collator
+        self._local.collator = type(col)(copy.deepcopy(col.processor))
+
+    def _encode(self, i: int) -> None:
+        self.samples.get(i, self._local.collator)
 
     def start(self, idx: list[int]) -> None:
         self.ready()
-        self.pending = self.pool.submit(lambda: [self.samples.get(i) for i in idx])
+        self.pending = [self.pool.submit(self._encode, i) for i in idx]
 
     def ready(self) -> None:
-        if self.pending is not None:
-            fut, self.pending = self.pending, None
+        pending, self.pending = self.pending, []
+        for fut in pending:
             fut.result()
 
     def close(self) -> None:
-        self.pending = None
+        self.pending = []
         self.pool.shutdown(wait=True, cancel_futures=True)
