@@ -91,7 +91,8 @@ def test_per_sample_encoding_pads_to_the_processors_batch(env):
 
 def test_lengths_without_encoding_and_the_prefetch_thread(env):
     """SFTCollator.length counts the tokens encode() gives without the image processor (screenshots of two sizes,
-    samples with 1-2 images); Prefetch fills the cache from its thread, and an encoding error reaches the caller."""
+    samples with 1-2 images); Prefetch fills the cache from its worker processes with the same tensors, and an
+    encoding error reaches the caller."""
     import io
 
     from PIL import Image
@@ -111,11 +112,11 @@ def test_lengths_without_encoding_and_the_prefetch_thread(env):
         assert col.length(r) == col.encode(r)["input_ids"].shape[1]
     samples = EncodedSamples(rows, col)
     assert [samples.length(i) for i in range(len(rows))] and not samples.cache  # lengths encode nothing
-    ahead = Prefetch(samples, threads=3)  # each thread with its own copy of the processor
+    ahead = Prefetch(samples, workers=2)  # spawned processes
     ahead.start([0, 3, 6, 2, 5])
     ahead.ready()
     assert sorted(samples.cache) == [0, 2, 3, 5, 6]
-    for i in (0, 6):  # the threads' encodings equal the main collator's
+    for i in (0, 6):  # the workers' encodings equal the main collator's
         assert all(torch.equal(samples.cache[i][k], v) for k, v in col.encode(rows[i]).items())
     broken = EncodedSamples([dict(rows[0], images=[])], col)
     ahead.samples = broken
@@ -576,9 +577,9 @@ def test_cache_knobs_are_config_keys():
     from configs.models import ConfigError, parse_config
 
     d = TrainSettings.from_config(parse_config({}).sft)
-    assert (d.vision_cache, d.encode_cache_gib, d.encode_threads) == (False, 4.0, None)
+    assert (d.vision_cache, d.encode_cache_gib, d.encode_workers) == (False, 4.0, None)
     s = TrainSettings.from_config(parse_config({"sft": {"vision_cache": True, "encode_cache_gib": 0.5,
-                                                        "encode_threads": 3}}).sft)
-    assert (s.vision_cache, s.encode_cache_gib, s.encode_threads) == (True, 0.5, 3)
+                                                        "encode_workers": 3}}).sft)
+    assert (s.vision_cache, s.encode_cache_gib, s.encode_workers) == (True, 0.5, 3)
     with pytest.raises(ConfigError, match=r"sft\.encode_cache_gib"):
         parse_config({"sft": {"encode_cache_gib": -1}})

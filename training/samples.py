@@ -1,10 +1,9 @@
-"""The SFT samples of a run, encoded once and kept (`EncodedSamples`), and the next step's encoding done by a pool of
-threads while the current step runs on the GPU (`Prefetch`)."""
+"""The SFT samples of a run, encoded once and kept (`EncodedSamples`), and the next step's encoding done in worker
+processes while the current step runs on the GPU (`Prefetch`)."""
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 
@@ -23,7 +22,6 @@ class EncodedSamples:
         self.n_targets: dict[int, int] = {}
         self.bytes, self.vision = 0, None  # vision: training.vision_cache.VisionFeatures (set by _train)
         self.lengths: dict[int, int] = {}
-        self._lock = threading.Lock()
 
     def batch(self, idx: list[int], pin: bool = False, encs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         return self.collator.pad(encs or [self.get(i) for i in idx], pin=pin)
@@ -51,63 +49,92 @@ class EncodedSamples:
             self.n_targets[i] = int((self.get(i)["labels"][:, 1:] != -100).sum())
         return self.n_targets[i]
 
-    def get(self, i: int, collator=None) -> dict[str, Any]:
-        """Sample i's encoding, kept from an earlier use or encoded now with `collator` (default this object's; a
-        Prefetch thread passes its own copy, since the fast tokenizer is not to be used from two threads)."""
+    def get(self, i: int) -> dict[str, Any]:
+        """Sample i's encoding: kept from an earlier use (or a Prefetch), else encoded now."""
         got = self.cache.get(i)
         if got is not None:
             return got
-        got = (collator or self.collator).encode(self.rows[i])
+        got = self.collator.encode(self.rows[i])
         if self.pixel_dtype is not None and "pixel_values" in got:
             got["pixel_values"] = got["pixel_values"].to(self.pixel_dtype)
+        return self.keep(i, got)
+
+    def keep(self, i: int, got: dict[str, Any]) -> dict[str, Any]:
+        """Add the sample's mRoPE positions (packing) and keep the encoding if the cache bound allows."""
         if self.positions is not None:  # packing: the sample's own multimodal RoPE positions
             got["position_ids"] = self.positions(got)
         size = sum(t.numel() * t.element_size() for t in got.values())
-        with self._lock:  # Prefetch threads keep samples too
-            kept = self.cache.get(i)
-            if kept is not None:
-                return kept
-            if self.bytes + size <= self.max_bytes:
-                self.cache[i], self.bytes = got, self.bytes + size
+        if i not in self.cache and self.bytes + size <= self.max_bytes:
+            self.cache[i], self.bytes = got, self.bytes + size
         return got
 
 
 class Prefetch:
-    """Encodes the samples of the next step on a pool of threads, so the step that needs them finds them kept
-    (EncodedSamples.get) instead of running the chat template and the image processor between its GPU work. Each
-    thread encodes with its own copy of the processor; the image processing releases the GIL, so the threads run
-    in parallel (one thread could not keep up with an H100: docs/LOG.md, session 10).
+    """Encodes the samples of the next step in worker processes, so the step that needs them finds them kept
+    (EncodedSamples.keep) instead of running the chat template and the image processor between its GPU work.
+    Processes, not threads: the image processor holds the GIL long enough that 8 threads made the first epoch
+    2.5x slower than one (they starved the thread that launches the GPU work; docs/LOG.md, session 10).
 
-        ahead = Prefetch(samples, threads=8)
-        ahead.ready()                   # the samples queued for this step are encoded (or failed: raised here)
+        ahead = Prefetch(samples, workers=8)
+        ahead.ready()                   # the samples queued for this step are kept (an encoding error is raised here)
         ahead.start([7, 3, 9])          # this rank's samples of the next step
         ahead.close()
 
-    Samples past the cache bound are encoded again when used (the prefetch then only warmed the cache)."""
+    Each task carries its one row; a worker returns the tensors as raw bytes (not shared memory, which would hold
+    a file descriptor per kept tensor). Samples past the cache bound are encoded again when used."""
 
-    def __init__(self, samples: EncodedSamples, threads: int = 1):
+    def __init__(self, samples: EncodedSamples, workers: int = 1):
+        import multiprocessing
+        import tempfile
+
         self.samples = samples
-        self._local = threading.local()
-        self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="sft-prefetch", initializer=self._init)
+        self.folder = tempfile.TemporaryDirectory(prefix="sft-prefetch-")  # the processor, as the workers load it
+        samples.collator.processor.save_pretrained(self.folder.name)
+        self.pool = ProcessPoolExecutor(max(1, workers), mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_worker_init, initargs=(self.folder.name, samples.pixel_dtype))
         self.pending: list[Future] = []
-
-    def _init(self) -> None:
-        import copy
-        col = self.samples.collator
-        self._local.collator = type(col)(copy.deepcopy(col.processor))
-
-    def _encode(self, i: int) -> None:
-        self.samples.get(i, self._local.collator)
 
     def start(self, idx: list[int]) -> None:
         self.ready()
-        self.pending = [self.pool.submit(self._encode, i) for i in idx]
+        todo = [i for i in dict.fromkeys(idx) if i not in self.samples.cache]
+        self.pending = [self.pool.submit(_encode_one, i, self.samples.rows[i]) for i in todo]
 
     def ready(self) -> None:
         pending, self.pending = self.pending, []
         for fut in pending:
-            fut.result()
+            i, wire = fut.result()
+            self.samples.keep(i, {k: _from_wire(*v) for k, v in wire.items()})
 
     def close(self) -> None:
         self.pending = []
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.folder.cleanup()
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(folder: str, pixel_dtype) -> None:
+    import torch
+
+    from training.data import SFTCollator
+    from training.tokenizer import load_processor
+    torch.set_num_threads(1)  # one core each: the workers share the machine with the training process
+    _WORKER.update(collator=SFTCollator(load_processor(folder)), dtype=pixel_dtype)
+
+
+def _encode_one(i: int, row: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    got = _WORKER["collator"].encode(row)
+    if _WORKER["dtype"] is not None and "pixel_values" in got:
+        got["pixel_values"] = got["pixel_values"].to(_WORKER["dtype"])
+    return i, {k: _to_wire(v) for k, v in got.items()}
+
+
+def _to_wire(t) -> tuple[str, tuple[int, ...], Any]:
+    import torch
+    return str(t.dtype).removeprefix("torch."), tuple(t.shape), t.contiguous().view(-1).view(torch.uint8).numpy()
+
+
+def _from_wire(dtype: str, shape: tuple[int, ...], raw) -> Any:
+    import torch
+    return torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape)

@@ -89,7 +89,7 @@ class TrainSettings:
     packing: bool = False  # micro-batches as packed rows of whole samples (training.packing), not padded batches
     pack_tokens: int = 16384  # with packing: at most this many tokens a micro-batch (a longer sample goes alone)
     encode_cache_gib: float = 4.0  # encoded samples kept in host memory (past it: re-encoded on every use)
-    encode_threads: int | None = None  # CUDA: Prefetch threads (None: the cores over the DDP processes, at most 8)
+    encode_workers: int | None = None  # CUDA: Prefetch processes (None: the cores over the DDP processes, at most 8)
     vision_cache: bool = False  # frozen vision tower, epochs > 1: image features computed once per sample, reused
 
     @classmethod
@@ -245,10 +245,10 @@ def _encoded_samples(model, proc, rows: list[dict[str, Any]], s: TrainSettings, 
     return samples
 
 
-def _encode_threads(s: TrainSettings, ctx: Context) -> int:
-    """sft.encode_threads, else this machine's cores shared by the DDP processes, at most 8."""
+def _encode_workers(s: TrainSettings, ctx: Context) -> int:
+    """sft.encode_workers, else this machine's cores shared by the DDP processes, at most 8."""
     import os
-    return s.encode_threads or max(1, min(8, (os.cpu_count() or 2) // ctx.world - 1))
+    return s.encode_workers or max(1, min(8, (os.cpu_count() or 2) // ctx.world - 1))
 
 
 def _reusable(con, ckpt_id: str, out: Path, root: Path) -> bool:
@@ -314,7 +314,7 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
         raise ValueError(f"sft.batch_size x sft.grad_accum ({per_step}) must be >= the DDP processes ({ctx.world})")
     bar = Bar(st.planned_steps, st.step, "sft") if progress else None
     ddp = _ddp(model, device) if ctx.active else None
-    ahead = Prefetch(samples, _encode_threads(s, ctx)) if device.type == "cuda" else None  # CPU: the cores train
+    ahead = Prefetch(samples, _encode_workers(s, ctx)) if device.type == "cuda" else None  # CPU: the cores train
     model.train()
     step_log: list[tuple[float, int]] = []
     t_run, recent = time.monotonic(), deque(maxlen=10)  # step times: the budget fit follows the current load
@@ -408,7 +408,7 @@ def checkpoint_id_for(iteration: int, dataset: dict[str, Any], base: str, s: Tra
     # left out: knobs that change how, not what, is trained (DDP and packing keep the objective and sample order)
     knobs = {k: v for k, v in asdict(s).items() if k not in ("keep_state", "step_sleep_s", "distributed", "nproc",
                                                            "record_step_times", "packing", "pack_tokens",
-                                                           "encode_cache_gib", "encode_threads", "vision_cache")}
+                                                           "encode_cache_gib", "encode_workers", "vision_cache")}
     payload = {"dataset": dataset["dataset_id"], "episodes": sorted(dataset["episode_ids"]),
                "n_steps": dataset["n_steps"], "base": base, "settings": knobs}
     h = hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
