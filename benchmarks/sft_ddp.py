@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--pack-tokens", type=int, default=24576)
     ap.add_argument("--cache-gib", type=float, default=4.0, help="sft.encode_cache_gib (per process)")
     ap.add_argument("--vision-cache", action="store_true", help="sft.vision_cache (the frozen tower's outputs kept)")
+    ap.add_argument("--encode-workers", type=int, default=None, help="sft.encode_workers (default: automatic)")
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="sides to run (1 alone: a check on one GPU)")
     ap.add_argument("--json", type=Path, help="also write the result here after each mode")
     a = ap.parse_args()
@@ -95,7 +96,7 @@ def main() -> None:
         settings = {"method": mode, "batch_size": a.batch, "grad_accum": a.accum, "max_steps": a.steps, "epochs": 1000.0, "lr": 1e-4,
                     "warmup_ratio": 0.0, "save_every": 10 ** 6, "merge": False, "record_step_times": True,
                     "packing": a.packing, "pack_tokens": a.pack_tokens, "encode_cache_gib": a.cache_gib,
-                    "vision_cache": a.vision_cache}
+                    "vision_cache": a.vision_cache, "encode_workers": a.encode_workers}
         sides = {}
         for n in a.gpus:
             res = run(base, data, a.work / f"{mode}-{n}gpu", settings, n)
