@@ -247,21 +247,28 @@ class SFTCollator:
         return dict(out)
 
     def length(self, sample: dict[str, Any]) -> int:
-        """The tokens `encode(sample)` gives, without running the image processor: the templated text's tokens with
-        each image placeholder counted as that image's tokens (from its size alone). Falls
+        """The tokens `encode(sample)` gives, without decoding an image or running the image processor: the templated
+        text's tokens with each image placeholder counted as that image's tokens (from its size alone). Falls
         back to encoding when the processor cannot count them."""
         images = sample.get("images") or []
         count = getattr(self.processor, "_get_num_multimodal_tokens", None)
         if count is None:
             return int(self.encode(sample)["input_ids"].shape[1])
-        conv = with_images(sample["messages"], images)
+        from PIL import Image
+
+        # the template only writes a placeholder per image item: no pixels needed, and PIL reads sizes from headers
+        conv = [{"role": m["role"], "content": [{k: v for k, v in c.items() if v is not None} for c in m["content"]]
+                 if isinstance(m["content"], list) else m["content"]} for m in sample["messages"]]
         text = self.processor.apply_chat_template([conv], tokenize=False)
         n = len(self.processor.tokenizer(text[0] if isinstance(text, list) else text)["input_ids"])
         if not images:
             return n
-        sizes = [item["image"].size for m in conv if isinstance(m["content"], list) for item in m["content"]
-                 if item.get("type") == "image"]
-        mm = count(image_sizes=[(h, w) for w, h in sizes])
+
+        def size(img):
+            raw = img.get("bytes") or img.get("path") if isinstance(img, dict) else img
+            return (Image.open(io.BytesIO(raw)) if isinstance(raw, (bytes, bytearray)) else
+                    Image.open(raw) if isinstance(raw, str) else raw).size
+        mm = count(image_sizes=[(h, w) for w, h in map(size, images)])
         per_image = mm["num_image_tokens"] if isinstance(mm, dict) else mm.num_image_tokens
         return n - len(images) + sum(per_image)
 
