@@ -201,7 +201,7 @@ class SFTConfig(_Cfg):
     pack_tokens: int = Field(16384, ge=1, description="With packing: at most this many tokens in one packed micro-batch (a longer sample is trained alone); batch_size is then unused within a step, the step still takes batch_size x grad_accum samples")
     encode_cache_gib: float = Field(4.0, ge=0, description="Host memory for samples encoded once (chat template + image processor) and kept across epochs; past it, samples are re-encoded at every use (pixel_values are kept in the vision tower's dtype: bf16 on GPU)")
     encode_workers: int | None = Field(None, ge=1, le=64, description="CUDA: worker processes that encode the next step's samples while the current one trains; null = the CPU cores over the DDP processes, at most 8. One encoding thread could not keep up with an H100 on 1280x704 screenshots, and threads starve the training thread of the GIL (docs/LOG.md, session 10)")
-    vision_cache: bool = Field(False, description="With the vision tower frozen and epochs > 1: each sample's image features are computed once (no_grad) and kept instead of its pixel_values, so later epochs skip the tower (training/vision_cache.py; the same loss up to float rounding; the first epoch is slower on GPU: docs/LOG.md, session 9)")
+    vision_cache: bool | None = Field(None, description="With the vision tower frozen and epochs > 1: each sample's image features are computed once (no_grad) and kept instead of its pixel_values, so later epochs skip the tower (training/vision_cache.py; the same loss up to float rounding). null = on with CUDA (H100, 2B shape: later epochs 1.55x, the first no slower; docs/LOG.md, session 10), off on CPU, where the main job's results were measured without it")
 
 
 class RLConfig(_Cfg):

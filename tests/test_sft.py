@@ -572,14 +572,30 @@ def test_each_lake_keeps_its_own_checkpoints(env, tmp_path):
 
 
 def test_cache_knobs_are_config_keys():
-    """sft.vision_cache (off unless set: the CPU main job's result was measured without it) and sft.encode_cache_gib
+    """sft.vision_cache (automatic unless set: on with CUDA, off on CPU, where the main job was measured) and
+    sft.encode_cache_gib
     reach the trainer from YAML; a negative cache size is refused by the config."""
     from configs.models import ConfigError, parse_config
 
     d = TrainSettings.from_config(parse_config({}).sft)
-    assert (d.vision_cache, d.encode_cache_gib, d.encode_workers) == (False, 4.0, None)
+    assert (d.vision_cache, d.encode_cache_gib, d.encode_workers) == (None, 4.0, None)
     s = TrainSettings.from_config(parse_config({"sft": {"vision_cache": True, "encode_cache_gib": 0.5,
                                                         "encode_workers": 3}}).sft)
     assert (s.vision_cache, s.encode_cache_gib, s.encode_workers) == (True, 0.5, 3)
     with pytest.raises(ConfigError, match=r"sft\.encode_cache_gib"):
         parse_config({"sft": {"encode_cache_gib": -1}})
+
+
+def test_vision_cache_is_automatic_on_cuda_only(env):
+    """sft.vision_cache null: the tower's outputs are kept on CUDA (epochs > 1), not on CPU; set, it is obeyed."""
+    from training.sft import _encoded_samples
+
+    model, proc = load_model(env["tiny"])
+    freeze_vision(model)
+    rows = read_samples(env["data"])[:2]
+    cpu = torch.device("cpu")
+    assert _encoded_samples(model, proc, rows, TrainSettings(epochs=2.0), cpu).vision is None
+    assert _encoded_samples(model, proc, rows, TrainSettings(epochs=2.0, vision_cache=True), cpu).vision is not None
+    assert _encoded_samples(model, proc, rows, TrainSettings(epochs=1.0, vision_cache=True), cpu).vision is None
+    if torch.cuda.is_available():
+        assert _encoded_samples(model.cuda(), proc, rows, TrainSettings(epochs=2.0), torch.device("cuda")).vision

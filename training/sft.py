@@ -90,7 +90,7 @@ class TrainSettings:
     pack_tokens: int = 16384  # with packing: at most this many tokens a micro-batch (a longer sample goes alone)
     encode_cache_gib: float = 4.0  # encoded samples kept in host memory (past it: re-encoded on every use)
     encode_workers: int | None = None  # CUDA: Prefetch processes (None: the cores over the DDP processes, at most 8)
-    vision_cache: bool = False  # frozen vision tower, epochs > 1: image features computed once per sample, reused
+    vision_cache: bool | None = None  # frozen tower, epochs > 1: image features kept (None: on CUDA, off on CPU)
 
     @classmethod
     def from_config(cls, sft_cfg: Any) -> "TrainSettings":
@@ -239,7 +239,8 @@ def _encoded_samples(model, proc, rows: list[dict[str, Any]], s: TrainSettings, 
         linear_patch_embed(model)
     samples = EncodedSamples(rows, SFTCollator(proc), positions=positions, pixel_dtype=pixel_dtype(model),
                              max_bytes=int(s.encode_cache_gib * 2**30))
-    if s.vision_cache and s.epochs > 1:  # a sample seen once gains nothing (and its first pass costs: docs/LOG.md)
+    cache = s.vision_cache if s.vision_cache is not None else device.type == "cuda"  # CPU: the main job's measure
+    if cache and s.epochs > 1:  # a sample seen once gains nothing
         from training.vision_cache import VisionFeatures
         samples.vision = VisionFeatures(model, samples) if VisionFeatures.supported(model) else None
     return samples
