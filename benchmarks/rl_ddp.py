@@ -85,7 +85,8 @@ def main() -> None:
         return worker(a)
     import torch
     a.work.mkdir(parents=True, exist_ok=True)
-    res = {"benchmark": "rl_ddp", "gpus": torch.cuda.device_count(), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    res = {"benchmark": "rl_ddp", "gpus": torch.cuda.device_count(), "device": device,
            "size": a.size, "rows": a.rows, "micro_batch": a.micro, "steps": a.steps, "warmup": a.warmup, "runs": {}}
     for mode in a.modes:
         for algo in a.algos:

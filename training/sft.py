@@ -132,7 +132,6 @@ def read_samples(data_files: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-
 # ------------------------------------------------------------------------------------------------ loop
 def _plan(n: int, s: TrainSettings) -> tuple[int, int]:
     """(optimizer steps, warmup steps) for n samples: the stream is ceil(epochs * n) samples long."""
@@ -149,8 +148,9 @@ def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings,
 
     The loss projects only the labelled positions through the LM head (training.losses.labelled_token_loss:
     the same value as the full-logits loss, without the [tokens x vocab] matrix). Under DDP (`ddp` wraps a
-    LossModule) this rank takes its token-balanced share of the step's samples, and the normaliser is the step's target
-    tokens over all ranks times the world size over DDP's gradient average: the same objective as one device."""
+    LossModule) this rank takes its token-balanced share of the step's samples, and the normaliser is the step's
+    target tokens over all ranks times the world size over DDP's gradient average: the same objective as one
+    device."""
     from contextlib import nullcontext
 
     from training.losses import labelled_token_loss
