@@ -486,18 +486,27 @@ def test_new_rl_knobs_validate_and_reach_the_settings():
 
 
 def test_balanced_share_splits_a_step_by_tokens():
-    """Each DDP rank's part of a step: every sample on exactly one rank, token loads as even as longest-first
-    allows, step order kept, one sample each when there are as many as ranks, none for a rank beyond them."""
+    """Each DDP rank's part of a step: every sample on exactly one rank, step order kept, samples at their home rank
+    (index mod world) when that is balanced, token loads evened out by moves and swaps when it is not, and one
+    sample each when there are as many as ranks."""
     from training.distributed import Context, balanced_share
 
+    def split(idx, lengths, world):
+        parts = [balanced_share(idx, lengths, Context(r, world)) for r in range(world)]
+        assert sorted(i for p in parts for i in p) == sorted(idx)  # every sample exactly once
+        assert all(p == [i for i in idx if i in p] for p in parts)  # step order within a rank
+        return parts, [sum(lengths[idx.index(i)] for i in p) for p in parts]
+
     idx, lengths = [10, 11, 12, 13, 14, 15], [900, 100, 800, 200, 300, 700]
-    parts = [balanced_share(idx, lengths, Context(r, 2)) for r in range(2)]
-    assert sorted(parts[0] + parts[1]) == idx
-    load = [sum(lengths[idx.index(i)] for i in p) for p in parts]
-    assert load == [1500, 1500]  # by count, every other sample would give 2000 / 1000
-    assert parts[0] == sorted(parts[0], key=idx.index)  # step order within a rank
-    assert [balanced_share([5, 6], [3, 9], Context(r, 2)) for r in range(2)] == [[6], [5]]
-    assert balanced_share([5], [3], Context(1, 2)) == [] and balanced_share(idx, lengths, Context()) == idx
+    assert split(idx, lengths, 2)[1] == [1500, 1500]  # at home: 2000 / 1000
+    parts, _ = split(list(range(8)), [100] * 8, 2)  # balanced at home: nobody moves, so caches keep serving
+    assert parts == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    parts, load = split([7, 3, 5, 1, 8, 2, 6, 4], [120, 90, 100, 110, 95, 105, 100, 100], 2)
+    assert max(load) - min(load) <= 20 and len(set(parts[0]) & {8, 2, 6, 4}) >= 3  # most of them still home
+    parts, _ = split([0, 1, 4], [100, 30, 30], 3)  # rank 2 had no home sample: it gets one
+    assert [len(p) for p in parts] == [1, 1, 1] and parts[0] == [0]
+    assert split([5, 6], [3, 9], 2)[0] == [[6], [5]]
+    assert sum(len(p) for p in split([5], [3], 2)[0]) == 1 and balanced_share(idx, lengths, Context()) == idx
 
 
 # ------------------------------------------------------------------------------------------------ replay
