@@ -204,9 +204,19 @@ def launch(base: str, data_files: str | Path, out: Path, s: Any, *, progress: bo
     return json.loads((Path(out) / RESULT_FILE).read_text())
 
 
-def ddp_wrap(module, device):
-    """`module` (every trainable parameter of the run inside it) in PyTorch DDP: gradients all-reduced (averaged)
-    across the torchrun ranks after each synced backward, overlapped with it in buckets."""
+def ddp_wrap(fn, model, device):
+    """`fn(model, *args, **kw)` as a module in PyTorch DDP, so DDP's hooks see the whole forward (backbone and the
+    head the loss projects through): gradients all-reduced (averaged) across the torchrun ranks after each synced
+    backward, overlapped with it in buckets. The SFT loss and the RL log-probs both go through it."""
+    import torch
     from torch.nn.parallel import DistributedDataParallel
-    return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+
+    class Call(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, *args, **kw):
+            return fn(self.model, *args, **kw)
+    return DistributedDataParallel(Call(model), device_ids=[device.index] if device.type == "cuda" else None,
                                    gradient_as_bucket_view=True)  # grads live in the buckets: no copy, less memory

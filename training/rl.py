@@ -60,7 +60,7 @@ from training.core import Bar, TrainableWeights, TrainState, make_optimizer, opt
 from training.distributed import Context, balanced_share, ddp_wrap, gather, global_float, global_floats
 from training.kernels import fuse_model
 from training.rl_encode import (FEEDBACK_BLOCK, SOLUTION_BLOCK, RowEncoder, frozen_copy, length_batches,  # noqa: F401
-                                logprob_module, pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
+                                pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
 from training.rl_state import ResumableTrainer
 from training.rl_data import (assign_advantages, attach_sdpo_context, episode_rows, lake_rows,  # noqa: F401
                               load_rl_rows, row_record, update_summary)
@@ -203,7 +203,7 @@ class RLTrainer(ResumableTrainer):
         self._ema_pairs = None
         # rl.distributed ddp (a torchrun worker): each rank takes its share of every minibatch, DDP averages grads
         self.ctx = ctx or Context()
-        self.ddp = ddp_wrap(logprob_module(model), self.device) if self.ctx.active else None
+        self.ddp = ddp_wrap(response_logprobs, model, self.device) if self.ctx.active else None
 
     # ---------------------------------------------------------------- rows
     def prepare(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -177,20 +177,6 @@ def response_logprobs(model, batch: dict[str, Any], pos, mask, *, entropy: bool 
     return logp, ent, (_per_position(bks, mask, torch.float32), _per_position(ids, mask, torch.long))
 
 
-def logprob_module(model):
-    """`response_logprobs` of `model` as a module, so DDP's hooks see the whole forward (training.distributed)."""
-    import torch
-
-    class LogprobModule(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.model = inner
-
-        def forward(self, batch, pos, mask, **kw):
-            return response_logprobs(self.model, batch, pos, mask, **kw)
-    return LogprobModule(model)
-
-
 def _per_position(chunks: list[Any], mask, dtype):
     """[N, K] values of the masked positions -> [B, R, K] (0 elsewhere)."""
     import torch

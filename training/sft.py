@@ -49,8 +49,8 @@ from training.core import lake_key as _lake_key
 from training.core import model_path_of as _model_path_of  # noqa: F401
 from training.core import trainable as _trainable  # noqa: F401
 from training.samples import EncodedSamples, Prefetch  # noqa: F401 (EncodedSamples: the tests import it here)
-from training.distributed import (Context, balanced_share, gather, global_float, global_sum, launch, setup,
-                                  teardown, wants_launch)
+from training.distributed import (Context, balanced_share, ddp_wrap, gather, global_float, global_sum, launch,
+                                  setup, teardown, wants_launch)
 
 RESULT_FILE = "sft_result.json"
 
@@ -147,8 +147,8 @@ def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings,
     """Forward/backward over grad_accum micro-batches; the loss is normalised by the step's target tokens.
 
     The loss projects only the labelled positions through the LM head (training.losses.labelled_token_loss:
-    the same value as the full-logits loss, without the [tokens x vocab] matrix). Under DDP (`ddp` wraps a
-    LossModule) this rank takes its token-balanced share of the step's samples, and the normaliser is the step's
+    the same value as the full-logits loss, without the [tokens x vocab] matrix). Under DDP (`ddp` wraps
+    `_loss_sum`) this rank takes its token-balanced share of the step's samples, and the normaliser is the step's
     target tokens over all ranks times the world size over DDP's gradient average: the same objective as one
     device."""
     from contextlib import nullcontext
@@ -195,26 +195,10 @@ def _varlen(device) -> bool:
     return device.type == "cuda" and varlen_available()
 
 
-def _ddp(model, device):
-    """The loss module wrapped in PyTorch DDP (gradients all-reduced across the torchrun ranks)."""
-    from training.distributed import ddp_wrap
-    return ddp_wrap(loss_module(model), device)
-
-
-def loss_module(model):
-    """The SFT loss as a module, so DDP's forward hooks see the whole computation (backbone + labelled head)."""
-    import torch
-
+def _loss_sum(model, batch: dict, labels):
+    """The summed labelled-token loss: what DDP wraps (training.distributed.ddp_wrap) for the SFT step."""
     from training.losses import labelled_token_loss
-
-    class LossModule(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.model = inner
-
-        def forward(self, batch: dict, labels):
-            return labelled_token_loss(self.model, batch, labels)[0]
-    return LossModule(model)
+    return labelled_token_loss(model, batch, labels)[0]
 
 
 def _optimizer(weights: TrainableWeights, s: TrainSettings):
@@ -314,7 +298,7 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
     if per_step < ctx.world:  # a rank without a sample would skip the gradient all-reduce the others wait in
         raise ValueError(f"sft.batch_size x sft.grad_accum ({per_step}) must be >= the DDP processes ({ctx.world})")
     bar = Bar(st.planned_steps, st.step, "sft") if progress else None
-    ddp = _ddp(model, device) if ctx.active else None
+    ddp = ddp_wrap(_loss_sum, model, device) if ctx.active else None
     ahead = Prefetch(samples, _encode_workers(s, ctx)) if device.type == "cuda" else None  # CPU: the cores train
     model.train()
     step_log: list[tuple[float, int]] = []
@@ -338,18 +322,8 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
             st.step, st.samples_seen = st.step + 1, st.samples_seen + per_step
             st.tokens, st.target_tokens = st.tokens + tokens, st.target_tokens + n_target
             st.losses.append(round(loss, 6))
-            # under DDP the ranks' mean step time: every rank then takes the same budget decisions
-            dt = global_float(ctx, time.monotonic() - t0) / ctx.world
-            st.elapsed_s += dt
-            if s.record_step_times:
-                step_log.append((round(dt, 5), tokens))
-            recent.append(dt)
-            if s.max_minutes and s.schedule_to_budget and len(recent) >= 4 and st.step % 4 == 0:
-                # leave out the oldest time in the window: early on that is the first step, which pays
-                # one-off costs (allocations, lazy init)
-                fit_budget(st, s, sum(list(recent)[1:]) / (len(recent) - 1))
-                if bar:
-                    bar.total(st.planned_steps)
+            if _clock(st, s, ctx, time.monotonic() - t0, tokens, step_log, recent) and bar:
+                bar.total(st.planned_steps)
             if bar:
                 bar.update(st, time.monotonic() - t_run)
             if st.step % s.save_every == 0 and st.step < st.planned_steps:
@@ -365,6 +339,23 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
         return {}
     extra = {"step_times": [t for t, _ in step_log], "step_tokens": [n for _, n in step_log]} if step_log else {}
     return _finish(model, proc, out, s, st, base, resumed_from, kernels, world_size=ctx.world, **extra)
+
+
+def _clock(st: TrainState, s: TrainSettings, ctx: Context, seconds: float, tokens: int,
+           step_log: list[tuple[float, int]], recent: deque) -> bool:
+    """Account one step's time; True when the budget fit changed the planned steps. Under DDP the time is the
+    ranks' mean, so every rank takes the same budget decisions (a rank stopping alone would hang the others)."""
+    dt = global_float(ctx, seconds) / ctx.world
+    st.elapsed_s += dt
+    if s.record_step_times:
+        step_log.append((round(dt, 5), tokens))
+    recent.append(dt)
+    if s.max_minutes and s.schedule_to_budget and len(recent) >= 4 and st.step % 4 == 0:
+        # leave out the oldest time in the window: early on that is the first step, which pays one-off costs
+        # (allocations, lazy init)
+        fit_budget(st, s, sum(list(recent)[1:]) / (len(recent) - 1))
+        return True
+    return False
 
 
 def _metrics(st: TrainState, s: TrainSettings, model, base: str) -> dict[str, Any]:
