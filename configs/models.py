@@ -241,6 +241,7 @@ class RLConfig(_Cfg):
     warmup_steps: int = Field(20, ge=0, description="Linear learning-rate warmup over the first N optimizer steps of the run (0 = none): Adam's first steps move every weight by ~lr whatever its gradient, which knocked a small SFT'd student's success from 34% to 11% in one round (docs/LOG.md)")
     max_minutes: float | None = Field(None, gt=0, description="Wall-clock cap on the RL updates (summed over rounds); an update stops cleanly when reached")
     seed: int = Field(0, ge=0, description="Seed of the run: minibatch order and which task instances each round samples (sampling itself is unseeded)")
+    guide: Literal["off", "failed", "all"] = Field("off", description="Teacher guidance in the loop (DAgger / LUFFY-style mixed-policy GRPO): after each round's sampling, the bootstrap teacher (bootstrap.policy: scripted or Claude) solves that round's task instances, and its success joins the instance's group as a replayed member (reward 1, weighted as replay). failed: only instances whose group all failed; all: every instance whose group has a failure. Its episodes land in the lake (stage rl, the teacher's policy, a run key of their own), so later iterations curate them too. Needs rl.source sample")
     stored_same_seed: bool = Field(False, description="Replay and the SDPO teacher's stored context take only a stored success of the same task instance (seed), never one of another instance of the task: on a single-screen task another instance's solution names other coordinates")
     old_logp: Literal["recompute", "rollout"] = Field("recompute", description="Old-policy log-probs of the PPO ratio: recompute (a no-grad forward over the round's rows with the weights the update starts from) or rollout (the sampler's stored log-probs for the rows these weights just sampled: one forward over the round fewer, ~15% of a CPU round; replayed rows are still recomputed, and so is everything at rl.temperature != 1). Needs rl.source sample: stored rollouts were sampled by other weights")
     temperature: float | None = Field(None, gt=0, le=5, description="Sampling temperature of the RL rollouts; null = student.temperature. The update scores log-probs of logits / temperature, so the ratio, KL, entropy and SDPO terms are of the policy that sampled (as verl does); the truncated IS weight of a stale row still compares temperature-1 log-probs, the sampler's stored kind. Below 1, fewer samples break the reply format and the policy trained is closer to the greedy one evaluation runs")
@@ -282,6 +283,9 @@ class FlywheelConfig(_Cfg):
         if self.rl.old_logp == "rollout" and self.rl.source != "sample":
             raise ValueError("rl.old_logp 'rollout' needs rl.source 'sample': stored rollout groups were sampled by "
                              "other weights than the update starts from; use old_logp: recompute")
+        if self.rl.guide != "off" and self.rl.source != "sample":
+            raise ValueError(f"rl.guide {self.rl.guide!r} needs rl.source 'sample': the teacher solves the instances "
+                             "each round just sampled, next to the browsers")
         if self.rl.distributed == "ddp" and self.rl.source != "lake":
             raise ValueError("rl.distributed 'ddp' needs rl.source 'lake': the update's processes train on stored "
                              "rollout groups (stage rollouts); sampling runs on the machines with the browsers")

@@ -171,7 +171,7 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
     trainer = rlcore.RLTrainer(model, processor, rlcore.RLSettings.from_config(cfg, algo), base_model=base, ctx=ctx)
     if start:
         trainer.load_state(Path(current) / "trainer_state.pt")
-    history, pool = [], None
+    history, pool, guides, guide_keys = [], None, None, []
     sample_cfg = cfg if not cfg.rl.end_on_parse_error else cfg.model_copy(
         update={"rollout": cfg.rollout.model_copy(update={"on_parse_error": "end"})})
     stored = _stored_groups(lake, iteration) if cfg.rl.source == "lake" else None
@@ -186,8 +186,10 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
                 if pool is None:
                     pool = RolloutPool(spec)
                 keys, n_episodes = [spec.run_key], run_rollouts(spec, progress=progress, pool=pool).total
+                if cfg.rl.guide != "off":
+                    guide_keys, guides = _guide(cfg, iteration, spec.run_key, lake, guides, progress=progress)
             res = trainer.train_round(lake, keys, round_idx=r, iteration=iteration, run_key=run_id,
-                                      git_sha=git_sha())
+                                      git_sha=git_sha(), guide_keys=guide_keys)
             rdir = out / f"round-{r}"
             info = {"round": r, "rollout_run_key": keys[0] if len(keys) == 1 else keys, "episodes": n_episodes,
                     "round_success": res.get("round_success"), "metrics": res.get("summary", {})}
@@ -199,9 +201,34 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
                 pool.reload(current, version=current)
             history.append(info)
     finally:
-        if pool is not None:
-            pool.close()
+        for p in (pool, guides):
+            if p is not None:
+                p.close()
     return start, history, current
+
+
+def _guide(cfg: FlywheelConfig, iteration: int, round_key: str, lake: Lake, pool, *,
+           progress: bool) -> tuple[list[str], Any]:
+    """rl.guide: the bootstrap teacher solves the round's instances whose group has a failure ("all") or only
+    failures ("failed"), one episode each, into the lake (stage rl, a run key of its own: a rerun of the round
+    finds them). Returns ([its run key] or [], the teacher's rollout pool, started on first use and kept)."""
+    from flywheel.stages import rollout_spec, teacher_policy
+    from storage.catalog import connect, runs_sql
+    need = "count(*) FILTER (WHERE NOT success) > 0" + (" AND bool_or(success) IS NOT TRUE" if cfg.rl.guide == "failed" else "")
+    got = connect(lake, write_catalog_file=False).execute(
+        f"SELECT task_id, seed FROM ({runs_sql(lake, 'episodes', [round_key])}) WHERE run_key = ? "
+        f"AND task_reward IS NOT NULL GROUP BY task_id, seed "
+        f"HAVING {need} ORDER BY task_id, seed", [round_key]).fetchall()
+    if not got:
+        return [], pool
+    task_seeds: dict[str, list[int]] = {}
+    for task, seed in got:
+        task_seeds.setdefault(task, []).append(int(seed))
+    spec = rollout_spec(cfg, iteration=iteration, stage="rl", policy=teacher_policy(cfg), tasks=sorted(task_seeds),
+                        seeds=[], split="train", task_seeds=task_seeds)
+    pool = pool or RolloutPool(spec)
+    run_rollouts(spec, progress=progress, pool=pool)
+    return [spec.run_key], pool
 
 
 def _launch(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lake, out: Path, *,

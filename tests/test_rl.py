@@ -18,7 +18,7 @@ from agents.parsing import format_response
 from agents.prompts import PromptOptions, transform_for
 from storage.synthetic import png_pool
 from training.rl import RLSettings, RLTrainer, RowEncoder, response_logprobs, rl_update, teacher_messages
-from training.rl_data import assign_advantages, attach_sdpo_context, episode_rows, load_rl_rows
+from training.rl_data import _pick, assign_advantages, attach_sdpo_context, episode_rows, load_rl_rows
 
 T = transform_for("qwen3-vl", 160, 210)
 PNG = png_pool(2)
@@ -563,6 +563,51 @@ def test_replay_joins_a_stored_success_to_an_all_failed_group(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ resume
+def test_guide_joins_the_teachers_success_to_its_instances_group(tiny, tmp_path):
+    """rl.guide: the teacher's episode of a group's own (task, seed) joins it as a replayed member: "all" for
+    every group with a failure, "failed" only for all-failed ones; a guided group takes no stored success."""
+    from storage.catalog import connect
+    from storage.lake import Lake
+
+    model, proc = _load(tiny)
+    lake = Lake(tmp_path / "lake")
+    ids = _ids(proc, "B")
+    # group a (seed 5000): one success, one failure; group b (seed 5001): both failed; group c (5002): both won
+    for eid, g, seed, ok in (("a1", "ga", 5000, True), ("a2", "ga", 5000, False), ("b1", "gb", 5001, False),
+                             ("b2", "gb", 5001, False), ("c1", "gc", 5002, True), ("c2", "gc", 5002, True)):
+        _write(lake, _episode(eid, g, ok, seed=seed), [_step(eid, 0, "B", ids, [-1.0] * len(ids))])
+    for seed in (5000, 5001, 5002):  # the teacher solved every instance (run key "guide")
+        _write(lake, _episode(f"t{seed}", f"tg{seed}", True, seed=seed, run_key="guide", policy="scripted"),
+               [_step(f"t{seed}", 0, "A", run_key="guide")], stage="rl")
+    demo = _episode("demo", "boot-g", True, seed=3, run_key="boot", policy="scripted")
+    _write(lake, demo, [_step("demo", 0, "A", run_key="boot")], stage="bootstrap")
+    con = connect(lake)
+
+    def joined(**kw):
+        rows = load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", lake=lake, **kw)
+        return sorted((r["group_id"], r["episode_id"]) for r in rows if r["replayed"])
+
+    assert joined(guide_keys=["guide"]) == [("ga", "t5000"), ("gb", "t5001")]  # gc has no failure
+    assert joined(guide_keys=["guide"], guide="failed") == [("gb", "t5001")]
+    # without guide keys the teacher's episodes are stored successes like any other: its own instance first
+    assert joined() == [("gb", "t5001")]
+    assert joined(same_seed=True) == [("gb", "t5001")]
+    rows = load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", guide_keys=["guide"])
+    kept, stats = assign_advantages(rows)
+    guide_rows = [r for r in kept if r["replayed"]]
+    assert {r["seed"] for r in guide_rows} == {5000, 5001} and all(r["advantage"] > 0 for r in guide_rows)
+    assert guide_rows[0]["target_text"] == TEXT["A"] and stats["n_replayed"] == 2
+
+
+def test_replay_spreads_all_failed_groups_over_stored_successes():
+    """Without a success of the group's own instance, each all-failed group of a round takes the next stored
+    success in turn (not every group the newest one); one of its own instance always comes first."""
+    cands = [{"seed": s, "episode_id": f"e{s}"} for s in (7, 8, 9)]
+    firsts = [_pick(cands, 5000, False, turn)[0]["seed"] for turn in range(4)]
+    assert firsts == [7, 8, 9, 7]
+    assert _pick(cands, 9, False, 1)[0]["seed"] == 9 and [c["seed"] for c in _pick(cands, 9, True, 1)] == [9]
+
+
 def test_learner_state_save_and_load_is_exact(tiny, tmp_path):
     s = RLSettings(algorithm="sdpo", sdpo_weight=0.5, lr=1e-3, batch_size=2, sdpo_context="feedback", kl_coef=0.05)
     model, proc = _load(tiny)

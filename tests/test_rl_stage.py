@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from configs.models import load_config
+from configs.models import ConfigError, load_config
 from flywheel.errors import UserError
 from storage.catalog import connect
 
@@ -109,6 +109,27 @@ def test_sigkill_mid_rl_resumes_from_the_last_finished_round(setup, tmp_path):
     assert (round0.parent / "model.safetensors").read_bytes() == weights0  # a finished round is never redone
     total, distinct, _ = _counts(lake)
     assert total == distinct == 12  # 3 rounds x 4 episodes, none duplicated by the rerun
+
+
+def test_guide_teacher_solves_the_rounds_failed_instances(setup):
+    """rl.guide all: after each round's sampling the scripted teacher solves the round's instances with a failure
+    (a random tiny model fails them all), into the lake under stage rl; its successes are the groups' replayed
+    members, not the bootstrap's demos of other instances."""
+    from flywheel.stages import rl
+    cfg, root, model = setup
+    with pytest.raises(ConfigError, match="rl.guide .all. needs rl.source .sample."):
+        load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.guide": "all", "rl.source": "lake"})
+    guided = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.guide": "all", "rl.rounds": 1, "rl.seed": 7})
+    res = rl(guided, 0, model, progress=False)
+    con = connect(root / "lake")
+    sampled = con.execute("SELECT DISTINCT task_id, seed FROM episodes WHERE run_key = ?",
+                          [res["history"][0]["rollout_run_key"]]).fetchall()
+    teacher = con.execute("SELECT task_id, seed, episode_id, success FROM episodes WHERE stage = 'rl' AND "
+                          "policy = 'scripted'").fetchall()
+    assert sorted(t[:2] for t in teacher) == sorted(sampled) and all(t[3] for t in teacher)
+    replayed = {r[0] for r in con.execute("SELECT DISTINCT episode_id FROM rl_rows WHERE run_key = ? AND replayed",
+                                          [res["checkpoint_id"]]).fetchall()}
+    assert replayed == {t[2] for t in teacher}
 
 
 def test_rl_from_stored_groups_samples_nothing(setup):

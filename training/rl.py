@@ -54,7 +54,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from training.core import Bar, TrainableWeights, TrainState, make_optimizer, optimizer_step
 from training.distributed import Context, balanced_share, ddp_wrap, gather, global_float, global_floats
@@ -84,6 +84,7 @@ class RLSettings:
     drop_zero_variance: bool = True
     replay: bool = True
     stored_same_seed: bool = False
+    guide: str = "off"  # rl.guide: how the teacher's episodes in train_round's guide_keys join their groups
     is_cap: float = 2.0
     kl_coef: float = 0.0
     sdpo_weight: float | None = None
@@ -450,16 +451,17 @@ class RLTrainer(ResumableTrainer):
 
     # ---------------------------------------------------------------- a round over the lake
     def train_round(self, lake: Any, run_keys: list[str], *, round_idx: int, iteration: int, run_key: str,
-                    git_sha: str | None = None, progress: bool = False) -> dict[str, Any]:
-        """Load the rollouts' step rows (+ replay), prepare, update, and write `rl_metrics` / `rl_rows` (stage rl,
-        run key `run_key`, one part per round). Returns {"round_success", "summary", "stats", "n_rows", "stopped"}."""
+                    git_sha: str | None = None, progress: bool = False, guide_keys: Sequence[str] = ()) -> dict[str, Any]:
+        """Load the rollouts' step rows (+ replay, + the teacher's `guide_keys` episodes), prepare, update, and write
+        `rl_metrics` / `rl_rows` (stage rl, run key `run_key`, one part per round). Returns {"round_success", "summary", "stats", "n_rows", "stopped"}."""
         from storage.catalog import connect
         from training.models import model_arch
 
         s = self.s
         rows = load_rl_rows(connect(lake, write_catalog_file=False), run_keys, arch=model_arch(self.model),
                             opts=s.prompt_options, targets=s.targets, replay=s.replay,
-                            stored_context=s.distill_weight > 0, same_seed=s.stored_same_seed, lake=lake)
+                            stored_context=s.distill_weight > 0, same_seed=s.stored_same_seed, lake=lake,
+                            guide_keys=guide_keys, guide=s.guide)
         rows, stats = self.prepare(rows)
         res = self.update(rows, round_idx=round_idx, progress=progress)
         metrics, row_rows = lake_rows(res, stats, round_idx=round_idx, run_key=run_key, run_keys=run_keys,

@@ -165,24 +165,56 @@ def stored_successes(con, task_ids: Sequence[str], exclude_run_keys: Sequence[st
     return out
 
 
-def _pick(cands: list[dict[str, Any]], seed: Any, same_seed: bool = False) -> list[dict[str, Any]]:
-    """Candidates in the order tried: the same task instance (seed) first, then the newest (none of another
-    instance when `same_seed`)."""
+def _pick(cands: list[dict[str, Any]], seed: Any, same_seed: bool = False, turn: int = 0) -> list[dict[str, Any]]:
+    """Candidates in the order tried: the same task instance (seed) first (newest first), then the others (none
+    when `same_seed`), rotated by `turn` so that the all-failed groups of one round replay different stored
+    successes instead of all the newest one."""
+    same = [e for e in cands if e["seed"] == seed]
     if same_seed:
-        return [e for e in cands if e["seed"] == seed]
-    return sorted(cands, key=lambda e: e["seed"] != seed)  # stable: newest first within each
+        return same
+    other = [e for e in cands if e["seed"] != seed]
+    k = turn % len(other) if other else 0
+    return same + other[k:] + other[:k]
+
+
+def _join_guides(con, rows: list[dict[str, Any]], groups: dict[str, list[dict[str, Any]]], guide_keys: Sequence[str],
+                 guide: str, *, arch: str, opts: PromptOptions, targets: str, lake: Any) -> set[str]:
+    """rl.guide: append the teacher's successful episode of each group's (task, seed) to `rows` as a replayed
+    member of that group (when the group has a failure, or only failures with `guide` "failed"); the group ids
+    that got one."""
+    if not guide_keys:
+        return set()
+    eps = _query(con, f"SELECT {_EP_COLS} FROM {_source(lake, 'episodes', list(guide_keys))} WHERE "
+                      f"list_contains($1, run_key) AND success AND status = 'ok' ORDER BY episode_id", [list(guide_keys)])
+    by_instance = {(e["task_id"], e["seed"]): e for e in eps}
+    steps = _steps_of(con, eps, lake)
+    joined: set[str] = set()
+    for g, members in groups.items():
+        fails = sum(not m["success"] for m in members)
+        e = by_instance.get((members[0]["task_id"], members[0]["seed"]))
+        if e is None or fails == 0 or (guide == "failed" and fails < len(members)):
+            continue
+        got = episode_rows(e, steps[e["episode_id"]], arch=arch, opts=opts, targets=targets, replayed=True, group_id=g)
+        if got:
+            rows += got
+            joined.add(g)
+    return joined
 
 
 def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: PromptOptions = PromptOptions(),
                  targets: str = "full", replay: bool = True, stored_context: bool = True,
-                 same_seed: bool = False, lake: Any = None) -> list[dict[str, Any]]:
+                 same_seed: bool = False, lake: Any = None, guide_keys: Sequence[str] = (),
+                 guide: str = "all") -> list[dict[str, Any]]:
     """Step rows of the episodes the rollouts `run_keys` wrote (episodes that never got a reward are left out).
 
     `replay`: each all-failed group gets a stored success of its task as an extra, replayed member (`same_seed`:
     only one of the same task instance). Without
     replay but with `stored_context`, that success only becomes the SDPO teacher's "Correct solution" for the
     group's rows (keys stored_solution / stored_episode_id). `lake` (the one `con` views): the rounds' episodes
-    and all steps are read from their runs' files only (the same rows, without opening the whole table)."""
+    and all steps are read from their runs' files only (the same rows, without opening the whole table).
+    `guide_keys` (rl.guide): the teacher's episodes on the round's instances; a success joins the group of its
+    (task, seed) as a replayed member when that group has a failure (`guide` "all") or only failures ("failed"),
+    and such a group takes no stored success."""
     run_keys = list(run_keys)
     if not run_keys:
         return []
@@ -194,13 +226,15 @@ def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: 
     for e in eps:
         rows += episode_rows(e, steps[e["episode_id"]], arch=arch, opts=opts, targets=targets)
         groups.setdefault(e["group_id"] or e["episode_id"], []).append(e)
-    failed = {g: members for g, members in groups.items() if not any(m["success"] for m in members)}
+    guided = _join_guides(con, rows, groups, guide_keys, guide, arch=arch, opts=opts, targets=targets, lake=lake)
+    failed = {g: members for g, members in groups.items()
+              if g not in guided and not any(m["success"] for m in members)}
     if not failed or not (replay or stored_context):
         return rows
-    stored = stored_successes(con, sorted({m[0]["task_id"] for m in failed.values()}), run_keys)
+    stored = stored_successes(con, sorted({m[0]["task_id"] for m in failed.values()}), list(run_keys) + list(guide_keys))
     cache: dict[str, list[dict[str, Any]]] = {}
-    for g, members in failed.items():
-        for cand in _pick(stored.get(members[0]["task_id"], []), members[0]["seed"], same_seed):
+    for turn, (g, members) in enumerate(failed.items()):
+        for cand in _pick(stored.get(members[0]["task_id"], []), members[0]["seed"], same_seed, turn):
             if cand["episode_id"] not in cache:
                 cache.update(_steps_of(con, [cand], lake))
             got = episode_rows(cand, cache[cand["episode_id"]], arch=arch, opts=opts, targets=targets,
