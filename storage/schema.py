@@ -174,6 +174,7 @@ RL_METRICS = pa.schema([
     _f("sdpo_teacher_higher_frac", pa.float64(), "SDPO: fraction of those rows' tokens the teacher scores above the student"),
     _f("sdpo_adv_mean", pa.float64(), "SDPO: mean per-token advantage log pT - log pS over those rows' tokens"),
     _f("sdpo_div_mean", pa.float64(), "SDPO topk: mean per-token divergence between student and teacher over the top-k + tail buckets (null in sampled mode)"),
+    _f("demo_nll", pa.float64(), "rl.demo_nll: token-mean NLL of the minibatch's replayed rows (the behaviour cloning term before its weight; null without replayed rows)"),
     _f("round_success", pa.float64(), "Success rate of the round's sampled episodes (replayed ones excluded)"),
     _f("n_groups", pa.int32(), "Groups in the round"),
     _f("n_groups_kept", pa.int32(), "Groups with a learning signal (nonzero reward variance, after replay)"),

@@ -178,6 +178,25 @@ def test_grpo_raises_the_rewarded_response(tiny):
     assert a1 > a0 + 1.0 and b1 < b0 - 1.0, (a0, a1, b0, b1)
 
 
+def test_demo_nll_clones_the_replayed_reply_at_its_own_token_mean(tiny):
+    """rl.demo_nll (DAPG): the replayed rows' token-mean NLL joins the loss; the metric is that NLL before the
+    step, and the replayed reply ends more likely than with the policy-gradient term alone."""
+    after, nll = {}, {}
+    for w in (0.0, 1.0):
+        model, proc = _load(tiny)
+        rows = _rows(proc, [("l1", "g", False, "B", 1), ("l2", "g", False, "B", 1)])
+        rows += _rows(proc, [("demo", "g", True, "A", 1)], replayed=True)
+        before = _logp(model, proc, rows[2], "A")
+        n_tok = len(rows[2]["response_ids"])
+        trainer = RLTrainer(model, proc, RLSettings(lr=1e-3, batch_size=3, warmup_steps=0, demo_nll=w))
+        rows, _ = trainer.prepare(rows)
+        step = trainer.update(rows, round_idx=0)["steps"][0]
+        demo = next(r for r in rows if r["episode_id"] == "demo")
+        after[w], nll[w] = _logp(model, proc, demo, "A") - before, step["demo_nll"]
+    assert nll[0.0] is None and nll[1.0] == pytest.approx(-before / n_tok, rel=1e-4)
+    assert after[1.0] > after[0.0] + 0.5 > 0.5, after
+
+
 def test_replies_holding_vision_placeholders_are_left_out_not_crashed_on(tiny):
     """A sampled reply can contain <|image_pad|>: teacher-forcing it would make the model count one image token
     too many (transformers raises). Such rows are dropped from the update and counted."""

@@ -85,6 +85,7 @@ class RLSettings:
     replay: bool = True
     stored_same_seed: bool = False
     guide: str = "off"  # rl.guide: how the teacher's episodes in train_round's guide_keys join their groups
+    demo_nll: float = 0.0  # rl.demo_nll: weight of the replayed rows' token-mean NLL (DAPG's behaviour cloning term)
     is_cap: float = 2.0
     kl_coef: float = 0.0
     sdpo_weight: float | None = None
@@ -323,9 +324,10 @@ class RLTrainer(ResumableTrainer):
 
         s, w = self.s, self.s.distill_weight
         lens = [len(old[i]) for i in mb]
-        norm = (len(mb), sum(lens), sum(n > 0 for n in lens))  # rows, tokens, non-empty rows: global normalisers
+        demo_tok = sum(len(old[i]) for i in mb if rows[i].get("replayed"))
+        norm = (len(mb), sum(lens), sum(n > 0 for n in lens), demo_tok)  # rows, tokens, non-empty rows, replayed tokens
         acc = dict.fromkeys(("loss", "ent", "clip", "akl", "ratio", "isw", "klref", "sd_tok", "sd_high", "sd_adv",
-                             "sd_div", "n_sdpo"), 0.0)
+                             "sd_div", "n_sdpo", "demo_nll"), 0.0)
         # under DDP this rank runs its token-balanced share of the minibatch, its loss x world (DDP averages the
         # gradients); a rank left without a row (a minibatch smaller than the world) runs one at weight 0, so every
         # rank takes part in the one synced backward
@@ -355,7 +357,8 @@ class RLTrainer(ResumableTrainer):
                     grad_norm=grad_norm, n_rows=n_rows, n_tokens=n_tok, n_sdpo_rows=int(acc["n_sdpo"]),
                     sdpo_teacher_higher_frac=acc["sd_high"] / sd if sd else None,
                     sdpo_adv_mean=acc["sd_adv"] / sd if sd else None,
-                    sdpo_div_mean=acc["sd_div"] / sd if sd and s.sdpo_mode == "topk" else None)
+                    sdpo_div_mean=acc["sd_div"] / sd if sd and s.sdpo_mode == "topk" else None,
+                    demo_nll=acc["demo_nll"] if norm[3] and s.demo_nll else None)
 
     def _micro(self, idx, rows, enc, tenc, old, ref, isw, norm, scale, acc) -> None:
         """Forward + backward of one micro-batch; its loss over the minibatch's normaliser `norm`, x `scale`."""
@@ -364,7 +367,7 @@ class RLTrainer(ResumableTrainer):
         from training.losses import aggregate, blend, clipped_pg_loss, kl_k3
 
         s, dev, w = self.s, self.device, self.s.distill_weight
-        n_rows, n_tok, n_nonempty = norm
+        n_rows, n_tok, n_nonempty, demo_tok = norm
         batch, pos, mask = self.encoder.pad([enc[i] for i in idx], dev, self.pixel_dtype)
         width = pos.shape[1]
         sd_rows = [j for j, i in enumerate(idx) if i in tenc]
@@ -390,6 +393,13 @@ class RLTrainer(ResumableTrainer):
             loss = aggregate(per_tok, mask, "constant", constant=max(n_tok, 1))
         else:
             loss = aggregate(per_tok, mask, "seq_mean_token_mean") * (int((mask.sum(-1) > 0).sum()) / max(n_nonempty, 1))
+        demo = [j for j, i in enumerate(idx) if rows[i].get("replayed")]
+        if s.demo_nll and demo:  # DAPG: behaviour cloning on the minibatch's replayed tokens, their own token mean
+            dm = torch.zeros_like(mask)
+            dm[demo] = mask[demo]
+            nll = -torch.where(dm, logp, torch.zeros_like(logp)).sum() / max(demo_tok, 1)
+            loss = loss + s.demo_nll * nll
+            part["demo_nll"] = float(nll.detach())
         (loss * scale).backward()
         if not scale:  # a weight-0 stand-in: no metrics
             return
