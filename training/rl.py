@@ -256,31 +256,9 @@ class RLTrainer(ResumableTrainer):
         no advantages). Returns {"steps": per optimizer step metrics, "rows": per row records, "summary",
         "stopped"}."""
         import numpy as np
-        import torch
-
-        from training.losses import truncated_is_weight
 
         s = self.s
-        if rows and any("advantage" not in r for r in rows):
-            rows, _ = self.prepare(rows)
-        self.model.eval()  # no dropout: the first minibatch starts at ratio 1
-        resp = [self.encoder.response_ids(r) for r in rows]
-        ok = [self.encoder.scorable(ids) for ids in resp]
-        n_unscorable = len(ok) - sum(ok)
-        if n_unscorable:  # rare garbage replies; their episodes still count in their groups' baselines
-            rows, resp = [r for r, k in zip(rows, ok) if k], [ids for ids, k in zip(resp, ok) if k]
-        enc = [self.encoder.encode(r["messages"], r["images"], ids) for r, ids in zip(rows, resp)]
-        w = s.distill_weight
-        tenc = {i: self.encoder.encode(teacher_messages(r["messages"], r.get("sdpo_solution"), r.get("sdpo_feedback")),
-                                       r["images"], resp[i])
-                for i, r in enumerate(rows) if w > 0 and r.get("sdpo")}
-        enc, tenc = self._resident(enc, tenc)
-        old = self._old_logp(rows, enc, resp)
-        ref = self._score(self.ref, enc) if self.ref is not None and s.kl_coef > 0 else None
-        # the sampler stores temperature-1 log-probs: at another temperature, staleness is measured at 1
-        raw = old if s.temperature == 1.0 else self._score(self.model, enc, 1.0)
-        isw = [truncated_is_weight(o, torch.tensor(r["behaviour_logp"]) if r.get("behaviour_logp") else o, s.is_cap)
-               for o, r in zip(raw, rows)]
+        rows, resp, enc, tenc, old, ref, isw, n_unscorable = self._inputs(rows)
         steps: list[dict[str, Any]] = []
         per_epoch = math.ceil(len(rows) / s.batch_size)
         bar = Bar(per_epoch * s.epochs, 0, "rl") if progress and rows else None
@@ -312,6 +290,36 @@ class RLTrainer(ResumableTrainer):
                    for i, r in enumerate(rows)]
         return {"steps": steps, "rows": records, "summary": {**update_summary(steps), "n_rows_unscorable": n_unscorable},
                 "stopped": stopped}
+
+    def _inputs(self, rows: list[dict[str, Any]]):
+        """What an update reads per row: the rows it can score (prepared if they carry no advantages), their
+        response ids, encodings (+ the SDPO teacher's), old log-probs, the KL reference's, truncated IS weights,
+        and how many rows were left out (a reply holding a vision placeholder cannot be teacher-forced)."""
+        import torch
+
+        from training.losses import truncated_is_weight
+
+        s = self.s
+        if rows and any("advantage" not in r for r in rows):
+            rows, _ = self.prepare(rows)
+        self.model.eval()  # no dropout: the first minibatch starts at ratio 1
+        resp = [self.encoder.response_ids(r) for r in rows]
+        ok = [self.encoder.scorable(ids) for ids in resp]
+        n_unscorable = len(ok) - sum(ok)
+        if n_unscorable:  # rare garbage replies; their episodes still count in their groups' baselines
+            rows, resp = [r for r, k in zip(rows, ok) if k], [ids for ids, k in zip(resp, ok) if k]
+        enc = [self.encoder.encode(r["messages"], r["images"], ids) for r, ids in zip(rows, resp)]
+        tenc = {i: self.encoder.encode(teacher_messages(r["messages"], r.get("sdpo_solution"), r.get("sdpo_feedback")),
+                                       r["images"], resp[i])
+                for i, r in enumerate(rows) if s.distill_weight > 0 and r.get("sdpo")}
+        enc, tenc = self._resident(enc, tenc)
+        old = self._old_logp(rows, enc, resp)
+        ref = self._score(self.ref, enc) if self.ref is not None and s.kl_coef > 0 else None
+        # the sampler stores temperature-1 log-probs: at another temperature, staleness is measured at 1
+        raw = old if s.temperature == 1.0 else self._score(self.model, enc, 1.0)
+        isw = [truncated_is_weight(o, torch.tensor(r["behaviour_logp"]) if r.get("behaviour_logp") else o, s.is_cap)
+               for o, r in zip(raw, rows)]
+        return rows, resp, enc, tenc, old, ref, isw, n_unscorable
 
     def _resident(self, enc: list[dict[str, Any]], tenc: dict[int, dict[str, Any]]):
         """RowEncoder.resident on this trainer's device, up to device_rows_bytes (none on CPU: rows stay put)."""
