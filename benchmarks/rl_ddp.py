@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 
 
 def worker(a: argparse.Namespace) -> None:
-    from rl_gpu import _time_update, batch_shape, build, calibrate_ui, make_rows
+    from rl_gpu import time_update, batch_shape, build, calibrate_ui, make_rows
     from training.distributed import setup, teardown
     from training.rl import RLSettings, RLTrainer
 
@@ -42,7 +42,7 @@ def worker(a: argparse.Namespace) -> None:
     shape = batch_shape(proc, rows)
     s = RLSettings(algorithm=a.algo, lr=1e-5, batch_size=len(rows), micro_batch=a.micro, epochs=a.warmup + a.steps,
                    warmup_steps=0, seed=0)
-    out = _time_update(RLTrainer(model, proc, s, ctx=ctx), rows, s, a.steps, a.warmup, shape, n_params["total"], False)
+    out = time_update(RLTrainer(model, proc, s, ctx=ctx), rows, s, a.steps, a.warmup, shape, n_params["total"], False)
     if ctx.main:  # rl_gpu's timing: each step between CUDA syncs, the median after the warmup steps
         Path(a.out).write_text(json.dumps({**out, "world_size": ctx.world, "rows": len(rows), "tokens": shape["tokens"],
                                            "params": n_params}))

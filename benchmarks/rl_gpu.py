@@ -204,12 +204,12 @@ def run_ours(model, proc, rows, algo: str, steps: int, warmup: int, shape: dict,
                    fused_kernels=kernels)
     try:
         trainer = RLTrainer(model, proc, s)
-        return _time_update(trainer, rows, s, steps, warmup, shape, n_params, breakdown)
+        return time_update(trainer, rows, s, steps, warmup, shape, n_params, breakdown)
     finally:
         unfuse_model(model)  # the next run (and TRL) gets the stock model
 
 
-def _time_update(trainer, rows, s, steps: int, warmup: int, shape: dict, n_params: int, breakdown: bool) -> dict:
+def time_update(trainer, rows, s, steps: int, warmup: int, shape: dict, n_params: int, breakdown: bool) -> dict:
     times: list[float] = []
     inner = trainer._step
 
