@@ -118,6 +118,17 @@ def test_lengths_without_encoding_and_the_prefetch_thread(env):
     assert sorted(samples.cache) == [0, 2, 3, 5, 6]
     for i in (0, 6):  # the workers' encodings equal the main collator's
         assert all(torch.equal(samples.cache[i][k], v) for k, v in col.encode(rows[i]).items())
+    # past the cache bound an encoding serves its step once from the spill, then is dropped
+    small = EncodedSamples(rows, col, max_bytes=1)
+    ahead.samples = small
+    ahead.start([1, 4])
+    ahead.ready()
+    assert not small.cache and sorted(small.spill) == [1, 4]
+    spilled = small.spill[4]
+    assert small.get(4) is spilled and 4 not in small.spill and small.get(4) is not spilled
+    ahead.start([1])
+    ahead.ready()
+    assert sorted(small.spill) == [1]  # a new step's spill replaces the last
     broken = EncodedSamples([dict(rows[0], images=[])], col)
     ahead.samples = broken
     ahead.start([0])

@@ -22,6 +22,7 @@ class EncodedSamples:
         self.n_targets: dict[int, int] = {}
         self.bytes, self.vision = 0, None  # vision: training.vision_cache.VisionFeatures (set by _train)
         self.lengths: dict[int, int] = {}
+        self.spill: dict[int, dict[str, Any]] = {}  # a Prefetch's encodings past the bound, each used once
 
     def batch(self, idx: list[int], pin: bool = False, encs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         return self.collator.pad(encs or [self.get(i) for i in idx], pin=pin)
@@ -50,8 +51,11 @@ class EncodedSamples:
         return self.n_targets[i]
 
     def get(self, i: int) -> dict[str, Any]:
-        """Sample i's encoding: kept from an earlier use (or a Prefetch), else encoded now."""
+        """Sample i's encoding: kept from an earlier use or a Prefetch (one past the bound serves its step once),
+        else encoded now."""
         got = self.cache.get(i)
+        if got is None:
+            got = self.spill.pop(i, None)
         if got is not None:
             return got
         got = self.collator.encode(self.rows[i])
@@ -81,7 +85,8 @@ class Prefetch:
         ahead.close()
 
     Each task carries its one row; a worker returns the tensors as raw bytes (not shared memory, which would hold
-    a file descriptor per kept tensor). Samples past the cache bound are encoded again when used."""
+    a file descriptor per kept tensor). An encoding past the cache bound is held for its step's one use
+    (EncodedSamples.spill) and then dropped, so the bound still holds and no sample is encoded twice for a step."""
 
     def __init__(self, samples: EncodedSamples, workers: int = 1):
         import multiprocessing
@@ -101,9 +106,14 @@ class Prefetch:
 
     def ready(self) -> None:
         pending, self.pending = self.pending, []
+        spill = {}
         for fut in pending:
             i, wire = fut.result()
-            self.samples.keep(i, {k: _from_wire(*v) for k, v in wire.items()})
+            got = self.samples.keep(i, {k: _from_wire(*v) for k, v in wire.items()})
+            if i not in self.samples.cache:
+                spill[i] = got
+        if pending:  # the previous step's spill was used by now
+            self.samples.spill = spill
 
     def close(self) -> None:
         self.pending = []
