@@ -5,7 +5,8 @@
 
 On one stored RL round (a rollout run key of stage rl), each phase the RL stage runs is timed both ways:
 - load: the round's rows (training.rl_data.load_rl_rows, replay on) through the whole-table views, as before,
-  vs only the round's and the replay candidates' run files (`lake=`); the rows must be equal;
+  vs only the round's and the replay candidates' run files (`lake=`), vs that plus a warm index of the stored
+  successes (`index=`, what the stage's rounds after its first use); the rows must be equal;
 - old log-probs: the no-grad scoring forward over the rows (rl.old_logp recompute; rollout skips it for the
   freshly sampled rows);
 - forward + backward of the policy-gradient loss over `--rows` rows in micro-batches of `--micro`: in minibatch
@@ -37,21 +38,26 @@ def _compare_loads(a, lake, model) -> tuple[list[dict], dict[str, list[float]]]:
     from agents.prompts import PromptOptions
     from storage.catalog import connect
     from training.models import model_arch
-    from training.rl_data import load_rl_rows
+    from training.rl_data import load_rl_rows, stored_index
 
-    def load(with_lake: bool):
+    def load(with_lake: bool, index=None):
         con = connect(lake, write_catalog_file=False)
         return load_rl_rows(con, [a.run_key], arch=model_arch(model), opts=PromptOptions(), targets=a.targets,
-                            replay=True, lake=lake if with_lake else None)
+                            replay=True, lake=lake if with_lake else None, index=index)
 
-    loads: dict[str, list[float]] = {"views": [], "run_files": []}
+    # the stage keeps one index of stored successes per run: built on its first round, then each later round
+    # opens only the episode files added since (here: none), so the warm index is what rounds 1+ see
+    index = stored_index(lake)
+    build, _ = _timed(lambda: index.rows(connect(lake, write_catalog_file=False)))
+    loads: dict[str, list[float]] = {"views": [], "run_files": [], "run_files_warm_index": [],
+                                     "index_first_build": [build]}
     got = {}
     for _ in range(a.repeats):
-        for name, flag in (("views", False), ("run_files", True)):
-            dt, got[name] = _timed(lambda: load(flag))
+        for name, flag, idx in (("views", False, None), ("run_files", True, None), ("run_files_warm_index", True, index)):
+            dt, got[name] = _timed(lambda: load(flag, idx))
             loads[name].append(dt)
-    if got["views"] != got["run_files"]:
-        raise SystemExit("the two loads returned different rows")
+    if not got["views"] == got["run_files"] == got["run_files_warm_index"]:
+        raise SystemExit("the loads returned different rows")
     return got["run_files"], loads
 
 
@@ -115,6 +121,7 @@ def main() -> None:
         "seconds": {k: round(v, 2) for k, v in med.items()},
         "score_old_logp_s": round(statistics.median(scores), 2),
         "load_speedup": round(med["load_views"] / med["load_run_files"], 2),
+        "load_index_speedup": round(med["load_run_files"] / med["load_run_files_warm_index"], 2),
         "pad_fraction": {k: round(v, 3) for k, v in pads.items()},
         "fwd_bwd_speedup": round(med["fwd_bwd_random"] / med["fwd_bwd_length"], 2),
         "date": time.strftime("%Y-%m-%d %H:%M"),

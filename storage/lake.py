@@ -119,6 +119,7 @@ class LakeFile:
     stage: str
     path: Path | str  # a Path on disk, an s3:// string in a bucket
     size: int = 0
+    mtime_ns: int = 0  # on disk (0 in a bucket): with the size, tells a rewritten file from the one read before
 
     @property
     def run_part(self) -> str:
@@ -296,8 +297,10 @@ class Lake:
             else:
                 d = self.root / name
                 paths = sorted(d.glob("iteration=*/stage=*/*.parquet")) if d.exists() else []
-                found = [(p, p.stat().st_size, p.relative_to(d).parts) for p in paths]
+                stats = [(p, p.stat()) for p in paths]
+                found = [(p, (st.st_size, st.st_mtime_ns), p.relative_to(d).parts) for p, st in stats]
             for p, size, parts in found:
+                size, mtime = size if isinstance(size, tuple) else (size, 0)
                 if len(parts) != 3 or not parts[2].endswith(".parquet") or not parts[1].startswith("stage="):
                     continue
                 try:
@@ -305,7 +308,7 @@ class Lake:
                 except ValueError:
                     continue
                 if it >= 0:
-                    out.append(LakeFile(name, it, parts[1].split("=", 1)[1], p, size))
+                    out.append(LakeFile(name, it, parts[1].split("=", 1)[1], p, size, mtime))
         return out
 
     def has_data(self, table: str) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.catalog import connect
+from storage.catalog import FilteredRows, connect
 from storage.lake import Lake, LakeError
 from storage.synthetic import png_pool, synthetic_episodes
 
@@ -87,6 +87,13 @@ def test_writes_views_reruns_and_replace_run(s3):
     assert con.execute("SELECT count(*), count(DISTINCT episode_id) FROM episodes").fetchone() == (6, 6)
     assert con.execute("SELECT count(*) FROM steps").fetchone()[0] == len(steps)
     assert [f.run_part for f in lake.files("episodes")] == ["r1-00000"]
+    # FilteredRows (RL replay's incremental read) over bucket objects: the view's rows, then a new object's
+    ok = FilteredRows(lake, "episodes", "episode_id", "success")
+    want = sorted(r[0] for r in con.execute("SELECT episode_id FROM episodes WHERE success").fetchall())
+    assert sorted(r["episode_id"] for r in ok.rows(con)) == want
+    more, _ = synthetic_episodes(2, 1, seed=1, run_key="r2")
+    lake.write("episodes", [dict(e, success=True) for e in more], iteration=0, stage="rollouts", run_key="r2")
+    assert sorted(r["episode_id"] for r in ok.rows(con)) == sorted(want + [e["episode_id"] for e in more])
     # tables with no objects are empty typed views, as on disk
     assert con.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 0
     assert Lake(f"s3://{BUCKET}/unit", create=False).has_data("steps")

@@ -18,7 +18,8 @@ from agents.parsing import format_response
 from agents.prompts import PromptOptions, transform_for
 from storage.synthetic import png_pool
 from training.rl import RLSettings, RLTrainer, RowEncoder, response_logprobs, rl_update, teacher_messages
-from training.rl_data import _pick, assign_advantages, attach_sdpo_context, episode_rows, load_rl_rows
+from training.rl_data import (_pick, assign_advantages, attach_sdpo_context, episode_rows, load_rl_rows,
+                              stored_index, stored_successes)
 
 T = transform_for("qwen3-vl", 160, 210)
 PNG = png_pool(2)
@@ -565,6 +566,31 @@ def test_replay_joins_a_stored_success_to_an_all_failed_group(tiny, tmp_path):
     # rl.stored_same_seed: the demo is of seed 3, the group of seed 5000: neither replay nor stored context
     same = load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", same_seed=True)
     assert not any(r["replayed"] or r.get("stored_solution") for r in same) and len(same) == 4
+    # the incremental index of stored successes gives the same rows, and a success written later is found
+    index = stored_index(lake)
+    assert load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", lake=lake,
+                        index=index) == load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(),
+                                                     targets="action", lake=lake)
+    late = _episode("late", "boot-g2", True, seed=5000, run_key="boot2", policy="scripted")
+    _write(lake, late, [_step("late", 0, "A", run_key="boot2")], stage="bootstrap")
+    con = connect(lake)
+    for idx in (None, index):  # the group's own instance now has a stored success: it comes first
+        again = load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", lake=lake,
+                             index=idx)
+        assert {r["episode_id"] for r in again if r["replayed"]} == {"late"}
+    assert stored_successes(con, ["click-test"], ["rl-r0"], index) == stored_successes(con, ["click-test"], ["rl-r0"])
+
+    class Counting:  # counts the queries the index runs: none while no episode file changed
+        def __init__(self, con):
+            self.con, self.n = con, 0
+
+        def execute(self, *a):
+            self.n += 1
+            return self.con.execute(*a)
+    counting = Counting(con)
+    assert index.rows(counting) and counting.n == 0
+    lake.delete_run("episodes", iteration=0, stage="bootstrap", run_key="boot2")
+    assert [e["episode_id"] for e in stored_successes(con, ["click-test"], [], index)["click-test"]] == ["demo"]
 
     # a round over the lake: replayed rows train at IS weight 1 and the round's numbers land in rl_metrics / rl_rows
     trainer = RLTrainer(model, proc, RLSettings(lr=1e-3, batch_size=2, targets="action"))

@@ -63,7 +63,7 @@ from training.rl_encode import (FEEDBACK_BLOCK, SOLUTION_BLOCK, RowEncoder, froz
                                 pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
 from training.rl_state import ResumableTrainer
 from training.rl_data import (assign_advantages, attach_sdpo_context, episode_rows, lake_rows,  # noqa: F401
-                              load_rl_rows, row_record, update_summary)
+                              load_rl_rows, row_record, stored_index, update_summary)
 
 ALGORITHMS = ("grpo", "dr_grpo", "gspo", "sdpo")
 
@@ -206,6 +206,7 @@ class RLTrainer(ResumableTrainer):
         # rl.distributed ddp (a torchrun worker): each rank takes its share of every minibatch, DDP averages grads
         self.ctx = ctx or Context()
         self.ddp = ddp_wrap(response_logprobs, model, self.device) if self.ctx.active else None
+        self._stored = None  # train_round's stored_index of the lake it reads
 
     # ---------------------------------------------------------------- rows
     def prepare(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -476,10 +477,12 @@ class RLTrainer(ResumableTrainer):
         from training.models import model_arch
 
         s = self.s
+        if self._stored is None or self._stored.lake is not lake:
+            self._stored = stored_index(lake)  # kept across rounds: each opens only the new episode files
         rows = load_rl_rows(connect(lake, write_catalog_file=False), run_keys, arch=model_arch(self.model),
                             opts=s.prompt_options, targets=s.targets, replay=s.replay,
                             stored_context=s.distill_weight > 0, same_seed=s.stored_same_seed, lake=lake,
-                            guide_keys=guide_keys, guide=s.guide)
+                            guide_keys=guide_keys, guide=s.guide, index=self._stored)
         rows, stats = self.prepare(rows)
         res = self.update(rows, round_idx=round_idx, progress=progress)
         metrics, row_rows = lake_rows(res, stats, round_idx=round_idx, run_key=run_key, run_keys=run_keys,

@@ -151,14 +151,33 @@ def _steps_of(con, episodes: Sequence[dict[str, Any]], lake: Any = None) -> dict
     return out
 
 
-def stored_successes(con, task_ids: Sequence[str], exclude_run_keys: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    """Successful train-split episodes of these tasks outside `exclude_run_keys`, per task, newest first."""
+STORED_WHERE = "success AND status = 'ok' AND split = 'train'"
+
+
+def stored_index(lake: Any):
+    """The lake's stored successes, read incrementally (storage.catalog.FilteredRows): keep one per RL run and pass
+    it to load_rl_rows, so each round opens only the episode files added since the last."""
+    from storage.catalog import FilteredRows
+    return FilteredRows(lake, "episodes", _EP_COLS + ", ended_at", STORED_WHERE)
+
+
+def stored_successes(con, task_ids: Sequence[str], exclude_run_keys: Sequence[str],
+                     index: Any = None) -> dict[str, list[dict[str, Any]]]:
+    """Successful train-split episodes of these tasks outside `exclude_run_keys`, per task, newest first (`index`:
+    a stored_index, the same rows without reading every file of the table)."""
     if not task_ids:
         return {}
-    rows = _query(con, f"SELECT {_EP_COLS} FROM episodes WHERE success AND status = 'ok' AND split = 'train' "
-                       f"AND list_contains($1, task_id) AND NOT list_contains($2, run_key) "
-                       f"ORDER BY task_id, ended_at DESC NULLS LAST, episode_id",
-                  [list(task_ids), list(exclude_run_keys)])
+    if index is None:
+        rows = _query(con, f"SELECT {_EP_COLS} FROM episodes WHERE {STORED_WHERE} "
+                           f"AND list_contains($1, task_id) AND NOT list_contains($2, run_key) "
+                           f"ORDER BY task_id, ended_at DESC NULLS LAST, episode_id",
+                      [list(task_ids), list(exclude_run_keys)])
+    else:  # the same filter and order as the query above
+        tasks, skip = set(task_ids), set(exclude_run_keys)
+        rows = sorted((r for r in index.rows(con) if r["task_id"] in tasks and r["run_key"] not in skip),
+                      key=lambda r: r["episode_id"])
+        rows.sort(key=lambda r: (0,) if r["ended_at"] is None else (1, r["ended_at"]), reverse=True)
+        rows = [{k: v for k, v in r.items() if k != "ended_at"} for r in sorted(rows, key=lambda r: r["task_id"])]
     out: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         out.setdefault(r["task_id"], []).append(r)
@@ -204,14 +223,15 @@ def _join_guides(con, rows: list[dict[str, Any]], groups: dict[str, list[dict[st
 def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: PromptOptions = PromptOptions(),
                  targets: str = "full", replay: bool = True, stored_context: bool = True,
                  same_seed: bool = False, lake: Any = None, guide_keys: Sequence[str] = (),
-                 guide: str = "all") -> list[dict[str, Any]]:
+                 guide: str = "all", index: Any = None) -> list[dict[str, Any]]:
     """Step rows of the episodes the rollouts `run_keys` wrote (episodes that never got a reward are left out).
 
     `replay`: each all-failed group gets a stored success of its task as an extra, replayed member (`same_seed`:
     only one of the same task instance). Without
     replay but with `stored_context`, that success only becomes the SDPO teacher's "Correct solution" for the
     group's rows (keys stored_solution / stored_episode_id). `lake` (the one `con` views): the rounds' episodes
-    and all steps are read from their runs' files only (the same rows, without opening the whole table).
+    and all steps are read from their runs' files only (the same rows, without opening the whole table); `index`
+    (stored_index) finds the stored successes without reading every episode file again.
     `guide_keys` (rl.guide): the teacher's episodes on the round's instances; a success joins the group of its
     (task, seed) as a replayed member when that group has a failure (`guide` "all") or only failures ("failed"),
     and such a group takes no stored success."""
@@ -231,7 +251,8 @@ def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: 
               if g not in guided and not any(m["success"] for m in members)}
     if not failed or not (replay or stored_context):
         return rows
-    stored = stored_successes(con, sorted({m[0]["task_id"] for m in failed.values()}), list(run_keys) + list(guide_keys))
+    stored = stored_successes(con, sorted({m[0]["task_id"] for m in failed.values()}), list(run_keys) + list(guide_keys),
+                              index)
     cache: dict[str, list[dict[str, Any]]] = {}
     for turn, (g, members) in enumerate(failed.items()):
         for cand in _pick(stored.get(members[0]["task_id"], []), members[0]["seed"], same_seed, turn):
