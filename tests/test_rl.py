@@ -196,6 +196,17 @@ def test_demo_nll_clones_the_replayed_reply_at_its_own_token_mean(tiny):
         after[w], nll[w] = _logp(model, proc, demo, "A") - before, step["demo_nll"]
     assert nll[0.0] is None and nll[1.0] == pytest.approx(-before / n_tok, rel=1e-4)
     assert after[1.0] > after[0.0] + 0.5 > 0.5, after
+    # rl.pg_weight 0 (the ablation): the loss is the clone term alone; with no clone term nothing moves
+    for w, expect_grad in ((1.0, True), (0.0, False)):
+        model, proc = _load(tiny)
+        rows, _ = RLTrainer(model, proc, RLSettings()).prepare(
+            _rows(proc, [("l1", "g", False, "B", 1), ("l2", "g", False, "B", 1)])
+            + _rows(proc, [("demo", "g", True, "A", 1)], replayed=True))
+        trainer = RLTrainer(model, proc, RLSettings(lr=1e-3, batch_size=3, warmup_steps=0, demo_nll=w, pg_weight=0.0))
+        step = trainer.update(rows, round_idx=0)["steps"][0]
+        assert (step["grad_norm"] > 0) == expect_grad
+        if w:
+            assert step["loss"] == pytest.approx(step["demo_nll"], rel=1e-5)
 
 
 def test_replies_holding_vision_placeholders_are_left_out_not_crashed_on(tiny):

@@ -86,6 +86,7 @@ class RLSettings:
     stored_same_seed: bool = False
     guide: str = "off"  # rl.guide: how the teacher's episodes in train_round's guide_keys join their groups
     demo_nll: float = 0.0  # rl.demo_nll: weight of the replayed rows' token-mean NLL (DAPG's behaviour cloning term)
+    pg_weight: float = 1.0  # rl.pg_weight: weight of the policy-gradient term (0: an ablation without it)
     is_cap: float = 2.0
     kl_coef: float = 0.0
     sdpo_weight: float | None = None
@@ -387,6 +388,7 @@ class RLTrainer(ResumableTrainer):
         isw_t = rows_tensor([isw[i] for i in idx], width, dev, fill=1.0)
         adv = torch.tensor([rows[i]["advantage"] for i in idx], dtype=torch.float32, device=dev)
         per_tok, st = clipped_pg_loss(logp, old_t, adv, mask, s.clip[0], s.clip[1], s.level, is_weight=isw_t)
+        per_tok = per_tok * s.pg_weight if s.pg_weight != 1.0 else per_tok
         part = dict.fromkeys(acc, 0.0)
         if sd_rows:
             part["n_sdpo"] = len(sd_rows)
