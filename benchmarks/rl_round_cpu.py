@@ -53,7 +53,8 @@ def _compare_loads(a, lake, model) -> tuple[list[dict], dict[str, list[float]]]:
                                      "index_first_build": [build]}
     got = {}
     for _ in range(a.repeats):
-        for name, flag, idx in (("views", False, None), ("run_files", True, None), ("run_files_warm_index", True, index)):
+        for name, flag, idx in (("views", False, None), ("run_files", True, None),
+                                ("run_files_warm_index", True, index)):
             dt, got[name] = _timed(lambda: load(flag, idx))
             loads[name].append(dt)
     if not got["views"] == got["run_files"] == got["run_files_warm_index"]:

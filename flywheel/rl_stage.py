@@ -214,7 +214,9 @@ def _guide(cfg: FlywheelConfig, iteration: int, round_key: str, lake: Lake, pool
     finds them). Returns ([its run key] or [], the teacher's rollout pool, started on first use and kept)."""
     from flywheel.stages import rollout_spec, teacher_policy
     from storage.catalog import connect, runs_sql
-    need = "count(*) FILTER (WHERE NOT success) > 0" + (" AND bool_or(success) IS NOT TRUE" if cfg.rl.guide == "failed" else "")
+    need = "count(*) FILTER (WHERE NOT success) > 0"
+    if cfg.rl.guide == "failed":
+        need += " AND bool_or(success) IS NOT TRUE"
     got = connect(lake, write_catalog_file=False).execute(
         f"SELECT task_id, seed FROM ({runs_sql(lake, 'episodes', [round_key])}) WHERE run_key = ? "
         f"AND task_reward IS NOT NULL GROUP BY task_id, seed "

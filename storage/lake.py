@@ -292,15 +292,14 @@ class Lake:
         out: list[LakeFile] = []
         for name in ([table] if table else TABLES):
             if self.store:
-                found = [(p, size, p[len(self.store.join(name)) + 1:].split("/"))
+                found = [(p, (size, 0), p[len(self.store.join(name)) + 1:].split("/"))
                          for p, size in self.store.list_files(self.store.join(name))]
             else:
                 d = self.root / name
                 paths = sorted(d.glob("iteration=*/stage=*/*.parquet")) if d.exists() else []
                 stats = [(p, p.stat()) for p in paths]
                 found = [(p, (st.st_size, st.st_mtime_ns), p.relative_to(d).parts) for p, st in stats]
-            for p, size, parts in found:
-                size, mtime = size if isinstance(size, tuple) else (size, 0)
+            for p, (size, mtime), parts in found:
                 if len(parts) != 3 or not parts[2].endswith(".parquet") or not parts[1].startswith("stage="):
                     continue
                 try:

@@ -472,9 +472,11 @@ class RLTrainer(ResumableTrainer):
 
     # ---------------------------------------------------------------- a round over the lake
     def train_round(self, lake: Any, run_keys: list[str], *, round_idx: int, iteration: int, run_key: str,
-                    git_sha: str | None = None, progress: bool = False, guide_keys: Sequence[str] = ()) -> dict[str, Any]:
+                    git_sha: str | None = None, progress: bool = False,
+                    guide_keys: Sequence[str] = ()) -> dict[str, Any]:
         """Load the rollouts' step rows (+ replay, + the teacher's `guide_keys` episodes), prepare, update, and write
-        `rl_metrics` / `rl_rows` (stage rl, run key `run_key`, one part per round). Returns {"round_success", "summary", "stats", "n_rows", "stopped"}."""
+        `rl_metrics` / `rl_rows` (stage rl, run key `run_key`, one part per round).
+        Returns {"round_success", "summary", "stats", "n_rows", "stopped"}."""
         from storage.catalog import connect
         from training.models import model_arch
 

@@ -204,7 +204,7 @@ def _join_guides(con, rows: list[dict[str, Any]], groups: dict[str, list[dict[st
     if not guide_keys:
         return set()
     eps = _query(con, f"SELECT {_EP_COLS} FROM {_source(lake, 'episodes', list(guide_keys))} WHERE "
-                      f"list_contains($1, run_key) AND success AND status = 'ok' ORDER BY episode_id", [list(guide_keys)])
+                      f"list_contains($1, run_key) AND {STORED_WHERE} ORDER BY episode_id", [list(guide_keys)])
     by_instance = {(e["task_id"], e["seed"]): e for e in eps}
     steps = _steps_of(con, eps, lake)
     joined: set[str] = set()
@@ -251,8 +251,8 @@ def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: 
               if g not in guided and not any(m["success"] for m in members)}
     if not failed or not (replay or stored_context):
         return rows
-    stored = stored_successes(con, sorted({m[0]["task_id"] for m in failed.values()}), list(run_keys) + list(guide_keys),
-                              index)
+    stored = stored_successes(con, sorted({m[0]["task_id"] for m in failed.values()}),
+                              list(run_keys) + list(guide_keys), index)
     cache: dict[str, list[dict[str, Any]]] = {}
     for turn, (g, members) in enumerate(failed.items()):
         for cand in _pick(stored.get(members[0]["task_id"], []), members[0]["seed"], same_seed, turn):
