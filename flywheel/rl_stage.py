@@ -88,13 +88,16 @@ def _save_round(model, processor, trainer_state: dict[str, Any], rdir: Path, inf
 
 
 def plot_rl_metrics(lake: Lake, run_id: str, out: Path) -> Path | None:
-    """Per optimizer step: loss, entropy, clip fraction, approx KL, grad norm, |advantage|; per round: success."""
+    """Per policy-update step: loss, entropy, clip fraction, approx KL, grad norm, |advantage|; per round: success;
+    per rl.clone_steps step (algo 'clone'): its NLL."""
     from storage.catalog import connect
     cols = ["loss", "entropy", "clip_frac", "approx_kl", "grad_norm", "adv_abs", "round_success"]
-    rows = connect(lake, write_catalog_file=False).execute(
-        f"SELECT global_step, {', '.join(cols)} FROM rl_metrics WHERE run_key = ? ORDER BY global_step",
-        [run_id]).fetchall()
-    if not rows:
+    con = connect(lake, write_catalog_file=False)
+    rows = con.execute(f"SELECT global_step, {', '.join(cols)} FROM rl_metrics WHERE run_key = ? "
+                       "AND algo IS DISTINCT FROM 'clone' ORDER BY global_step", [run_id]).fetchall()
+    clone = con.execute("SELECT global_step, loss FROM rl_metrics WHERE run_key = ? AND algo = 'clone' "
+                        "ORDER BY global_step", [run_id]).fetchall()
+    if not rows and not clone:
         return None
     import matplotlib
     matplotlib.use("Agg")
@@ -105,7 +108,12 @@ def plot_rl_metrics(lake: Lake, run_id: str, out: Path) -> Path | None:
         ax.plot(steps, [r[i] for r in rows], "-o" if len(rows) < 30 else "-", ms=3)
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
-    axes.flat[-1].axis("off")
+    if clone:
+        axes.flat[-1].plot([c[0] for c in clone], [c[1] for c in clone], "-", color="tab:green")
+        axes.flat[-1].set_title("clone NLL", fontsize=9)
+        axes.flat[-1].grid(alpha=0.3)
+    else:
+        axes.flat[-1].axis("off")
     fig.suptitle(f"{run_id}: per optimizer step", fontsize=10)
     return save_png(fig, out)
 
@@ -130,6 +138,7 @@ def rl_stage(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, lake: Lake
     if rounds is not None:
         cfg = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"rounds": rounds})})
     tasks = resolve_tasks(_rl_tasks(cfg), for_training=True)
+    resolve_tasks(cfg.rl.clone_tasks or [], for_training=True)  # rl.clone_steps never learns a held-out task
     base = str(lake.resolve(checkpoint)) if not Path(checkpoint).is_absolute() else checkpoint
     if not Path(base).exists():
         raise UserError(f"RL start checkpoint {checkpoint} does not exist; run the sft stage first or pass --checkpoint")

@@ -155,8 +155,9 @@ RL_METRICS = pa.schema([
     _f("update_step", pa.int32(), "Optimizer step within the round's update (0-based)", False),
     _f("global_step", pa.int64(), "Optimizer step over the whole run (resumed runs continue the count)"),
     _f("epoch", pa.int32(), "Pass over the round's rows the step belongs to"),
-    _f("algo", pa.string(), "'grpo' | 'dr_grpo' | 'gspo' | 'sdpo'"),
-    _f("loss", pa.float64(), "Aggregated loss of the step (PG, blended with SDPO by sdpo_weight, + kl_coef * KL)"),
+    _f("algo", pa.string(), "'grpo' | 'dr_grpo' | 'gspo' | 'sdpo', or 'clone' for an rl.clone_steps step"),
+    _f("loss", pa.float64(), "Aggregated loss of the step (PG, blended with SDPO by sdpo_weight, + kl_coef * KL); "
+       "a 'clone' step: the token-mean NLL of its rows"),
     _f("entropy", pa.float64(), "Policy entropy, mean over the step's response tokens (nats)"),
     _f("clip_frac", pa.float64(), "Fraction of response tokens whose PPO clip is active (zero gradient)"),
     _f("approx_kl", pa.float64(), "k3 estimate of KL(old || current) over the response tokens"),

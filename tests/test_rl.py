@@ -717,3 +717,61 @@ def test_kl_penalty_uses_a_frozen_reference_only_when_asked(tiny):
     res = trainer.update(rows)
     kls = [m["kl_ref"] for m in res["steps"]]
     assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[-1] > kls[1] > 0  # drifts from the frozen start
+
+
+# ------------------------------------------------------------------------------------------------ clone steps
+def test_clone_draw_splits_each_batch_between_focus_and_rehearsal():
+    """rl.clone_focus: round(n x focus) draws from the RL tasks, the rest from the others; the same seed draws the
+    same episodes, and an empty side leaves every draw to the other."""
+    import numpy as np
+
+    from training.rl_clone import draw
+    pool = {"click-button": [{"episode_id": f"b{i}"} for i in range(5)],
+            "click-test": [{"episode_id": f"t{i}"} for i in range(3)], "focus-text": [{"episode_id": "f0"}]}
+    got = draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(3))
+    assert sum(e["episode_id"][0] == "b" for e in got) == 30 and len(got) == 40
+    assert {e["episode_id"][0] for e in got[30:]} == {"t", "f"}
+    assert got == draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(3))
+    assert got != draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(4))
+    assert all(e["episode_id"][0] == "b" for e in draw({"click-button": pool["click-button"]}, ["click-button"], 8, 0.5,
+                                                        np.random.default_rng(0)))
+    assert all(e["episode_id"][0] != "b" for e in draw({"click-test": pool["click-test"]}, ["click-button"], 8, 0.5,
+                                                        np.random.default_rng(0)))
+    assert draw({}, ["click-button"], 8, 0.5, np.random.default_rng(0)) == []
+
+
+def test_clone_round_learns_the_lakes_stored_successes(tiny, tmp_path):
+    """rl.clone_steps after a round's update: NLL steps on the lake's stored successes (a teacher demo of the RL
+    task, a student success of a rehearsed task; failures never), logged as 'clone' rl_metrics rows whose loss is
+    the token-mean NLL before the step; both replies end more likely."""
+    from storage.catalog import connect
+    from storage.lake import Lake
+
+    model, proc = _load(tiny)
+    lake = Lake(tmp_path / "lake")
+    ids_b = _ids(proc, "B")
+    _write(lake, _episode("demo", "boot-g", True, task="click-button", seed=3, run_key="boot", policy="scripted"),
+           [_step("demo", 0, "A", run_key="boot")], stage="bootstrap")
+    _write(lake, _episode("own", "g1", True, task="click-test", seed=5000), [_step("own", 0, "B", ids_b, [-1.0] * len(ids_b))])
+    _write(lake, _episode("lost", "g1", False, task="click-test", seed=5000), [_step("lost", 0, "B", ids_b, [-1.0] * len(ids_b))])
+    for eid, which in (("p", "A"), ("q", "B")):  # the rounds' rows: one group, a success and a failure
+        _write(lake, _episode(eid, "g9", eid == "p", task="click-button", seed=5001, run_key="rl-r1"),
+               [_step(eid, 0, which, _ids(proc, which), [-1.0] * len(_ids(proc, which)), run_key="rl-r1")])
+    demo_row = _rows(proc, [("x", "g", True, "A", 1)])[0]
+    before = {w: _logp(model, proc, demo_row, w) for w in "AB"}
+    s = RLSettings(lr=1e-4, batch_size=4, warmup_steps=0, clone_steps=3, clone_batch=4, clone_lr=1e-3,
+                   clone_focus=0.5, focus_tasks=("click-button",), clone_tasks=("click-test",), targets="action")
+    trainer = RLTrainer(model, proc, s)
+    res = trainer.train_round(lake, ["rl-r1"], round_idx=0, iteration=0, run_key="rl-x")
+    clone = connect(lake).execute("SELECT update_step, loss, n_rows, lr FROM rl_metrics WHERE algo = 'clone' "
+                                  "ORDER BY update_step").fetchall()
+    n_pg = res["summary"]["n_steps"]
+    assert [c[0] for c in clone] == [n_pg, n_pg + 1, n_pg + 2] and all(c[2] == 4 and c[3] == 1e-3 for c in clone)
+    assert res["summary"]["clone_steps"] == 3 and clone[-1][1] < clone[0][1]
+    after = {w: _logp(model, proc, demo_row, w) for w in "AB"}
+    assert after["A"] > before["A"] + 1.0 and after["B"] > before["B"] + 1.0, (before, after)
+    # the drawn rows are the successes only: with no stored success the round takes no clone step
+    empty = Lake(tmp_path / "empty")
+    _write(empty, _episode("lost", "g1", False, task="click-test", seed=5000), [_step("lost", 0, "B", ids_b, [-1.0] * len(ids_b))])
+    res = RLTrainer(model, proc, s).train_round(empty, ["rl-r0"], round_idx=0, iteration=0, run_key="rl-y")
+    assert res["summary"]["clone_steps"] == 0

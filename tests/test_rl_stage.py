@@ -55,6 +55,9 @@ def test_held_out_tasks_are_rejected(setup):
     bad = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rollouts.selection.tasks": ["click-test-2"]})
     with pytest.raises(UserError, match="held out"):
         rl(bad, 0, model, progress=False)
+    bad = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.clone_steps": 2, "rl.clone_tasks": ["click-test-2"]})
+    with pytest.raises(UserError, match="held out"):
+        rl(bad, 0, model, progress=False)
 
 
 def test_rounds_land_in_the_lake_and_a_rerun_is_a_no_op(setup):
@@ -119,7 +122,8 @@ def test_guide_teacher_solves_the_rounds_failed_instances(setup):
     cfg, root, model = setup
     with pytest.raises(ConfigError, match="rl.guide .all. needs rl.source .sample."):
         load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.guide": "all", "rl.source": "lake"})
-    guided = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.guide": "all", "rl.rounds": 1, "rl.seed": 7})
+    guided = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.guide": "all", "rl.rounds": 1, "rl.seed": 7,
+                                                          "rl.clone_steps": 2, "rl.clone_batch": 3})
     res = rl(guided, 0, model, progress=False)
     con = connect(root / "lake")
     sampled = con.execute("SELECT DISTINCT task_id, seed FROM episodes WHERE run_key = ?",
@@ -130,6 +134,10 @@ def test_guide_teacher_solves_the_rounds_failed_instances(setup):
     replayed = {r[0] for r in con.execute("SELECT DISTINCT episode_id FROM rl_rows WHERE run_key = ? AND replayed",
                                           [res["checkpoint_id"]]).fetchall()}
     assert replayed == {t[2] for t in teacher}
+    # rl.clone_steps: two NLL steps after the round's update, on the lake's successes (the teacher's among them)
+    clone = con.execute("SELECT n_rows, loss FROM rl_metrics WHERE run_key = ? AND algo = 'clone'",
+                        [res["checkpoint_id"]]).fetchall()
+    assert [c[0] for c in clone] == [3, 3] and all(c[1] > 0 for c in clone) and Path(res["plot"]).exists()
 
 
 def test_rl_from_stored_groups_samples_nothing(setup):

@@ -87,6 +87,12 @@ class RLSettings:
     guide: str = "off"  # rl.guide: how the teacher's episodes in train_round's guide_keys join their groups
     demo_nll: float = 0.0  # rl.demo_nll: weight of the replayed rows' token-mean NLL (DAPG's behaviour cloning term)
     pg_weight: float = 1.0  # rl.pg_weight: weight of the policy-gradient term (0: an ablation without it)
+    clone_steps: int = 0  # rl.clone_*: behaviour-cloning steps after each round's update (training.rl_clone)
+    clone_batch: int = 16
+    clone_lr: float = 5e-4
+    clone_focus: float = 0.5
+    clone_tasks: tuple[str, ...] = ()  # set by from_config: rl.clone_tasks, else rollouts.selection.tasks
+    focus_tasks: tuple[str, ...] = ()  # set by from_config: rl.tasks, else rollouts.selection.tasks
     is_cap: float = 2.0
     kl_coef: float = 0.0
     sdpo_weight: float | None = None
@@ -144,7 +150,9 @@ class RLSettings:
         t = cfg.rl_temperature()
         d.update(temperature=t if t > 0 else 1.0,  # a greedy student config: RL still scores the raw policy
                  max_new_tokens=cfg.student.max_new_tokens, targets=cfg.sft.targets, config_hash=cfg.config_hash("rl"),
-                 history_images=cfg.student.history_images, use_ui_text=cfg.student.use_ui_text)
+                 history_images=cfg.student.history_images, use_ui_text=cfg.student.use_ui_text,
+                 clone_tasks=tuple(cfg.rl.clone_tasks or cfg.rollouts.selection.tasks),
+                 focus_tasks=tuple(cfg.rl.tasks or cfg.rollouts.selection.tasks))
         if algo:
             d["algorithm"] = algo
         return cls(**d)
@@ -479,16 +487,24 @@ class RLTrainer(ResumableTrainer):
         Returns {"round_success", "summary", "stats", "n_rows", "stopped"}."""
         from storage.catalog import connect
         from training.models import model_arch
+        from training.rl_clone import clone_round
 
         s = self.s
         if self._stored is None or self._stored.lake is not lake:
             self._stored = stored_index(lake)  # kept across rounds: each opens only the new episode files
-        rows = load_rl_rows(connect(lake, write_catalog_file=False), run_keys, arch=model_arch(self.model),
+        con = connect(lake, write_catalog_file=False)
+        rows = load_rl_rows(con, run_keys, arch=model_arch(self.model),
                             opts=s.prompt_options, targets=s.targets, replay=s.replay,
                             stored_context=s.distill_weight > 0, same_seed=s.stored_same_seed, lake=lake,
                             guide_keys=guide_keys, guide=s.guide, index=self._stored)
         rows, stats = self.prepare(rows)
         res = self.update(rows, round_idx=round_idx, progress=progress)
+        if s.clone_steps and res["stopped"] != "budget":
+            clone = clone_round(self, con, lake, round_idx=round_idx)
+            for k, m in enumerate(clone):
+                m["update_step"] = len(res["steps"]) + k
+            res["steps"] += clone
+            res["summary"].update(clone_steps=len(clone), clone_nll=sum(m["loss"] for m in clone) / max(len(clone), 1))
         metrics, row_rows = lake_rows(res, stats, round_idx=round_idx, run_key=run_key, run_keys=run_keys,
                                       git_sha=git_sha, config_hash=s.config_hash)
         part = f"r{round_idx:03d}"

@@ -1,0 +1,98 @@
+"""rl.clone_steps: behaviour-cloning steps interleaved with the policy updates (ReLIFT / SRFT-style RL + SFT).
+
+    steps = clone_round(trainer, con, lake, round_idx=r)   # after the round's policy update; rl_metrics rows
+
+After each round's policy update, the trainer takes `rl.clone_steps` optimizer steps of the token-mean NLL (SFT's
+loss) on stored successes from the lake: teacher demos, the teacher's guidance episodes of earlier rounds and this
+one (rl.guide), and the student's own successes (rejection sampling). A fraction `rl.clone_focus` of each batch is
+drawn from the RL tasks' successes, the rest from the other `rl.clone_tasks` (rehearsal: the tasks the start was
+trained on stay learnt). Draws are seeded by (rl.seed, round), with replacement; each drawn episode contributes its
+step rows, rebuilt exactly as the policy update's rows (training.rl_data.episode_rows). The optimizer (AdamW) and
+its state are the policy update's, at `rl.clone_lr`; the steps count towards rl.max_minutes.
+
+Why: on the 6M CPU student, GRPO's episode-level reward did not teach click-button's copy skill (docs/LOG.md,
+sessions 3-11), while more SFT on teacher demos did; ReLIFT (Ma et al. 2025) interleaves SFT on the questions RL
+fails for the same reason. The steps are logged as `rl_metrics` rows with algo 'clone' (loss = the NLL).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+CLONE_ALGO = "clone"
+
+
+def draw(pool: dict[str, list[dict[str, Any]]], focus: Sequence[str], n: int, focus_frac: float,
+         rng) -> list[dict[str, Any]]:
+    """`n` episodes drawn with replacement from `pool` (task -> episodes): round(n x focus_frac) from the `focus`
+    tasks, the rest from the other tasks (all n from whichever side is non-empty when the other is empty)."""
+    hot = [e for t in sorted(pool) if t in focus for e in pool[t]]
+    rest = [e for t in sorted(pool) if t not in focus for e in pool[t]]
+    if not hot and not rest:
+        return []
+    k = n if not rest else 0 if not hot else round(n * focus_frac)
+    idx_hot = rng.integers(len(hot), size=k) if k else []
+    idx_rest = rng.integers(len(rest), size=n - k) if n - k else []
+    return [hot[i] for i in idx_hot] + [rest[i] for i in idx_rest]
+
+
+def clone_rows(con, lake: Any, episodes: Sequence[dict[str, Any]], *, arch: str, opts, targets: str) -> list[dict]:
+    """The step rows of the drawn episodes, in draw order (an episode drawn twice gives its rows twice)."""
+    from training.rl_data import _steps_of, episode_rows
+
+    uniq = {e["episode_id"]: e for e in episodes}
+    steps = _steps_of(con, list(uniq.values()), lake)
+    rows = {k: episode_rows(e, steps[k], arch=arch, opts=opts, targets=targets, replayed=True)
+            for k, e in uniq.items()}
+    return [r for e in episodes for r in rows[e["episode_id"]]]
+
+
+def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[str, Any]]:
+    """`rl.clone_steps` NLL steps of `trainer` on stored successes (module doc); their rl_metrics-shaped records."""
+    import numpy as np
+    import torch
+
+    from training.core import optimizer_step
+    from training.models import model_arch
+    from training.rl_data import stored_successes
+    from training.rl_encode import length_batches, response_logprobs
+
+    s = trainer.s
+    tasks = list(dict.fromkeys([*s.focus_tasks, *s.clone_tasks]))
+    pool = stored_successes(con, tasks, [], index=trainer._stored)
+    rng = np.random.default_rng([s.seed, round_idx, 7])
+    picked = draw(pool, s.focus_tasks, s.clone_steps * s.clone_batch, s.clone_focus, rng)
+    rows = clone_rows(con, lake, picked, arch=model_arch(trainer.model), opts=s.prompt_options, targets=s.targets)
+    enc, n_resp = [], []
+    for r in rows:
+        ids = trainer.encoder.response_ids(r)
+        if ids and trainer.encoder.scorable(ids):
+            enc.append(trainer.encoder.encode(r["messages"], r["images"], ids))
+            n_resp.append(len(ids))
+    out: list[dict[str, Any]] = []
+    for k in range(0, min(len(enc), s.clone_steps * s.clone_batch), s.clone_batch):
+        if s.max_minutes and trainer.state.elapsed_s >= s.max_minutes * 60:
+            trainer.state.stopped = "budget"
+            break
+        t0 = time.monotonic()
+        mb = list(range(k, min(k + s.clone_batch, len(enc))))
+        n_tok = sum(n_resp[i] for i in mb)  # the step's token-mean normaliser, over its micro-batches
+        acc = {"loss": 0.0, "ent": 0.0}
+        for idx in length_batches(mb, enc, s.micro_batch or len(mb)):
+            batch, pos, mask = trainer.encoder.pad([enc[i] for i in idx], trainer.device, trainer.pixel_dtype)
+            logp, ent = response_logprobs(trainer.model, batch, pos, mask, entropy=True)
+            nll = -torch.where(mask, logp, torch.zeros_like(logp)).sum()
+            (nll / n_tok).backward()
+            acc["loss"] += float(nll.detach())
+            acc["ent"] += float(torch.where(mask, ent, torch.zeros_like(ent)).sum())
+        for g in trainer.opt.param_groups:
+            g["lr"] = s.clone_lr
+        grad_norm = optimizer_step(trainer.weights, trainer.opt, s.grad_clip)
+        st = trainer.state
+        st.step, st.samples_seen, st.target_tokens = st.step + 1, st.samples_seen + len(mb), st.target_tokens + n_tok
+        st.elapsed_s += time.monotonic() - t0
+        out.append(dict(round=round_idx, global_step=st.step - 1, epoch=None, algo=CLONE_ALGO,
+                        loss=acc["loss"] / n_tok, entropy=acc["ent"] / n_tok, grad_norm=grad_norm, lr=s.clone_lr,
+                        n_rows=len(mb), n_tokens=n_tok))
+    return out
