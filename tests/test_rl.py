@@ -760,16 +760,27 @@ def test_clone_round_learns_the_lakes_stored_successes(tiny, tmp_path):
     demo_row = _rows(proc, [("x", "g", True, "A", 1)])[0]
     before = {w: _logp(model, proc, demo_row, w) for w in "AB"}
     s = RLSettings(lr=1e-4, batch_size=4, warmup_steps=0, clone_steps=3, clone_batch=4, clone_lr=1e-3,
-                   clone_focus=0.5, focus_tasks=("click-button",), clone_tasks=("click-test",), targets="action")
+                   clone_focus=0.5, focus_tasks=("click-button",), clone_tasks=("click-test",), targets="action",
+                   clone_source="all", clone_warmup=2)
     trainer = RLTrainer(model, proc, s)
     res = trainer.train_round(lake, ["rl-r1"], round_idx=0, iteration=0, run_key="rl-x")
     clone = connect(lake).execute("SELECT update_step, loss, n_rows, lr FROM rl_metrics WHERE algo = 'clone' "
                                   "ORDER BY update_step").fetchall()
     n_pg = res["summary"]["n_steps"]
-    assert [c[0] for c in clone] == [n_pg, n_pg + 1, n_pg + 2] and all(c[2] == 4 and c[3] == 1e-3 for c in clone)
+    assert [c[0] for c in clone] == [n_pg, n_pg + 1, n_pg + 2] and all(c[2] == 4 for c in clone)
+    assert [c[3] for c in clone] == [5e-4, 1e-3, 1e-3]  # rl.clone_warmup 2
     assert res["summary"]["clone_steps"] == 3 and clone[-1][1] < clone[0][1]
     after = {w: _logp(model, proc, demo_row, w) for w in "AB"}
     assert after["A"] > before["A"] + 1.0 and after["B"] > before["B"] + 1.0, (before, after)
+    # rl.clone_source teacher (the default): the student's own success is not drawn, so every row of the first step
+    # is the bootstrap demo's and its loss is that reply's token-mean NLL before the step
+    model, proc = _load(tiny)
+    first = -_logp(model, proc, demo_row, "A") / len(_ids(proc, "A"))
+    trainer = RLTrainer(model, proc, RLSettings(**{**s.__dict__, "clone_source": "teacher", "lr": 1e-12}))
+    step = trainer.train_round(lake, ["rl-r1"], round_idx=1, iteration=0, run_key="rl-t")
+    got = connect(lake).execute("SELECT loss FROM rl_metrics WHERE run_key = 'rl-t' AND algo = 'clone' "
+                                "ORDER BY update_step").fetchall()
+    assert step["summary"]["clone_steps"] == 3 and got[0][0] == pytest.approx(first, rel=1e-3)
     # the drawn rows are the successes only: with no stored success the round takes no clone step
     empty = Lake(tmp_path / "empty")
     _write(empty, _episode("lost", "g1", False, task="click-test", seed=5000), [_step("lost", 0, "B", ids_b, [-1.0] * len(ids_b))])

@@ -62,8 +62,8 @@ from training.kernels import fuse_model
 from training.rl_encode import (FEEDBACK_BLOCK, SOLUTION_BLOCK, RowEncoder, frozen_copy, length_batches,  # noqa: F401
                                 pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
 from training.rl_state import ResumableTrainer
-from training.rl_data import (assign_advantages, attach_sdpo_context, episode_rows, lake_rows,  # noqa: F401
-                              load_rl_rows, row_record, stored_index, update_summary)
+from training.rl_data import (assign_advantages, attach_sdpo_context, episode_rows, load_rl_rows,  # noqa: F401
+                              row_record, update_summary)
 
 ALGORITHMS = ("grpo", "dr_grpo", "gspo", "sdpo")
 
@@ -91,6 +91,8 @@ class RLSettings:
     clone_batch: int = 16
     clone_lr: float = 5e-4
     clone_focus: float = 0.5
+    clone_source: str = "teacher"
+    clone_warmup: int = 10
     clone_tasks: tuple[str, ...] = ()  # set by from_config: rl.clone_tasks, else rollouts.selection.tasks
     focus_tasks: tuple[str, ...] = ()  # set by from_config: rl.tasks, else rollouts.selection.tasks
     is_cap: float = 2.0
@@ -128,7 +130,8 @@ class RLSettings:
                                      ("sdpo_teacher", self.sdpo_teacher, ("ema", "frozen")),
                                      ("sdpo_context", self.sdpo_context, ("sibling", "feedback", "both")),
                                      ("sdpo_mode", self.sdpo_mode, ("sampled", "topk")),
-                                     ("old_logp", self.old_logp, ("recompute", "rollout"))):
+                                     ("old_logp", self.old_logp, ("recompute", "rollout")),
+                                     ("clone_source", self.clone_source, ("teacher", "all"))):
             if value not in allowed:
                 raise ValueError(f"rl {name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
         if self.batch_size < 1 or self.epochs < 1:
@@ -482,37 +485,10 @@ class RLTrainer(ResumableTrainer):
     def train_round(self, lake: Any, run_keys: list[str], *, round_idx: int, iteration: int, run_key: str,
                     git_sha: str | None = None, progress: bool = False,
                     guide_keys: Sequence[str] = ()) -> dict[str, Any]:
-        """Load the rollouts' step rows (+ replay, + the teacher's `guide_keys` episodes), prepare, update, and write
-        `rl_metrics` / `rl_rows` (stage rl, run key `run_key`, one part per round).
-        Returns {"round_success", "summary", "stats", "n_rows", "stopped"}."""
-        from storage.catalog import connect
-        from training.models import model_arch
-        from training.rl_clone import clone_round
-
-        s = self.s
-        if self._stored is None or self._stored.lake is not lake:
-            self._stored = stored_index(lake)  # kept across rounds: each opens only the new episode files
-        con = connect(lake, write_catalog_file=False)
-        rows = load_rl_rows(con, run_keys, arch=model_arch(self.model),
-                            opts=s.prompt_options, targets=s.targets, replay=s.replay,
-                            stored_context=s.distill_weight > 0, same_seed=s.stored_same_seed, lake=lake,
-                            guide_keys=guide_keys, guide=s.guide, index=self._stored)
-        rows, stats = self.prepare(rows)
-        res = self.update(rows, round_idx=round_idx, progress=progress)
-        if s.clone_steps and res["stopped"] != "budget":
-            clone = clone_round(self, con, lake, round_idx=round_idx)
-            for k, m in enumerate(clone):
-                m["update_step"] = len(res["steps"]) + k
-            res["steps"] += clone
-            res["summary"].update(clone_steps=len(clone), clone_nll=sum(m["loss"] for m in clone) / max(len(clone), 1))
-        metrics, row_rows = lake_rows(res, stats, round_idx=round_idx, run_key=run_key, run_keys=run_keys,
-                                      git_sha=git_sha, config_hash=s.config_hash)
-        part = f"r{round_idx:03d}"
-        if self.ctx.main:  # under DDP every rank holds the same records; rank 0 writes them
-            lake.write("rl_metrics", metrics, iteration=iteration, stage="rl", run_key=run_key, part=part)
-            lake.write("rl_rows", row_rows, iteration=iteration, stage="rl", run_key=run_key, part=part)
-        return {"round_success": stats["round_success"], "summary": res["summary"], "stats": stats,
-                "n_rows": len(rows), "stopped": res["stopped"]}
+        """training.rl_round.train_round with this trainer: load, prepare, update (+ clone steps), write the lake."""
+        from training.rl_round import train_round
+        return train_round(self, lake, run_keys, round_idx=round_idx, iteration=iteration, run_key=run_key,
+                           git_sha=git_sha, progress=progress, guide_keys=guide_keys)
 
 
 def rl_update(model, processor, rows: list[dict[str, Any]], settings: RLSettings, *, ref=None,

@@ -3,12 +3,13 @@
     steps = clone_round(trainer, con, lake, round_idx=r)   # after the round's policy update; rl_metrics rows
 
 After each round's policy update, the trainer takes `rl.clone_steps` optimizer steps of the token-mean NLL (SFT's
-loss) on stored successes from the lake: teacher demos, the teacher's guidance episodes of earlier rounds and this
-one (rl.guide), and the student's own successes (rejection sampling). A fraction `rl.clone_focus` of each batch is
+loss) on stored successes from the lake: teacher demos and the teacher's guidance episodes of earlier rounds and this
+one (rl.guide); with rl.clone_source "all" also the student's own successes (rejection sampling). A fraction `rl.clone_focus` of each batch is
 drawn from the RL tasks' successes, the rest from the other `rl.clone_tasks` (rehearsal: the tasks the start was
 trained on stay learnt). Draws are seeded by (rl.seed, round), with replacement; each drawn episode contributes its
 step rows, rebuilt exactly as the policy update's rows (training.rl_data.episode_rows). The optimizer (AdamW) and
-its state are the policy update's, at `rl.clone_lr`; the steps count towards rl.max_minutes.
+its state are the policy update's, at `rl.clone_lr` (linear warmup over the run's first rl.clone_warmup clone
+steps); the steps count towards rl.max_minutes.
 
 Why: on the 6M CPU student, GRPO's episode-level reward did not teach click-button's copy skill (docs/LOG.md,
 sessions 3-11), while more SFT on teacher demos did; ReLIFT (Ma et al. 2025) interleaves SFT on the questions RL
@@ -61,6 +62,8 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[st
     s = trainer.s
     tasks = list(dict.fromkeys([*s.focus_tasks, *s.clone_tasks]))
     pool = stored_successes(con, tasks, [], index=trainer._stored)
+    if s.clone_source == "teacher":  # a sampled success may carry a garbled Action line (rl.clone_source)
+        pool = {t: [e for e in eps if e["policy"] != "student"] for t, eps in pool.items()}
     rng = np.random.default_rng([s.seed, round_idx, 7])
     picked = draw(pool, s.focus_tasks, s.clone_steps * s.clone_batch, s.clone_focus, rng)
     rows = clone_rows(con, lake, picked, arch=model_arch(trainer.model), opts=s.prompt_options, targets=s.targets)
@@ -86,13 +89,15 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[st
             (nll / n_tok).backward()
             acc["loss"] += float(nll.detach())
             acc["ent"] += float(torch.where(mask, ent, torch.zeros_like(ent)).sum())
+        n_done = round_idx * s.clone_steps + k // s.clone_batch  # the run's clone steps before this one
+        lr = s.clone_lr * min(1.0, (n_done + 1) / s.clone_warmup) if s.clone_warmup else s.clone_lr
         for g in trainer.opt.param_groups:
-            g["lr"] = s.clone_lr
+            g["lr"] = lr
         grad_norm = optimizer_step(trainer.weights, trainer.opt, s.grad_clip)
         st = trainer.state
         st.step, st.samples_seen, st.target_tokens = st.step + 1, st.samples_seen + len(mb), st.target_tokens + n_tok
         st.elapsed_s += time.monotonic() - t0
         out.append(dict(round=round_idx, global_step=st.step - 1, epoch=None, algo=CLONE_ALGO,
-                        loss=acc["loss"] / n_tok, entropy=acc["ent"] / n_tok, grad_norm=grad_norm, lr=s.clone_lr,
+                        loss=acc["loss"] / n_tok, entropy=acc["ent"] / n_tok, grad_norm=grad_norm, lr=lr,
                         n_rows=len(mb), n_tokens=n_tok))
     return out
