@@ -7,6 +7,7 @@ dicts (or a small lake written with storage.lake.Lake) with synthetic screenshot
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -740,6 +741,18 @@ def test_clone_draw_splits_each_batch_between_focus_and_rehearsal():
     assert draw({}, ["click-button"], 8, 0.5, np.random.default_rng(0)) == []
 
 
+def test_clone_lr_warms_up_then_follows_its_schedule_to_the_runs_last_step():
+    from training.rl_clone import clone_lr
+    s = RLSettings(clone_steps=10, clone_lr=1e-3, clone_warmup=4, rounds=3)
+    lrs = [clone_lr(s, n) for n in range(30)]
+    # warmup (n + 1) / 4 times the cosine 0.5 (1 + cos(pi n / 30))
+    assert lrs[:4] == pytest.approx([2.5e-4, 4.98630e-4, 7.41805e-4, 9.75528e-4], rel=1e-5)
+    assert lrs[15] == pytest.approx(0.5e-3) and lrs[29] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 29 / 30)))
+    assert all(a > b for a, b in zip(lrs[4:], lrs[5:]))  # strictly decaying after warmup
+    const = RLSettings(clone_steps=10, clone_lr=1e-3, clone_warmup=0, rounds=3, clone_schedule="constant")
+    assert {clone_lr(const, n) for n in range(30)} == {1e-3}
+
+
 def test_clone_round_learns_the_lakes_stored_successes(tiny, tmp_path):
     """rl.clone_steps after a round's update: NLL steps on the lake's stored successes (a teacher demo of the RL
     task, a student success of a rehearsed task; failures never), logged as 'clone' rl_metrics rows whose loss is
@@ -761,7 +774,7 @@ def test_clone_round_learns_the_lakes_stored_successes(tiny, tmp_path):
     before = {w: _logp(model, proc, demo_row, w) for w in "AB"}
     s = RLSettings(lr=1e-4, batch_size=4, warmup_steps=0, clone_steps=3, clone_batch=4, clone_lr=1e-3,
                    clone_focus=0.5, focus_tasks=("click-button",), clone_tasks=("click-test",), targets="action",
-                   clone_source="all", clone_warmup=2)
+                   clone_source="all", clone_warmup=2, clone_schedule="constant")
     trainer = RLTrainer(model, proc, s)
     res = trainer.train_round(lake, ["rl-r1"], round_idx=0, iteration=0, run_key="rl-x")
     clone = connect(lake).execute("SELECT update_step, loss, n_rows, lr FROM rl_metrics WHERE algo = 'clone' "

@@ -93,6 +93,8 @@ class RLSettings:
     clone_focus: float = 0.5
     clone_source: str = "teacher"
     clone_warmup: int = 10
+    clone_schedule: str = "cosine"
+    rounds: int = 1  # rl.rounds: the length of the clone steps' cosine schedule
     clone_tasks: tuple[str, ...] = ()  # set by from_config: rl.clone_tasks, else rollouts.selection.tasks
     focus_tasks: tuple[str, ...] = ()  # set by from_config: rl.tasks, else rollouts.selection.tasks
     is_cap: float = 2.0
@@ -131,7 +133,8 @@ class RLSettings:
                                      ("sdpo_context", self.sdpo_context, ("sibling", "feedback", "both")),
                                      ("sdpo_mode", self.sdpo_mode, ("sampled", "topk")),
                                      ("old_logp", self.old_logp, ("recompute", "rollout")),
-                                     ("clone_source", self.clone_source, ("teacher", "all"))):
+                                     ("clone_source", self.clone_source, ("teacher", "all")),
+                                     ("clone_schedule", self.clone_schedule, ("cosine", "constant"))):
             if value not in allowed:
                 raise ValueError(f"rl {name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
         if self.batch_size < 1 or self.epochs < 1:

@@ -9,7 +9,8 @@ drawn from the RL tasks' successes, the rest from the other `rl.clone_tasks` (re
 trained on stay learnt). Draws are seeded by (rl.seed, round), with replacement; each drawn episode contributes its
 step rows, rebuilt exactly as the policy update's rows (training.rl_data.episode_rows). The optimizer (AdamW) and
 its state are the policy update's, at `rl.clone_lr` (linear warmup over the run's first rl.clone_warmup clone
-steps); the steps count towards rl.max_minutes.
+steps, then by default a cosine to 0 at the run's last clone step: clone_lr); the steps count towards
+rl.max_minutes.
 
 Why: on the 6M CPU student, GRPO's episode-level reward did not teach click-button's copy skill (docs/LOG.md,
 sessions 3-11), while more SFT on teacher demos did; ReLIFT (Ma et al. 2025) interleaves SFT on the questions RL
@@ -18,6 +19,7 @@ fails for the same reason. The steps are logged as `rl_metrics` rows with algo '
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Sequence
 
@@ -36,6 +38,17 @@ def draw(pool: dict[str, list[dict[str, Any]]], focus: Sequence[str], n: int, fo
     idx_hot = rng.integers(len(hot), size=k) if k else []
     idx_rest = rng.integers(len(rest), size=n - k) if n - k else []
     return [hot[i] for i in idx_hot] + [rest[i] for i in idx_rest]
+
+
+def clone_lr(s: Any, n_done: int) -> float:
+    """The learning rate of a run's clone step after `n_done` others: linear warmup over rl.clone_warmup steps, then
+    constant or cosine to 0 at the run's last (rl.rounds x rl.clone_steps) -- a function of the step alone, so a
+    resumed run takes the same steps."""
+    warm = min(1.0, (n_done + 1) / s.clone_warmup) if s.clone_warmup else 1.0
+    if s.clone_schedule == "constant":
+        return s.clone_lr * warm
+    total = max(s.rounds * s.clone_steps, 1)
+    return s.clone_lr * warm * 0.5 * (1.0 + math.cos(math.pi * min(n_done, total) / total))
 
 
 def clone_rows(con, lake: Any, episodes: Sequence[dict[str, Any]], *, arch: str, opts, targets: str) -> list[dict]:
@@ -89,8 +102,7 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[st
             (nll / n_tok).backward()
             acc["loss"] += float(nll.detach())
             acc["ent"] += float(torch.where(mask, ent, torch.zeros_like(ent)).sum())
-        n_done = round_idx * s.clone_steps + k // s.clone_batch  # the run's clone steps before this one
-        lr = s.clone_lr * min(1.0, (n_done + 1) / s.clone_warmup) if s.clone_warmup else s.clone_lr
+        lr = clone_lr(s, round_idx * s.clone_steps + k // s.clone_batch)
         for g in trainer.opt.param_groups:
             g["lr"] = lr
         grad_norm = optimizer_step(trainer.weights, trainer.opt, s.grad_clip)
