@@ -54,7 +54,8 @@ def _rounds(lake, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
         total += n
         out.append({"round": h["round"], "episodes": n, "episodes_cum": total,
                     "success": round(sum(r[1] * r[2] for r in rows) / max(n, 1), 4),
-                    "per_task": {r[0]: round(r[2], 4) for r in rows}})
+                    "per_task": {r[0]: round(r[2], 4) for r in rows},
+                    **({"clone_nll": round(m["clone_nll"], 4)} if (m := h.get("metrics") or {}).get("clone_nll") else {})})
     return out
 
 
