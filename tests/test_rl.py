@@ -505,8 +505,14 @@ def test_new_rl_knobs_validate_and_reach_the_settings():
     s = RLSettings.from_config(cfg)
     assert (s.sdpo_mode, s.sdpo_topk, s.sdpo_alpha, s.gigpo_omega, s.gigpo_gamma) == ("topk", 7, 1.0, 1.0, 0.9)
     # RLSettings mirrors RLConfig by name (from_config copies matching names): every knob is a documented config key
-    outside = {"max_new_tokens", "targets", "history_images", "use_ui_text", "config_hash"}
+    outside = {"max_new_tokens", "targets", "history_images", "use_ui_text", "config_hash", "focus_tasks"}
     assert {f.name for f in fields(RLSettings)} - outside <= set(RLConfig.model_fields)
+    # the clone steps' task lists: rl.tasks is the focus; the rehearsed tasks default to the rollout tasks
+    s = RLSettings.from_config(parse_config({"rl": {"tasks": ["click-button"], "clone_steps": 3},
+                                             "rollouts": {"selection": {"tasks": ["click-test", "click-button"]}}}))
+    assert (s.focus_tasks, s.clone_tasks, s.clone_steps) == (("click-button",), ("click-test", "click-button"), 3)
+    s = RLSettings.from_config(parse_config({"rl": {"clone_tasks": ["focus-text"]}}))
+    assert s.clone_tasks == ("focus-text",) and s.focus_tasks == tuple(parse_config({}).rollouts.selection.tasks)
     assert all(RLConfig.model_fields[k].description for k in ("sdpo_mode", "sdpo_topk", "sdpo_alpha", "gigpo_omega",
                                                               "gigpo_gamma", "old_logp"))
     assert RLSettings.from_config(parse_config({"rl": {"old_logp": "rollout"}})).old_logp == "rollout"
