@@ -6,8 +6,9 @@ After each round's policy update, the trainer takes `rl.clone_steps` optimizer s
 loss) on stored successes from the lake: teacher demos and the teacher's guidance episodes of earlier rounds and
 this one (rl.guide); with rl.clone_source "all" also the student's own successes (rejection sampling). A fraction
 `rl.clone_focus` of each batch is drawn from the RL tasks' successes, the rest from the other `rl.clone_tasks`
-(rehearsal: the tasks the start was trained on stay learnt). Draws are seeded by (rl.seed, round), with replacement; each drawn episode contributes its
-step rows, rebuilt exactly as the policy update's rows (training.rl_data.episode_rows). The optimizer (AdamW) and
+(rehearsal: the tasks the start was trained on stay learnt). Draws are seeded by (rl.seed, round), with
+replacement; each drawn episode contributes its step rows, rebuilt exactly as the policy update's rows
+(training.rl_data.episode_rows). The optimizer (AdamW) and
 its state are the policy update's, at `rl.clone_lr` (linear warmup over the run's first rl.clone_warmup clone
 steps, then by default a cosine to 0 at the run's last clone step: clone_lr); the steps count towards
 rl.max_minutes.
