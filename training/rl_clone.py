@@ -81,12 +81,14 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[st
     rng = np.random.default_rng([s.seed, round_idx, 7])
     picked = draw(pool, s.focus_tasks, s.clone_steps * s.clone_batch, s.clone_focus, rng)
     rows = clone_rows(con, lake, picked, arch=model_arch(trainer.model), opts=s.prompt_options, targets=s.targets)
-    enc, n_resp = [], []
+    encoded: dict[int, Any] = {}  # id(row) -> (encoding, response length) or None: a row drawn twice is encoded once
     for r in rows:
-        ids = trainer.encoder.response_ids(r)
-        if ids and trainer.encoder.scorable(ids):
-            enc.append(trainer.encoder.encode(r["messages"], r["images"], ids))
-            n_resp.append(len(ids))
+        if id(r) not in encoded:
+            ids = trainer.encoder.response_ids(r)
+            ok = ids and trainer.encoder.scorable(ids)
+            encoded[id(r)] = (trainer.encoder.encode(r["messages"], r["images"], ids), len(ids)) if ok else None
+    drawn = [encoded[id(r)] for r in rows if encoded[id(r)] is not None]
+    enc, n_resp = [e for e, _ in drawn], [n for _, n in drawn]
     out: list[dict[str, Any]] = []
     for k in range(0, min(len(enc), s.clone_steps * s.clone_batch), s.clone_batch):
         if s.max_minutes and trainer.state.elapsed_s >= s.max_minutes * 60:
