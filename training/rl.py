@@ -51,9 +51,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
 from functools import partial
-from pathlib import Path
 from typing import Any, Sequence
 
 from training.core import Bar, TrainableWeights, TrainState, make_optimizer, optimizer_step
@@ -61,131 +59,10 @@ from training.distributed import Context, balanced_share, ddp_wrap, gather, glob
 from training.kernels import fuse_model
 from training.rl_encode import (FEEDBACK_BLOCK, SOLUTION_BLOCK, RowEncoder, frozen_copy, length_batches,  # noqa: F401
                                 pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
+from training.rl_settings import ALGORITHMS, RLSettings  # noqa: F401  (re-exported)
 from training.rl_state import ResumableTrainer
 from training.rl_data import (assign_advantages, attach_sdpo_context, episode_rows, load_rl_rows,  # noqa: F401
                               row_record, update_summary)
-
-ALGORITHMS = ("grpo", "dr_grpo", "gspo", "sdpo")
-
-
-@dataclass
-class RLSettings:
-    """What an RL update needs (configs.models.RLConfig documents each knob; None = the algorithm's default)."""
-
-    algorithm: str = "grpo"
-    lr: float = 1e-4
-    epochs: int = 1
-    batch_size: int = 16
-    micro_batch: int | None = None
-    eps_low: float | None = None
-    eps_high: float | None = None
-    adv_mode: str | None = None
-    aggregation: str = "constant"
-    drop_zero_variance: bool = True
-    replay: bool = True
-    stored_same_seed: bool = False
-    guide: str = "off"  # rl.guide: how the teacher's episodes in train_round's guide_keys join their groups
-    demo_nll: float = 0.0  # rl.demo_nll: weight of the replayed rows' token-mean NLL (DAPG's behaviour cloning term)
-    pg_weight: float = 1.0  # rl.pg_weight: weight of the policy-gradient term (0: an ablation without it)
-    clone_steps: int = 0  # rl.clone_*: behaviour-cloning steps after each round's update (training.rl_clone)
-    clone_batch: int = 16
-    clone_lr: float = 5e-4
-    clone_focus: float = 0.5
-    clone_source: str = "teacher"
-    clone_warmup: int = 10
-    clone_schedule: str = "cosine"
-    rounds: int = 1  # rl.rounds: the length of the clone steps' cosine schedule
-    clone_tasks: tuple[str, ...] = ()  # set by from_config: rl.clone_tasks, else rollouts.selection.tasks
-    focus_tasks: tuple[str, ...] = ()  # set by from_config: rl.tasks, else rollouts.selection.tasks
-    is_cap: float = 2.0
-    kl_coef: float = 0.0
-    sdpo_weight: float | None = None
-    sdpo_teacher: str = "ema"
-    sdpo_ema_rate: float = 0.05
-    sdpo_context: str = "both"
-    sdpo_is_clip: float = 2.0
-    sdpo_mode: str = "sampled"
-    sdpo_topk: int = 20
-    sdpo_alpha: float = 0.5
-    gigpo_omega: float = 0.0
-    gigpo_gamma: float = 0.95
-    step_weight: str = "episode"
-    parse_error_penalty: float = 0.0
-    fused_kernels: bool = True  # Liger RMSNorm/SwiGLU/RoPE bound onto the model on CUDA when installed
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
-    max_minutes: float | None = None
-    warmup_steps: int = 20
-    seed: int = 0
-    max_new_tokens: int = 96  # student.max_new_tokens: the per-row length of the constant normaliser
-    old_logp: str = "recompute"  # or "rollout": fresh rows take the sampler's log-probs as old (no forward)
-    temperature: float = 1.0  # the sampler's (rl.temperature, else student.temperature): log-probs of logits / T
-    targets: str = "full"  # sft.targets: how replayed demos are tokenised
-    history_images: int = 1  # student prompt options (rows are rebuilt with them)
-    use_ui_text: bool = True
-    config_hash: str | None = None  # provenance on the lake rows
-
-    def __post_init__(self):
-        for name, value, allowed in (("algorithm", self.algorithm, ALGORITHMS),
-                                     ("aggregation", self.aggregation, ("constant", "token_mean", "seq_mean_token_mean")),
-                                     ("adv_mode", self.adv_mode, (None, "zscore", "mean")),
-                                     ("sdpo_teacher", self.sdpo_teacher, ("ema", "frozen")),
-                                     ("sdpo_context", self.sdpo_context, ("sibling", "feedback", "both")),
-                                     ("sdpo_mode", self.sdpo_mode, ("sampled", "topk")),
-                                     ("old_logp", self.old_logp, ("recompute", "rollout")),
-                                     ("clone_source", self.clone_source, ("teacher", "all")),
-                                     ("clone_schedule", self.clone_schedule, ("cosine", "constant"))):
-            if value not in allowed:
-                raise ValueError(f"rl {name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
-        if self.batch_size < 1 or self.epochs < 1:
-            raise ValueError("rl batch_size and epochs must be >= 1")
-        if not self.temperature > 0:
-            raise ValueError(f"rl temperature must be > 0, got {self.temperature}")
-        if self.sdpo_topk < 1 or not 0.0 <= self.sdpo_alpha <= 1.0:
-            raise ValueError(f"rl sdpo_topk must be >= 1 and sdpo_alpha in [0, 1], got {self.sdpo_topk}, "
-                             f"{self.sdpo_alpha}")
-        if self.gigpo_omega < 0 or not 0.0 < self.gigpo_gamma <= 1.0:
-            raise ValueError(f"rl gigpo_omega must be >= 0 and gigpo_gamma in (0, 1], got {self.gigpo_omega}, "
-                             f"{self.gigpo_gamma}")
-
-    @classmethod
-    def from_config(cls, cfg: Any, algo: str | None = None) -> "RLSettings":
-        """From a FlywheelConfig: cfg.rl's knobs, the student's prompt options and max_new_tokens, cfg.sft.targets."""
-        names = {f.name for f in fields(cls)}
-        d = {k: v for k, v in cfg.rl.model_dump().items() if k in names}
-        t = cfg.rl_temperature()
-        d.update(temperature=t if t > 0 else 1.0,  # a greedy student config: RL still scores the raw policy
-                 max_new_tokens=cfg.student.max_new_tokens, targets=cfg.sft.targets, config_hash=cfg.config_hash("rl"),
-                 history_images=cfg.student.history_images, use_ui_text=cfg.student.use_ui_text,
-                 clone_tasks=tuple(cfg.rl.clone_tasks or cfg.rollouts.selection.tasks),
-                 focus_tasks=tuple(cfg.rl.tasks or cfg.rollouts.selection.tasks))
-        if algo:
-            d["algorithm"] = algo
-        return cls(**d)
-
-    @property
-    def level(self) -> str:
-        return "sequence" if self.algorithm == "gspo" else "token"
-
-    @property
-    def clip(self) -> tuple[float, float]:
-        gspo = self.algorithm == "gspo"
-        return (self.eps_low if self.eps_low is not None else (3e-4 if gspo else 0.2),
-                self.eps_high if self.eps_high is not None else (4e-4 if gspo else 0.28))
-
-    @property
-    def advantage_mode(self) -> str:
-        return self.adv_mode or ("mean" if self.algorithm == "dr_grpo" else "zscore")
-
-    @property
-    def distill_weight(self) -> float:
-        return self.sdpo_weight if self.sdpo_weight is not None else (1.0 if self.algorithm == "sdpo" else 0.0)
-
-    @property
-    def prompt_options(self):
-        from agents.prompts import PromptOptions
-
-        return PromptOptions(history_images=self.history_images, use_ui_text=self.use_ui_text)
 
 
 # ------------------------------------------------------------------------------------------------ trainer
@@ -288,8 +165,7 @@ class RLTrainer(ResumableTrainer):
                         break
                     t0 = time.monotonic()
                     m = self._step(order[k:k + s.batch_size], rows, enc, tenc, old, ref, isw)
-                    # DDP: the ranks' mean step time, so every rank stops at the same step of the rl.max_minutes cap
-                    self.state.elapsed_s += global_float(self.ctx, time.monotonic() - t0) / self.ctx.world
+                    self.count_time(t0)
                     m.update(round=round_idx, update_step=len(steps), global_step=self.state.step - 1, epoch=epoch,
                              algo=s.algorithm, lr=m.pop("lr"))
                     steps.append(m)
@@ -306,6 +182,21 @@ class RLTrainer(ResumableTrainer):
                    for i, r in enumerate(rows)]
         return {"steps": steps, "rows": records, "summary": {**update_summary(steps), "n_rows_unscorable": n_unscorable},
                 "stopped": stopped}
+
+    def apply_step(self, lr: float, n_rows: int, n_tok: int) -> float:
+        """After a step's backward: the step's lr, clip + step + zero (training.core.optimizer_step), and the step
+        counted in `state`. Returns the pre-clip gradient norm. Policy-update and clone steps (training.rl_clone)."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        grad_norm = optimizer_step(self.weights, self.opt, self.s.grad_clip)
+        st = self.state
+        st.step, st.samples_seen, st.target_tokens = st.step + 1, st.samples_seen + n_rows, st.target_tokens + n_tok
+        return grad_norm
+
+    def count_time(self, t0: float) -> None:
+        """Add the time since `t0` to the rl.max_minutes budget; under DDP the ranks' mean, so every rank stops at
+        the same step."""
+        self.state.elapsed_s += global_float(self.ctx, time.monotonic() - t0) / self.ctx.world
 
     def _inputs(self, rows: list[dict[str, Any]]):
         """What an update reads per row: the rows it can score (prepared if they carry no advantages), their
@@ -364,15 +255,11 @@ class RLTrainer(ResumableTrainer):
         if self.ctx.active:
             acc = dict(zip(acc, global_floats(self.ctx, list(acc.values()))))
         lr = s.lr * min(1.0, (self.state.step + 1) / s.warmup_steps) if s.warmup_steps else s.lr
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-        grad_norm = optimizer_step(self.weights, self.opt, s.grad_clip)
+        n_rows, n_tok = norm[0], norm[1]
+        grad_norm = self.apply_step(lr, n_rows, n_tok)
         if self.teacher is not None and w > 0 and s.sdpo_teacher == "ema":
             self._ema()
-        n_rows, n_tok = norm[0], norm[1]
-        st_ = self.state
-        st_.step, st_.samples_seen, st_.target_tokens = st_.step + 1, st_.samples_seen + n_rows, st_.target_tokens + n_tok
-        st_.losses.append(round(acc["loss"], 6))
+        self.state.losses.append(round(acc["loss"], 6))
         a = torch.tensor([rows[i]["advantage"] for i in mb], dtype=torch.float64)
         T, sd = max(n_tok, 1), acc["sd_tok"]
         return dict(lr=lr, loss=acc["loss"], entropy=acc["ent"] / T, clip_frac=acc["clip"] / T, approx_kl=acc["akl"] / T,

@@ -68,7 +68,6 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[st
     import numpy as np
     import torch
 
-    from training.core import optimizer_step
     from training.models import model_arch
     from training.rl_data import stored_successes
     from training.rl_encode import length_batches, response_logprobs
@@ -106,13 +105,9 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[st
             acc["loss"] += float(nll.detach())
             acc["ent"] += float(torch.where(mask, ent, torch.zeros_like(ent)).sum())
         lr = clone_lr(s, round_idx * s.clone_steps + k // s.clone_batch)
-        for g in trainer.opt.param_groups:
-            g["lr"] = lr
-        grad_norm = optimizer_step(trainer.weights, trainer.opt, s.grad_clip)
-        st = trainer.state
-        st.step, st.samples_seen, st.target_tokens = st.step + 1, st.samples_seen + len(mb), st.target_tokens + n_tok
-        st.elapsed_s += time.monotonic() - t0
-        out.append(dict(round=round_idx, global_step=st.step - 1, epoch=None, algo=CLONE_ALGO,
+        grad_norm = trainer.apply_step(lr, len(mb), n_tok)
+        trainer.count_time(t0)
+        out.append(dict(round=round_idx, global_step=trainer.state.step - 1, epoch=None, algo=CLONE_ALGO,
                         loss=acc["loss"] / n_tok, entropy=acc["ent"] / n_tok, grad_norm=grad_norm, lr=lr,
                         n_rows=len(mb), n_tokens=n_tok))
     return out
