@@ -251,6 +251,7 @@ class RLConfig(_Cfg):
     clone_source: Literal["teacher", "all"] = Field("teacher", description="Which stored successes the clone steps learn: teacher (every policy but the student: the bootstrap's demos and the rl.guide episodes) or all (the student's own successes too, rejection-sampling style). A sampled success can carry a garbled Action line before a tool call that happened to hit (measured: cloning them made 89% of greedy click-button replies unparseable in 4 rounds, docs/LOG.md)")
     clone_warmup: int = Field(10, ge=0, description="Linear warmup of rl.clone_lr over the run's first N clone steps (Adam's first steps move every weight by ~lr)")
     clone_schedule: Literal["cosine", "constant"] = Field("cosine", description="The clone steps' learning rate after warmup: cosine (from rl.clone_lr to 0 over the run's rl.rounds x rl.clone_steps, as SFT's schedule: the last rounds settle the weights the run ends with) or constant")
+    clone_fresh: int = Field(0, ge=0, le=4000, description="Per round, the bootstrap teacher (bootstrap.policy) also solves this many fresh train instances of each RL task, instances no round samples (seeds 1000-4999, shifted by round and rl.seed), into the lake as rl.guide's episodes are (stage rl, a run key of their own): new demos for the clone steps, so they learn from more instances instead of repeating a few hundred (0 = off; needs rl.clone_steps and rl.source sample)")
     clone_tasks: list[str] | None = Field(None, description="Tasks whose stored successes the clone steps draw from besides rl.tasks (train tasks only); null = rollouts.selection.tasks")
     stored_same_seed: bool = Field(False, description="Replay and the SDPO teacher's stored context take only a stored success of the same task instance (seed), never one of another instance of the task: on a single-screen task another instance's solution names other coordinates")
     old_logp: Literal["recompute", "rollout"] = Field("recompute", description="Old-policy log-probs of the PPO ratio: recompute (a no-grad forward over the round's rows with the weights the update starts from) or rollout (the sampler's stored log-probs for the rows these weights just sampled: one forward over the round fewer, ~15% of a CPU round; replayed rows are still recomputed, and so is everything at rl.temperature != 1). Needs rl.source sample: stored rollouts were sampled by other weights")
@@ -296,6 +297,9 @@ class FlywheelConfig(_Cfg):
         if self.rl.guide != "off" and self.rl.source != "sample":
             raise ValueError(f"rl.guide {self.rl.guide!r} needs rl.source 'sample': the teacher solves the instances "
                              "each round just sampled, next to the browsers")
+        if self.rl.clone_fresh and (not self.rl.clone_steps or self.rl.source != "sample"):
+            raise ValueError("rl.clone_fresh needs rl.clone_steps > 0 (its demos feed the clone steps only) and "
+                             "rl.source 'sample' (the teacher solves them next to the browsers)")
         if self.rl.distributed == "ddp" and self.rl.source != "lake":
             raise ValueError("rl.distributed 'ddp' needs rl.source 'lake': the update's processes train on stored "
                              "rollout groups (stage rollouts); sampling runs on the machines with the browsers")

@@ -37,6 +37,8 @@ ROUND_DONE = "rl_round.json"
 LAUNCH_FILE, RESULT_FILE = "ddp_job.json", "ddp_result.json"  # rl.distributed ddp: the workers' job and rank 0's result
 # RL samples task instances of its own: train seeds after every bootstrap / rollout range this config can use
 RL_SEED_OFFSET = 5000
+# rl.clone_fresh: the teacher's fresh instances, between the bootstrap's / rollouts' low seeds and RL's own
+FRESH_SEEDS = (1000, RL_SEED_OFFSET)
 
 
 def _rl_tasks(cfg: FlywheelConfig) -> list[str]:
@@ -60,6 +62,15 @@ def _round_seeds(cfg: FlywheelConfig, iteration: int, r: int) -> list[int]:
     lo, hi = registry.SPLITS["train"]
     span = hi - lo - RL_SEED_OFFSET - n
     return registry.seeds("train", n, offset=RL_SEED_OFFSET + ((iteration * cfg.rl.rounds + r) * n + cfg.rl.seed * 1543) % span)
+
+
+def _fresh_seeds(cfg: FlywheelConfig, iteration: int, r: int) -> list[int]:
+    """rl.clone_fresh: the round's fresh instances for the teacher, consecutive train seeds in FRESH_SEEDS (never
+    sampled by a round, never an eval seed), the window moving by round and rl.seed as _round_seeds' does."""
+    from envs import registry
+    n = cfg.rl.clone_fresh
+    lo, hi = FRESH_SEEDS
+    return registry.seeds("train", n, offset=lo + ((iteration * cfg.rl.rounds + r) * n + cfg.rl.seed * 1543) % (hi - lo - n + 1))
 
 
 def _finished_rounds(out: Path, rounds: int) -> int:
@@ -197,6 +208,8 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
                 keys, n_episodes = [spec.run_key], run_rollouts(spec, progress=progress, pool=pool).total
                 if cfg.rl.guide != "off":
                     guide_keys, guides = _guide(cfg, iteration, spec.run_key, lake, guides, progress=progress)
+                if cfg.rl.clone_fresh:
+                    guides = _teach_fresh(cfg, iteration, r, tasks, guides, progress=progress)
             res = trainer.train_round(lake, keys, round_idx=r, iteration=iteration, run_key=run_id,
                                       git_sha=git_sha(), guide_keys=guide_keys)
             rdir = out / f"round-{r}"
@@ -240,6 +253,18 @@ def _guide(cfg: FlywheelConfig, iteration: int, round_key: str, lake: Lake, pool
     pool = pool or RolloutPool(spec)
     run_rollouts(spec, progress=progress, pool=pool)
     return [spec.run_key], pool
+
+
+def _teach_fresh(cfg: FlywheelConfig, iteration: int, r: int, tasks: list[str], pool, *, progress: bool):
+    """rl.clone_fresh: the bootstrap teacher solves the round's fresh instances of the RL tasks, one episode each,
+    into the lake (stage rl, a run key of their own: a rerun of the round finds them). They join no group; the
+    clone steps draw them as stored successes. Returns the teacher's rollout pool (started on first use, kept)."""
+    from flywheel.stages import rollout_spec, teacher_policy
+    spec = rollout_spec(cfg, iteration=iteration, stage="rl", policy=teacher_policy(cfg), tasks=tasks,
+                        seeds=_fresh_seeds(cfg, iteration, r), split="train")
+    pool = pool or RolloutPool(spec)
+    run_rollouts(spec, progress=progress, pool=pool)
+    return pool
 
 
 def _launch(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lake, out: Path, *,

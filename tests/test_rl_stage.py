@@ -140,6 +140,35 @@ def test_guide_teacher_solves_the_rounds_failed_instances(setup):
     assert [c[0] for c in clone] == [3, 3] and all(c[1] > 0 for c in clone) and Path(res["plot"]).exists()
 
 
+def test_clone_fresh_teacher_solves_fresh_instances_for_the_clone_steps(setup):
+    """rl.clone_fresh: each round the teacher also solves n fresh instances of each RL task -- seeds no round samples,
+    different each round and run seed -- into the lake under stage rl, and the clone steps' pool (the lake's stored
+    teacher successes) holds them (replay may also draw them, as any stored success)."""
+    from flywheel.rl_stage import FRESH_SEEDS, _fresh_seeds, _round_seeds
+    from flywheel.stages import rl
+    from training.rl_data import stored_successes
+    cfg, root, model = setup
+    with pytest.raises(ConfigError, match="rl.clone_fresh needs rl.clone_steps"):
+        load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.clone_fresh": 2})
+    fresh = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.rounds": 2, "rl.seed": 11, "rl.clone_fresh": 2,
+                                                         "rl.clone_steps": 1, "rl.clone_batch": 2})
+    windows = [_fresh_seeds(fresh, 0, r) for r in range(2)]
+    assert all(len(w) == 2 and all(FRESH_SEEDS[0] <= x < FRESH_SEEDS[1] for x in w) for w in windows)
+    assert not set(windows[0]) & set(windows[1]) and not set(windows[0] + windows[1]) & set(
+        _round_seeds(fresh, 0, 0) + _round_seeds(fresh, 0, 1))
+    res = rl(fresh, 0, model, progress=False)
+    con = connect(root / "lake")
+    got = con.execute("SELECT task_id, seed, episode_id, success FROM episodes WHERE stage = 'rl' AND "
+                      "policy = 'scripted' AND seed >= ? AND seed < ?", list(FRESH_SEEDS)).fetchall()
+    tasks = sorted(fresh.rollouts.selection.tasks)
+    assert sorted((t, s) for t, s, _, _ in got) == sorted((t, s) for t in tasks for s in windows[0] + windows[1])
+    assert all(ok for *_, ok in got)
+    pool = {e["episode_id"] for eps in stored_successes(con, tasks, []).values() for e in eps}
+    assert {e for _, _, e, _ in got} <= pool
+    assert con.execute("SELECT count(*) FROM rl_metrics WHERE run_key = ? AND algo = 'clone'",
+                       [res["checkpoint_id"]]).fetchone()[0] == 2
+
+
 def test_rl_from_stored_groups_samples_nothing(setup):
     """rl.source: lake (a GPU worker without browsers): each round trains on the iteration's stored student
     rollout groups; no episode is sampled, and an iteration without groups is one clear error."""
