@@ -11,6 +11,10 @@ another start (default: the lake's newest `sft` checkpoint of iteration 0). For 
   2. `flywheel.rl_stage.rl_stage` with the config's rl section (rl.seed = the run's seed: minibatch order and
      which task instances each round samples), the algorithm forced;
   3. the RL checkpoint on the same held-out eval seeds.
+Each (algorithm, seed) run works on its own copy of LAKE as it was before any run (LAKE.<algo>-s<seed>, beside
+it; --shared-lake runs them all in LAKE): the RL stage reads the lake's stored successes (replay, rl.guide,
+rl.clone_steps), so a run in a shared lake would learn from the episodes of the runs before it. `--merge A.json
+B.json ...` summarises and plots runs measured separately (e.g. one seed per machine) without running anything.
 Prints JSON: per run the per-task held-out success, the RL wall time (rollouts + updates), and per round the
 episodes sampled and their success (per task, from the lake); per algorithm the mean / min / max over seeds.
 The bar (issue: RL stage): click-button >= 60%, the other tasks >= 90%, overall >= 85%, within 20 minutes of RL,
@@ -126,7 +130,11 @@ def plot(res: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/local.yaml")
-    ap.add_argument("--lake", required=True, help="lake with a finished SFT stage; RL runs and evals are added to it")
+    ap.add_argument("--lake", help="lake with a finished SFT stage; the start's eval is added to it, each run gets a copy")
+    ap.add_argument("--shared-lake", action="store_true", help="run every (algo, seed) in LAKE itself (later runs then "
+                    "see the earlier runs' episodes as stored successes)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="summarise and plot these earlier outputs' "
+                    "runs (same start) instead of running")
     ap.add_argument("--checkpoint", default=None, help="start weights (default: the lake's newest sft checkpoint, iteration 0)")
     ap.add_argument("--algos", nargs="+", default=["grpo", "sdpo"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -135,7 +143,37 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--plot", default=None, help="PNG of success vs episodes")
     a = ap.parse_args()
+    if a.merge:
+        res = merged(a.merge)
+    elif a.lake:
+        res = measure(a)
+    else:
+        ap.error("--lake (or --merge) is required")
+    finish(res, a)
 
+
+def merged(paths: list[str]) -> dict[str, Any]:
+    """The runs of earlier outputs as one result (the first file's start, config and bar)."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    res = {k: docs[0][k] for k in ("benchmark", "config", "checkpoint", "rl", "bar", "start")}
+    res.update(merged_from=list(paths), overrides=[d["overrides"] for d in docs],
+               runs=[r for d in docs for r in d["runs"]])
+    return res
+
+
+def _run_lake(lake_root: Path, algo: str, seed: int, shared: bool) -> Path:
+    """Where one run trains: a copy of the start lake (made once; a rerun resumes in it), or the lake itself."""
+    import shutil
+    if shared:
+        return lake_root
+    root = lake_root.parent / f"{lake_root.name}.{algo}-s{seed}"
+    if not root.exists():
+        shutil.copytree(lake_root, root.with_name(root.name + ".tmp"), dirs_exist_ok=True)
+        root.with_name(root.name + ".tmp").rename(root)
+    return root
+
+
+def measure(a) -> dict[str, Any]:
     import yaml
 
     from configs.models import load_config
@@ -168,21 +206,30 @@ def main() -> None:
         for seed in a.seeds:
             if f"{algo}:{seed}" in a.skip:
                 continue
-            rcfg = load_config(a.config, {**over, "rl.seed": seed})
+            root = _run_lake(lake_root, algo, seed, a.shared_lake)
+            os.environ["FLYWHEEL_LAKE"] = str(root)
+            rcfg = load_config(a.config, {**over, "lake.root": str(root), "rl.seed": seed})
+            run_lake = Lake(root)
             t0 = time.time()
-            out = rl_stage(rcfg, 0, start_path, lake=lake, algo=algo, progress=False)
+            out = rl_stage(rcfg, 0, str(run_lake.resolve(ckpt)), lake=run_lake, algo=algo, progress=False)
             wall = time.time() - t0
             after = _eval(rcfg, out["model_path"])
             # every round's record from its folder (a rerun that found the run finished returns no history)
             done = sorted(Path(out["model_path"]).parent.glob("round-*/rl_round.json"), key=lambda q: int(q.parent.name[6:]))
             history = [json.loads(q.read_text()) for q in done]
-            run = {"algo": algo, "seed": seed, "checkpoint": lake.rel(out["model_path"]), "rl_wall_s": round(wall, 1),
-                   "resumed_from_round": out["resumed_from_round"], "rounds": _rounds(lake, history),
-                   "after": after}
+            run = {"algo": algo, "seed": seed, "lake": str(root), "checkpoint": run_lake.rel(out["model_path"]),
+                   "rl_wall_s": round(wall, 1), "resumed_from_round": out["resumed_from_round"],
+                   "rounds": _rounds(run_lake, history), "after": after}
             run["bar_met"] = meets(after, wall)
             res["runs"].append(run)
             print(json.dumps({k: run[k] for k in ("algo", "seed", "rl_wall_s", "after", "bar_met")}), file=sys.stderr,
                   flush=True)
+    res["total_wall_s"] = round(time.time() - t_all, 1)
+    return res
+
+
+def finish(res: dict[str, Any], a) -> None:
+    """Per-algorithm summary over seeds, SDPO efficiency, the plot; print (and write) the JSON."""
     by_algo: dict[str, list[dict[str, Any]]] = {}
     for r in res["runs"]:
         by_algo.setdefault(r["algo"], []).append(r)
@@ -204,8 +251,7 @@ def main() -> None:
         plot(res, Path(a.plot))
         res["plot"] = a.plot
     del res["runs_by_algo"]
-    res.update(total_wall_s=round(time.time() - t_all, 1), cpus=os.cpu_count(), load_avg_end=os.getloadavg(),
-               date=time.strftime("%Y-%m-%d %H:%M"))
+    res.update(cpus=os.cpu_count(), load_avg_end=os.getloadavg(), date=time.strftime("%Y-%m-%d %H:%M"))
     text = json.dumps(res, indent=1, default=str)
     print(text)
     if a.out:
