@@ -257,8 +257,8 @@ def _guide(cfg: FlywheelConfig, iteration: int, round_key: str, lake: Lake, pool
 
 def _teach_fresh(cfg: FlywheelConfig, iteration: int, r: int, tasks: list[str], pool, *, progress: bool):
     """rl.clone_fresh: the bootstrap teacher solves the round's fresh instances of the RL tasks, one episode each,
-    into the lake (stage rl, a run key of their own: a rerun of the round finds them). They join no group; the
-    clone steps draw them as stored successes. Returns the teacher's rollout pool (started on first use, kept)."""
+    into the lake (stage rl, a run key of their own: a rerun of the round finds them). They join no group as
+    guidance; the clone steps (and replay) draw them as stored successes. Returns the teacher's rollout pool (started on first use, kept)."""
     from flywheel.stages import rollout_spec, teacher_policy
     spec = rollout_spec(cfg, iteration=iteration, stage="rl", policy=teacher_policy(cfg), tasks=tasks,
                         seeds=_fresh_seeds(cfg, iteration, r), split="train")
