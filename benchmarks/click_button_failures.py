@@ -48,10 +48,14 @@ def main() -> None:
                        "AND e.task_id LIKE '%click-button%' AND s.step_idx = 0 ORDER BY e.seed", [key]).fetchall()
     replies, where = collections.Counter(), collections.defaultdict(lambda: [0, 0])
     for ok, instr, ui, act, w, h in rows:
-        want = re.search(r'"([^"]+)"', instr).group(1)
-        replies[_classify(ok, want, ui or "", act, w, h)] += 1
+        want = re.search(r'"([^"]+)"', instr or "")
         lines = (ui or "").splitlines()
-        i = next(k for k, line in enumerate(lines) if line.startswith(f'button "{want}"'))
+        i = next((k for k, line in enumerate(lines) if want and line.startswith(f'button "{want.group(1)}"')), None)
+        if i is None:  # not a click-button screen this script can read (no quoted label, or no such button line)
+            replies["asked button not in ui_text"] += 1
+            continue
+        want = want.group(1)
+        replies[_classify(ok, want, ui, act, w, h)] += 1
         x, width = int(re.search(r'@ \((\d+),', lines[i]).group(1)), int(re.search(r'\[(\d+)x', lines[i]).group(1))
         pos = ("first line" if i == 0 else "later line") + (", left edge" if 2 * x - width <= 6 else ", not left")
         where[pos][0] += bool(ok)

@@ -60,17 +60,22 @@ def _round_seeds(cfg: FlywheelConfig, iteration: int, r: int) -> list[int]:
     from envs import registry
     n = cfg.rl.seeds_per_task_per_round
     lo, hi = registry.SPLITS["train"]
-    span = hi - lo - RL_SEED_OFFSET - n
-    return registry.seeds("train", n, offset=RL_SEED_OFFSET + ((iteration * cfg.rl.rounds + r) * n + cfg.rl.seed * 1543) % span)
+    return _seed_window(cfg, iteration, r, n, RL_SEED_OFFSET, hi - lo - RL_SEED_OFFSET - n)
+
+
+def _seed_window(cfg: FlywheelConfig, iteration: int, r: int, n: int, start: int, span: int) -> list[int]:
+    """n consecutive train seeds from `start` + a shift in [0, span) that moves by n each round of each iteration
+    and by rl.seed."""
+    from envs import registry
+    return registry.seeds("train", n, offset=start + ((iteration * cfg.rl.rounds + r) * n + cfg.rl.seed * 1543) % span)
 
 
 def _fresh_seeds(cfg: FlywheelConfig, iteration: int, r: int) -> list[int]:
     """rl.clone_fresh: the round's fresh instances for the teacher, consecutive train seeds in FRESH_SEEDS (never
     sampled by a round, never an eval seed), the window moving by round and rl.seed as _round_seeds' does."""
-    from envs import registry
     n = cfg.rl.clone_fresh
     lo, hi = FRESH_SEEDS
-    return registry.seeds("train", n, offset=lo + ((iteration * cfg.rl.rounds + r) * n + cfg.rl.seed * 1543) % (hi - lo - n + 1))
+    return _seed_window(cfg, iteration, r, n, lo, hi - lo - n + 1)
 
 
 def _finished_rounds(out: Path, rounds: int) -> int:
@@ -234,7 +239,6 @@ def _guide(cfg: FlywheelConfig, iteration: int, round_key: str, lake: Lake, pool
     """rl.guide: the bootstrap teacher solves the round's instances whose group has a failure ("all") or only
     failures ("failed"), one episode each, into the lake (stage rl, a run key of its own: a rerun of the round
     finds them). Returns ([its run key] or [], the teacher's rollout pool, started on first use and kept)."""
-    from flywheel.stages import rollout_spec, teacher_policy
     from storage.catalog import connect, runs_sql
     need = "count(*) FILTER (WHERE NOT success) > 0"
     if cfg.rl.guide == "failed":
@@ -248,23 +252,26 @@ def _guide(cfg: FlywheelConfig, iteration: int, round_key: str, lake: Lake, pool
     task_seeds: dict[str, list[int]] = {}
     for task, seed in got:
         task_seeds.setdefault(task, []).append(int(seed))
-    spec = rollout_spec(cfg, iteration=iteration, stage="rl", policy=teacher_policy(cfg), tasks=sorted(task_seeds),
-                        seeds=[], split="train", task_seeds=task_seeds)
-    pool = pool or RolloutPool(spec)
-    run_rollouts(spec, progress=progress, pool=pool)
-    return [spec.run_key], pool
+    key, pool = _teach(cfg, iteration, pool, progress=progress, tasks=sorted(task_seeds), seeds=[],
+                       task_seeds=task_seeds)
+    return [key], pool
 
 
 def _teach_fresh(cfg: FlywheelConfig, iteration: int, r: int, tasks: list[str], pool, *, progress: bool):
     """rl.clone_fresh: the bootstrap teacher solves the round's fresh instances of the RL tasks, one episode each,
     into the lake (stage rl, a run key of their own: a rerun of the round finds them). They join no group as
-    guidance; the clone steps (and replay) draw them as stored successes. Returns the teacher's rollout pool (started on first use, kept)."""
+    guidance; the clone steps (and replay) draw them as stored successes. Returns the teacher's rollout pool."""
+    return _teach(cfg, iteration, pool, progress=progress, tasks=tasks, seeds=_fresh_seeds(cfg, iteration, r))[1]
+
+
+def _teach(cfg: FlywheelConfig, iteration: int, pool, *, progress: bool, **instances) -> tuple[str, Any]:
+    """The bootstrap teacher's episodes on these instances (rollout_spec's tasks / seeds / task_seeds), one each,
+    into the lake under stage rl. Returns (their run key, the teacher's rollout pool: started on first use)."""
     from flywheel.stages import rollout_spec, teacher_policy
-    spec = rollout_spec(cfg, iteration=iteration, stage="rl", policy=teacher_policy(cfg), tasks=tasks,
-                        seeds=_fresh_seeds(cfg, iteration, r), split="train")
+    spec = rollout_spec(cfg, iteration=iteration, stage="rl", policy=teacher_policy(cfg), split="train", **instances)
     pool = pool or RolloutPool(spec)
     run_rollouts(spec, progress=progress, pool=pool)
-    return pool
+    return spec.run_key, pool
 
 
 def _launch(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lake, out: Path, *,
