@@ -248,6 +248,7 @@ class RLConfig(_Cfg):
     clone_batch: int = Field(16, ge=1, description="Step rows per clone step (drawn with replacement, seeded by rl.seed and the round)")
     clone_lr: float = Field(5e-4, gt=0, description="Learning rate of the clone steps (the policy update's AdamW and state)")
     clone_focus: float = Field(0.5, ge=0, le=1, description="Fraction of each clone batch drawn from the successes of the RL tasks (rl.tasks); the rest rehearses the other rl.clone_tasks so they stay learnt")
+    clone_hard: float = Field(0.0, ge=0, le=1, description="Fraction of the RL tasks' clone draws taken from the answers to instances a round's student group failed entirely (every sample failed): the instances the policy cannot solve yet, ReLIFT's hardest questions, which a random draw rarely meets when the policy solves most instances. The answers are rl.guide's teacher episodes, so it needs rl.guide and rl.clone_steps (0 = off: draws ignore which instances the student failed)")
     clone_source: Literal["teacher", "all"] = Field("teacher", description="Which stored successes the clone steps learn: teacher (every policy but the student: the bootstrap's demos and the rl.guide episodes) or all (the student's own successes too, rejection-sampling style). A sampled success can carry a garbled Action line before a tool call that happened to hit (measured: cloning them made 89% of greedy click-button replies unparseable in 4 rounds, docs/LOG.md)")
     clone_warmup: int = Field(10, ge=0, description="Linear warmup of rl.clone_lr over the run's first N clone steps (Adam's first steps move every weight by ~lr)")
     clone_schedule: Literal["cosine", "constant"] = Field("cosine", description="The clone steps' learning rate after warmup: cosine (from rl.clone_lr to 0 over the run's rl.rounds x rl.clone_steps, as SFT's schedule: the last rounds settle the weights the run ends with) or constant")
@@ -300,6 +301,9 @@ class FlywheelConfig(_Cfg):
         if self.rl.clone_fresh and (not self.rl.clone_steps or self.rl.source != "sample"):
             raise ValueError("rl.clone_fresh needs rl.clone_steps > 0 (its demos feed the clone steps only) and "
                              "rl.source 'sample' (the teacher solves them next to the browsers)")
+        if self.rl.clone_hard and (not self.rl.clone_steps or self.rl.guide == "off"):
+            raise ValueError("rl.clone_hard needs rl.clone_steps > 0 (it shapes their draws) and rl.guide on (the "
+                             "teacher's answers to the failed instances are what it draws)")
         if self.rl.distributed == "ddp" and self.rl.source != "lake":
             raise ValueError("rl.distributed 'ddp' needs rl.source 'lake': the update's processes train on stored "
                              "rollout groups (stage rollouts); sampling runs on the machines with the browsers")

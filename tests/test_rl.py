@@ -747,6 +747,38 @@ def test_clone_draw_splits_each_batch_between_focus_and_rehearsal():
     assert draw({}, ["click-button"], 8, 0.5, np.random.default_rng(0)) == []
 
 
+def test_clone_hard_draws_a_share_of_the_focus_batch_from_the_instances_the_student_failed(tmp_path):
+    """rl.clone_hard: hard_instances finds the RL-stage instances whose student episodes all failed (not one with a
+    success, not the teacher's, not another stage's); draw takes round(k x hard) of the k focus draws from the
+    episodes of those instances, the rest as before, and ignores the share when none of them is in the pool."""
+    import numpy as np
+
+    from storage.catalog import connect
+    from storage.lake import Lake
+    from training.rl_clone import draw, hard_instances
+
+    lake = Lake(tmp_path / "lake")
+    for eid, seed, ok, policy, stage in (("a0", 5001, False, "student", "rl"), ("a1", 5001, False, "student", "rl"),
+                                         ("b0", 5002, True, "student", "rl"), ("b1", 5002, False, "student", "rl"),
+                                         ("t1", 5001, True, "scripted", "rl"), ("t3", 5003, False, "scripted", "rl"),
+                                         ("e0", 5004, False, "student", "eval")):
+        _write(lake, _episode(eid, f"g{seed}", ok, task="click-button", seed=seed, policy=policy, run_key=stage),
+               [_step(eid, 0, "A", run_key=stage)], stage=stage)
+    _write(lake, _episode("o0", "go", False, task="click-test", seed=5001, run_key="rl"),
+           [_step("o0", 0, "A", run_key="rl")], stage="rl")
+    assert hard_instances(connect(lake), ["click-button"]) == {("click-button", 5001)}
+    pool = {"click-button": [{"episode_id": f"b{i}", "task_id": "click-button", "seed": 5000 + i} for i in range(5)],
+            "click-test": [{"episode_id": f"t{i}", "task_id": "click-test", "seed": i} for i in range(3)]}
+    hard = {("click-button", 5001), ("click-button", 5003), ("click-test", 1)}
+    got = draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(3), hard, 0.5)
+    assert [e["episode_id"] for e in got[:15]] and {e["episode_id"] for e in got[:15]} <= {"b1", "b3"}
+    assert sum(e["episode_id"][0] == "b" for e in got) == 30 and {e["episode_id"][0] for e in got[30:]} == {"t"}
+    plain = draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(3))
+    hard_share = sum(e["episode_id"] in ("b1", "b3") for e in got[:30])
+    assert hard_share >= 15 > sum(e["episode_id"] in ("b1", "b3") for e in plain[:15])
+    assert draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(3), {("click-button", 7)}, 0.5) == plain
+
+
 def test_clone_lr_warms_up_then_follows_its_schedule_to_the_runs_last_step():
     from training.rl_clone import clone_lr
     s = RLSettings(clone_steps=10, clone_lr=1e-3, clone_warmup=4, rounds=3)

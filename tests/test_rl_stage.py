@@ -150,6 +150,8 @@ def test_clone_fresh_teacher_solves_fresh_instances_for_the_clone_steps(setup):
     cfg, root, model = setup
     with pytest.raises(ConfigError, match="rl.clone_fresh needs rl.clone_steps"):
         load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.clone_fresh": 2})
+    with pytest.raises(ConfigError, match="rl.clone_hard needs rl.clone_steps"):  # rl.guide is off in OVERRIDES
+        load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.clone_hard": 0.5, "rl.clone_steps": 1})
     fresh = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.rounds": 2, "rl.seed": 11, "rl.clone_fresh": 2,
                                                          "rl.clone_steps": 1, "rl.clone_batch": 2})
     windows = [_fresh_seeds(fresh, 0, r) for r in range(2)]

@@ -6,7 +6,9 @@ After each round's policy update, the trainer takes `rl.clone_steps` optimizer s
 loss) on stored successes from the lake: teacher demos and the teacher's guidance episodes of earlier rounds and
 this one (rl.guide); with rl.clone_source "all" also the student's own successes (rejection sampling). A fraction
 `rl.clone_focus` of each batch is drawn from the RL tasks' successes, the rest from the other `rl.clone_tasks`
-(rehearsal: the tasks the start was trained on stay learnt). Draws are seeded by (rl.seed, round), with
+(rehearsal: the tasks the start was trained on stay learnt); of those RL-task draws, a fraction `rl.clone_hard` comes
+from the answers to instances a round's student group failed entirely (ReLIFT's "hardest questions": the answers
+rl.guide's teacher wrote for them). Draws are seeded by (rl.seed, round), with
 replacement; each drawn episode contributes its step rows, rebuilt exactly as the policy update's rows
 (training.rl_data.episode_rows). The optimizer (AdamW) and
 its state are the policy update's, at `rl.clone_lr` (linear warmup over the run's first rl.clone_warmup clone
@@ -28,17 +30,31 @@ CLONE_ALGO = "clone"
 
 
 def draw(pool: dict[str, list[dict[str, Any]]], focus: Sequence[str], n: int, focus_frac: float,
-         rng) -> list[dict[str, Any]]:
+         rng, hard: set[tuple[str, int]] = frozenset(), hard_frac: float = 0.0) -> list[dict[str, Any]]:
     """`n` episodes drawn with replacement from `pool` (task -> episodes): round(n x focus_frac) from the `focus`
-    tasks, the rest from the other tasks (all n from whichever side is non-empty when the other is empty)."""
+    tasks, the rest from the other tasks (all n from whichever side is non-empty when the other is empty). Of the
+    focus draws, round(k x hard_frac) come from the episodes whose (task_id, seed) is in `hard` (none when no
+    such episode is in the pool)."""
     hot = [e for t in sorted(pool) if t in focus for e in pool[t]]
     rest = [e for t in sorted(pool) if t not in focus for e in pool[t]]
     if not hot and not rest:
         return []
     k = n if not rest else 0 if not hot else round(n * focus_frac)
-    idx_hot = rng.integers(len(hot), size=k) if k else []
+    tough = [e for e in hot if (e["task_id"], int(e["seed"])) in hard] if hard_frac else []
+    kh = round(k * hard_frac) if tough else 0
+    idx_tough = rng.integers(len(tough), size=kh) if kh else []
+    idx_hot = rng.integers(len(hot), size=k - kh) if k - kh else []
     idx_rest = rng.integers(len(rest), size=n - k) if n - k else []
-    return [hot[i] for i in idx_hot] + [rest[i] for i in idx_rest]
+    return [tough[i] for i in idx_tough] + [hot[i] for i in idx_hot] + [rest[i] for i in idx_rest]
+
+
+def hard_instances(con, tasks: Sequence[str]) -> set[tuple[str, int]]:
+    """rl.clone_hard: the (task_id, seed) instances of these tasks that an RL round sampled and whose student
+    episodes all failed (the instances the policy could not solve when it met them)."""
+    got = con.execute("SELECT task_id, seed FROM episodes WHERE stage = 'rl' AND policy = 'student' "
+                      "AND split = 'train' AND task_reward IS NOT NULL AND list_contains($1, task_id) "
+                      "GROUP BY task_id, seed HAVING bool_or(success) IS NOT TRUE", [list(tasks)]).fetchall()
+    return {(t, int(seed)) for t, seed in got}
 
 
 def clone_lr(s: Any, n_done: int) -> float:
@@ -78,7 +94,8 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[st
     if s.clone_source == "teacher":  # a sampled success may carry a garbled Action line (rl.clone_source)
         pool = {t: [e for e in eps if e["policy"] != "student"] for t, eps in pool.items()}
     rng = np.random.default_rng([s.seed, round_idx, 7])
-    picked = draw(pool, s.focus_tasks, s.clone_steps * s.clone_batch, s.clone_focus, rng)
+    hard = hard_instances(con, s.focus_tasks) if s.clone_hard else set()
+    picked = draw(pool, s.focus_tasks, s.clone_steps * s.clone_batch, s.clone_focus, rng, hard, s.clone_hard)
     rows = clone_rows(con, lake, picked, arch=model_arch(trainer.model), opts=s.prompt_options, targets=s.targets)
     encoded: dict[int, Any] = {}  # id(row) -> (encoding, response length) or None: a row drawn twice is encoded once
     for r in rows:

@@ -33,6 +33,7 @@ class RLSettings:
     clone_batch: int = 16
     clone_lr: float = 5e-4
     clone_focus: float = 0.5
+    clone_hard: float = 0.0
     clone_source: str = "teacher"
     clone_warmup: int = 10
     clone_schedule: str = "cosine"
