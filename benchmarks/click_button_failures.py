@@ -15,8 +15,11 @@ import collections
 import json
 import re
 import sys
+from pathlib import Path
 
-import duckdb
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from storage.catalog import connect  # noqa: E402
 
 ACTION = re.compile(r'Click button "([^"]*)" @ \((\d+),(\d+)\)')
 
@@ -37,14 +40,12 @@ def _classify(ok: bool, want: str, ui: str, act: str | None, w: int, h: int) -> 
 
 
 def main() -> None:
-    lake = sys.argv[1]
-    src = lambda t: f"read_parquet('{lake}/{t}/**/*.parquet', hive_partitioning=true, union_by_name=true)"  # noqa: E731
-    con = duckdb.connect()
+    con = connect(sys.argv[1], write_catalog_file=False)  # the lake's views (local or s3://)
     key = sys.argv[2] if len(sys.argv) > 2 else con.execute(
-        f"SELECT run_key FROM {src('episodes')} WHERE stage = 'evaluate' GROUP BY run_key "
+        "SELECT run_key FROM episodes WHERE stage = 'evaluate' GROUP BY run_key "
         "ORDER BY max(ended_at) DESC LIMIT 1").fetchone()[0]
-    rows = con.execute(f"SELECT e.success, e.instruction, s.ui_text, s.action_desc, s.screen_w, s.screen_h "
-                       f"FROM {src('steps')} s JOIN {src('episodes')} e USING (episode_id) WHERE e.run_key = ? "
+    rows = con.execute("SELECT e.success, e.instruction, s.ui_text, s.action_desc, s.screen_w, s.screen_h "
+                       "FROM steps s JOIN episodes e USING (episode_id) WHERE e.run_key = ? "
                        "AND e.task_id LIKE '%click-button%' AND s.step_idx = 0 ORDER BY e.seed", [key]).fetchall()
     replies, where = collections.Counter(), collections.defaultdict(lambda: [0, 0])
     for ok, instr, ui, act, w, h in rows:

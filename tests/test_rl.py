@@ -747,15 +747,16 @@ def test_clone_draw_splits_each_batch_between_focus_and_rehearsal():
     assert draw({}, ["click-button"], 8, 0.5, np.random.default_rng(0)) == []
 
 
-def test_clone_hard_draws_a_share_of_the_focus_batch_from_the_instances_the_student_failed(tmp_path):
+def test_clone_hard_draws_a_share_of_the_focus_batch_from_the_instances_the_student_failed(tiny, tmp_path):
     """rl.clone_hard: hard_instances finds the RL-stage instances whose student episodes all failed (not one with a
     success, not the teacher's, not another stage's); draw takes round(k x hard) of the k focus draws from the
-    episodes of those instances, the rest as before, and ignores the share when none of them is in the pool."""
+    episodes of those instances, the rest as before, and ignores the share when none of them is in the pool; in
+    clone_round, clone_hard 1 draws only the teacher's answer to the failed instance."""
     import numpy as np
 
     from storage.catalog import connect
     from storage.lake import Lake
-    from training.rl_clone import draw, hard_instances
+    from training.rl_clone import attempts_index, clone_round, draw, hard_instances
 
     lake = Lake(tmp_path / "lake")
     for eid, seed, ok, policy, stage in (("a0", 5001, False, "student", "rl"), ("a1", 5001, False, "student", "rl"),
@@ -763,10 +764,11 @@ def test_clone_hard_draws_a_share_of_the_focus_batch_from_the_instances_the_stud
                                          ("t1", 5001, True, "scripted", "rl"), ("t3", 5003, False, "scripted", "rl"),
                                          ("e0", 5004, False, "student", "eval")):
         _write(lake, _episode(eid, f"g{seed}", ok, task="click-button", seed=seed, policy=policy, run_key=stage),
-               [_step(eid, 0, "A", run_key=stage)], stage=stage)
+               [_step(eid, 0, "B" if eid == "t1" else "A", run_key=stage)], stage=stage)
     _write(lake, _episode("o0", "go", False, task="click-test", seed=5001, run_key="rl"),
            [_step("o0", 0, "A", run_key="rl")], stage="rl")
-    assert hard_instances(connect(lake), ["click-button"]) == {("click-button", 5001)}
+    index = attempts_index(lake)
+    assert hard_instances(index.rows(connect(lake)), ["click-button"]) == {("click-button", 5001)}
     pool = {"click-button": [{"episode_id": f"b{i}", "task_id": "click-button", "seed": 5000 + i} for i in range(5)],
             "click-test": [{"episode_id": f"t{i}", "task_id": "click-test", "seed": i} for i in range(3)]}
     hard = {("click-button", 5001), ("click-button", 5003), ("click-test", 1)}
@@ -777,6 +779,17 @@ def test_clone_hard_draws_a_share_of_the_focus_batch_from_the_instances_the_stud
     hard_share = sum(e["episode_id"] in ("b1", "b3") for e in got[:30])
     assert hard_share >= 15 > sum(e["episode_id"] in ("b1", "b3") for e in plain[:15])
     assert draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(3), {("click-button", 7)}, 0.5) == plain
+    # clone_round: the bootstrap demo answers "A", the teacher's answer to the failed instance 5001 (t1) "B"; with
+    # clone_hard 1 (focus 1) every drawn row is t1's, so the first step's loss is B's token-mean NLL
+    _write(lake, _episode("demo", "boot-g", True, task="click-button", seed=3, run_key="boot", policy="scripted"),
+           [_step("demo", 0, "A", run_key="boot")], stage="bootstrap")
+    model, proc = _load(tiny)
+    want = -_logp(model, proc, _rows(proc, [("x", "g", True, "B", 1)])[0], "B") / len(_ids(proc, "B"))
+    s = RLSettings(lr=1e-12, clone_steps=1, clone_batch=4, clone_lr=1e-12, clone_focus=1.0, clone_hard=1.0,
+                   focus_tasks=("click-button",), targets="action", clone_warmup=0)
+    trainer = RLTrainer(model, proc, s)
+    got = clone_round(trainer, connect(lake, write_catalog_file=False), lake, round_idx=0)  # as train_round's
+    assert len(got) == 1 and got[0]["loss"] == pytest.approx(want, rel=1e-4)
 
 
 def test_clone_lr_warms_up_then_follows_its_schedule_to_the_runs_last_step():

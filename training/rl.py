@@ -99,6 +99,7 @@ class RLTrainer(ResumableTrainer):
         self.ctx = ctx or Context()
         self.ddp = ddp_wrap(response_logprobs, model, self.device) if self.ctx.active else None
         self._stored = None  # train_round's stored_index of the lake it reads
+        self._attempts = None  # rl.clone_hard: training.rl_clone.attempts_index of that lake
 
     # ---------------------------------------------------------------- rows
     def prepare(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:

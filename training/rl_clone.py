@@ -48,13 +48,29 @@ def draw(pool: dict[str, list[dict[str, Any]]], focus: Sequence[str], n: int, fo
     return [tough[i] for i in idx_tough] + [hot[i] for i in idx_hot] + [rest[i] for i in idx_rest]
 
 
-def hard_instances(con, tasks: Sequence[str]) -> set[tuple[str, int]]:
-    """rl.clone_hard: the (task_id, seed) instances of these tasks that an RL round sampled and whose student
-    episodes all failed (the instances the policy could not solve when it met them)."""
-    got = con.execute("SELECT task_id, seed FROM episodes WHERE stage = 'rl' AND policy = 'student' "
-                      "AND split = 'train' AND task_reward IS NOT NULL AND list_contains($1, task_id) "
-                      "GROUP BY task_id, seed HAVING bool_or(success) IS NOT TRUE", [list(tasks)]).fetchall()
-    return {(t, int(seed)) for t, seed in got}
+# rl.clone_hard: the student's own attempts on the rounds' instances (a sampled episode carries its reward)
+ATTEMPT_WHERE = "stage = 'rl' AND policy = 'student' AND split = 'train' AND task_reward IS NOT NULL"
+
+
+def attempts_index(lake: Any):
+    """The student's RL attempts (task_id, seed, success), read incrementally (storage.catalog.FilteredRows): kept on
+    the trainer, so each round opens only the episode files added since the last, as training.rl_data.stored_index."""
+    from storage.catalog import FilteredRows
+    return FilteredRows(lake, "episodes", "task_id, seed, success", ATTEMPT_WHERE)
+
+
+def hard_instances(attempts: Sequence[dict[str, Any]], tasks: Sequence[str]) -> set[tuple[str, int]]:
+    """rl.clone_hard: the (task_id, seed) instances of these tasks among `attempts` (attempts_index's rows) whose
+    student episodes all failed (the instances the policy could not solve when it met them)."""
+    seen: set[tuple[str, int]] = set()
+    solved: set[tuple[str, int]] = set()
+    for a in attempts:
+        if a["task_id"] in tasks:
+            key = (a["task_id"], int(a["seed"]))
+            seen.add(key)
+            if a["success"]:
+                solved.add(key)
+    return seen - solved
 
 
 def clone_lr(s: Any, n_done: int) -> float:
@@ -94,7 +110,11 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[st
     if s.clone_source == "teacher":  # a sampled success may carry a garbled Action line (rl.clone_source)
         pool = {t: [e for e in eps if e["policy"] != "student"] for t, eps in pool.items()}
     rng = np.random.default_rng([s.seed, round_idx, 7])
-    hard = hard_instances(con, s.focus_tasks) if s.clone_hard else set()
+    hard: set[tuple[str, int]] = set()
+    if s.clone_hard:
+        if trainer._attempts is None or trainer._attempts.lake is not lake:
+            trainer._attempts = attempts_index(lake)  # kept across rounds, as trainer._stored
+        hard = hard_instances(trainer._attempts.rows(con), s.focus_tasks)
     picked = draw(pool, s.focus_tasks, s.clone_steps * s.clone_batch, s.clone_focus, rng, hard, s.clone_hard)
     rows = clone_rows(con, lake, picked, arch=model_arch(trainer.model), opts=s.prompt_options, targets=s.targets)
     encoded: dict[int, Any] = {}  # id(row) -> (encoding, response length) or None: a row drawn twice is encoded once
