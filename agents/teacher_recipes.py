@@ -12,6 +12,7 @@ import re
 from typing import Callable, Iterator
 
 from agents.teacher_ctx import TASK_H, Ctx, El, Step, TeacherError, cap, norm
+from agents.teacher_synth import SYNTH_RECIPES
 
 
 # -------------------------------------------------------------------- shared pieces
@@ -454,3 +455,4 @@ RECIPES: dict[str, Callable[[Ctx], Iterator[Step]]] = {
     "multi-layouts": multi_form,
     "guess-number": guess_number,
 }
+RECIPES.update(SYNTH_RECIPES)  # synth/<kind> (envs/synth): agents/teacher_synth.py

@@ -4,6 +4,10 @@
     .venv/bin/python benchmarks/flywheel_experiment.py --seeds 0 --no-control # one flywheel run only
     .venv/bin/python benchmarks/flywheel_experiment.py --report-only          # re-read the lakes, rewrite JSON + PNG
 
+With `midtrain.enabled` in the config, the mid-trained base is built once, in <root>/base (`flywheel stage
+midtrain`), and every lake below starts as a copy of that lake (a lake is relocatable: its rows hold relative
+paths), so both arms of every seed start from the same base checkpoint, found by its content address.
+
 Per seed s, two lakes under --root:
   s<s>/  the flywheel: `flywheel run -c <config> --iterations N` (curriculum on, teacher budget spent in
          iteration 0, then rollouts -> curate -> SFT -> RL -> evaluate, each iteration continuing from the last
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -41,6 +46,7 @@ from configs.models import apply_overrides  # noqa: E402
 from flywheel.evaluate import OVERALL  # noqa: E402
 
 FLYWHEEL = [str(ROOT / ".venv" / "bin" / "flywheel")]
+COPY_TASKS = ("enter-text", "login-user")  # the tasks that need text copied from the instruction
 
 
 def seed_config(base: dict[str, Any], seed: int, demos_per_task: int) -> dict[str, Any]:
@@ -130,7 +136,8 @@ def dataset_growth(lake: Path) -> dict[str, dict[str, int]]:
     """Training samples (step rows) of each iteration's curated export, split into teacher and student."""
     rows = query(lake, """
         SELECT iteration, path FROM (
-          SELECT *, row_number() OVER (PARTITION BY iteration ORDER BY created_at DESC) AS rn FROM datasets) WHERE rn = 1
+          SELECT *, row_number() OVER (PARTITION BY iteration ORDER BY created_at DESC) AS rn FROM datasets
+          WHERE stage = 'curate') WHERE rn = 1
         ORDER BY iteration""")
     import duckdb
     out = {}
@@ -143,6 +150,7 @@ def dataset_growth(lake: Path) -> dict[str, dict[str, int]]:
         student = sum(n for p, n, _ in counts if p == "student")  # curate's own rule (storage/queries.py)
         teacher = sum(n for _, n, _ in counts) - student
         out[str(r["iteration"])] = {"teacher_samples": teacher, "student_samples": student,
+                                    "student_share": round(student / max(student + teacher, 1), 4),
                                     "episodes": sum(e for _, _, e in counts)}
     return out
 
@@ -154,6 +162,23 @@ def teacher_demos(lake: Path) -> dict[str, int]:
         total += int(r["n"])
         out[str(r["iteration"])] = total
     return out
+
+
+def teacher_episodes(lake: Path) -> dict[str, dict[str, int]]:
+    """Teacher episodes per stage (every policy but the student's; the mid-training oracle is not a teacher)."""
+    rows = query(lake, "SELECT stage, count(*) AS n FROM episodes WHERE policy <> 'student' AND stage NOT LIKE 'midtrain%' "
+                       "GROUP BY stage ORDER BY stage")
+    return {r["stage"]: int(r["n"]) for r in rows}
+
+
+def base_skills(lake: Path) -> dict[str, Any] | None:
+    """The mid-trained base's held-out synthetic-page success (evals, stage 'midtrain')."""
+    rows = query(lake, "SELECT checkpoint_id, task_id, success_rate, n_episodes FROM evals WHERE stage = 'midtrain' "
+                       "ORDER BY created_at")
+    if not rows:
+        return None
+    return {"checkpoint": rows[-1]["checkpoint_id"],
+            "per_task": {r["task_id"]: round(r["success_rate"], 4) for r in rows if r["checkpoint_id"] == rows[-1]["checkpoint_id"]}}
 
 
 def curriculum(lake: Path) -> list[dict[str, Any]]:
@@ -175,6 +200,8 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
                "steps": training_steps(lake) if lake.exists() else {},
                "dataset": dataset_growth(lake) if lake.exists() else {},
                "teacher_demos": teacher_demos(lake) if lake.exists() else {},
+               "teacher_episodes_by_stage": teacher_episodes(lake) if lake.exists() else {},
+               "base": base_skills(lake) if lake.exists() else None,
                "curriculum": curriculum(lake) if lake.exists() else []}
         c = root / f"c{s}"
         if control and c.exists():
@@ -188,10 +215,16 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
     for s, r in runs.items():
         a, b = r["success"].get(first), r["success"].get(last)
         cs = (r.get("control") or {}).get("success")
+        share = (r["dataset"].get(last) or {}).get("student_share")
+        last_tasks = r["per_task"].get(last, {})
         verdict[s] = {"gain_points": None if a is None or b is None else round(100 * (b - a), 1),
-                      "vs_control_points": None if cs is None or b is None else round(100 * (b - cs), 1)}
+                      "vs_control_points": None if cs is None or b is None else round(100 * (b - cs), 1),
+                      "student_share_last": share,
+                      "copy_tasks_last": {t: last_tasks.get(t) for t in COPY_TASKS}}
     met_gain = all(v["gain_points"] is not None and v["gain_points"] >= 15 for v in verdict.values())
     met_ctrl = all(v["vs_control_points"] is not None and v["vs_control_points"] >= 10 for v in verdict.values())
+    met_share = all((v["student_share_last"] or 0) >= 0.5 for v in verdict.values())
+    met_copy = all(all((x or 0) > 0 for x in v["copy_tasks_last"].values()) for v in verdict.values())
 
     def stats(vals: list[float]) -> dict[str, float] | None:
         vals = [v for v in vals if v is not None]
@@ -200,8 +233,10 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
     return {"root": str(root), "seeds": seeds, "iterations": iterations, "runs": runs,
             "per_iteration": per_iteration,
             "control": stats([(r.get("control") or {}).get("success") for r in runs.values()]),
+            "student_share": stats([(r["dataset"].get(last) or {}).get("student_share") for r in runs.values()]),
             "verdict": verdict,
-            "targets": {"iteration_last_vs_first_plus_15": met_gain, "iteration_last_vs_control_plus_10": met_ctrl}}
+            "targets": {"iteration_last_vs_first_plus_15": met_gain, "iteration_last_vs_control_plus_10": met_ctrl,
+                        "student_share_last_at_least_half": met_share, "enter_text_and_login_user_above_0": met_copy}}
 
 
 def plot(summary: dict[str, Any], png: Path) -> None:
@@ -262,8 +297,19 @@ def main() -> None:
     root = (ROOT / a.root).resolve()
     walls: dict[str, float] = {}
     if not a.report_only:
+        start = None
+        if (base.get("midtrain") or {}).get("enabled"):
+            start = root / "base"
+            if not (start / "checkpoints").exists():
+                print(f"mid-training the shared base -> {start}", file=sys.stderr)
+                bcfg = write_yaml(root / "configs" / "base.yaml", base)
+                walls["base"] = run([*FLYWHEEL, "stage", "midtrain", "-c", str(bcfg), "--lake", str(start)],
+                                    root / "base.log")
         for s in a.seeds:
             lake, log = root / f"s{s}", root / f"s{s}.log"
+            for arm in (lake, root / f"c{s}"):
+                if start is not None and not arm.exists():
+                    shutil.copytree(start, arm, ignore=shutil.ignore_patterns("_reports", ".cache"))
             cfg_path = write_yaml(root / "configs" / f"s{s}.yaml", seed_config(base, s, demos))
             left = n - evaluated_iterations(lake)
             if left > 0:
@@ -281,13 +327,16 @@ def main() -> None:
             common = ["-c", str(ccfg), "--lake", str(clake)]
             for stage in ("bootstrap", "curate", "sft"):
                 run([*FLYWHEEL, "stage", stage, "-i", "0", *common], clog)
-            ck = query(clake, "SELECT path FROM checkpoints WHERE iteration = 0 ORDER BY created_at DESC LIMIT 1")[0]["path"]
+            ck = query(clake, "SELECT path FROM checkpoints WHERE iteration = 0 AND method = 'sft' "
+                            "ORDER BY created_at DESC LIMIT 1")[0]["path"]
             run([*FLYWHEEL, "stage", "evaluate", "-i", "0", "--checkpoint", str(clake / ck), *common], clog)
             walls[f"c{s}"] = time.monotonic() - t0
     summary = summarize(root, a.seeds, n, not a.no_control)
     summary["config"], summary["overrides"] = a.config, a.sets
     if walls:
         summary["wall_s_this_invocation"] = {k: round(v, 1) for k, v in walls.items()}
+    if (root / "base").exists():
+        summary["base"] = base_skills(root / "base")
     text = json.dumps(summary, indent=1, default=str)
     if a.json:
         (ROOT / a.json).parent.mkdir(parents=True, exist_ok=True)

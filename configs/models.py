@@ -94,7 +94,15 @@ class BootstrapConfig(_Cfg):
     budget_usd: float | None = Field(None, gt=0, description="Dollar budget of one bootstrap run (paid teachers): once the finished episodes cost this much, no new episode starts (running ones finish and are kept); null = no limit")
     selection: TaskSelection = Field(default_factory=TaskSelection, description="Tasks and seeds for teacher demos (train split)")
     success_threshold: float = Field(0.3, ge=0, le=1, description="Re-bootstrap when the student's success falls below this")
-    max_demos_per_task: int | None = Field(None, ge=0, description="Teacher budget: demos a task may ever get in this lake (earlier bootstraps count); null = no cap. With curriculum.enabled, only tasks the student never solves get more")
+    max_demos_per_task: int | None = Field(None, ge=0, description="The older name of teacher_budget.max_episodes_per_task (used when that is null): teacher episodes a task may ever get in this lake, every stage that runs the teacher counted (bootstrap, curriculum top-ups, rl.guide, rl.clone_fresh); null = no cap. With curriculum.enabled, only tasks the student never solves get more")
+
+
+class TeacherBudgetConfig(_Cfg):
+    """The one teacher budget of a lake (flywheel/teacher_budget.py): every teacher episode counts, whichever stage
+    runs it (bootstrap and curriculum top-ups, rl.guide, rl.clone_fresh), counted from the lake's `episodes` rows."""
+    max_episodes_per_task: int | None = Field(None, ge=0, description="Teacher episodes a task may ever get in this lake, whichever stage runs the teacher (bootstrap, curriculum top-ups, rl.guide, rl.clone_fresh; imports, evaluate and midtrain are not teacher spend); null = bootstrap.max_demos_per_task, else no cap")
+    max_episodes: int | None = Field(None, ge=0, description="Teacher episodes over all tasks in this lake, every stage counted; a capped run keeps them spread over its tasks; null = no cap")
+    usd: float | None = Field(None, ge=0, description="Dollars (paid teachers: the episodes' cost) over every stage in this lake: once spent, no new teacher episode starts (running ones finish and count); null = no cap. bootstrap.budget_usd still caps each bootstrap run")
 
 
 class ModelPrice(_Cfg):
@@ -163,6 +171,7 @@ class StudentConfig(_Cfg):
 class RolloutStageConfig(_Cfg):
     selection: TaskSelection = Field(default_factory=TaskSelection, description="Tasks and seeds for student rollouts")
     temperature: float | None = Field(None, ge=0, le=5, description="Sampling temperature of the rollouts stage (data for curate); null = student.temperature. RL keeps student.temperature: its groups need the spread")
+    attempts: int | None = Field(None, ge=1, le=64, description="Attempts per task instance in the rollouts stage (pass@k collection: every success is kept, deduplicated by instance + action sequence); null = rollout.group_size")
 
 
 class CurateConfig(_Cfg):
@@ -270,6 +279,18 @@ class EvalConfig(_Cfg):
     held_out_seeds_per_task: int | None = Field(None, ge=1, description="Seeds per held-out task (None = selection.seeds_per_task); a student that fails them uses every step of each episode")
 
 
+class MidtrainConfig(_Cfg):
+    enabled: bool = Field(False, description="Build a base checkpoint by mid-training on synthetic pages (synth/* tasks) before the first SFT; cached by corpus + settings")
+    tasks: list[str] = Field(default_factory=lambda: ["synth/click", "synth/type", "synth/form", "synth/read", "synth/option"],
+                             description="Synthetic task kinds of the corpus (envs/synth); only synth/* ids")
+    episodes_per_task: int = Field(300, ge=1, description="Corpus size: oracle episodes (distinct train seeds) per synthetic kind")
+    seed_offset: int = Field(0, ge=0, description="First train seed of the corpus")
+    base: str | None = Field(None, description="Model to mid-train (a folder or Hub id); null = student.model")
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(method="full", lr=1e-3, batch_size=16, max_steps=400),
+                           description="Training settings of the mid-training run (same keys as sft)")
+    eval_seeds_per_task: int = Field(10, ge=0, description="Held-out synthetic pages (eval split) per kind for the base's skill report; 0 = none")
+
+
 class FlywheelConfig(_Cfg):
     name: str = Field("local", description="Name of this flywheel (run names, deployment names)")
     iterations: int = Field(1, ge=1, le=1000, description="Iterations per `flywheel run`")
@@ -277,6 +298,7 @@ class FlywheelConfig(_Cfg):
     env: EnvConfig = Field(default_factory=EnvConfig, description="GUI environment")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Parallel rollout runner settings")
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig, description="Teacher demonstrations stage")
+    teacher_budget: TeacherBudgetConfig = Field(default_factory=TeacherBudgetConfig, description="The teacher budget across stages (episodes per task, episodes, dollars), counted from the lake")
     claude: ClaudeConfig = Field(default_factory=ClaudeConfig, description="The Claude computer-use teacher (bootstrap.policy claude / auto)")
     student: StudentConfig = Field(default_factory=StudentConfig, description="The student policy")
     rollouts: RolloutStageConfig = Field(default_factory=RolloutStageConfig, description="Student rollouts stage")
@@ -285,6 +307,7 @@ class FlywheelConfig(_Cfg):
     rl: RLConfig = Field(default_factory=RLConfig, description="Reinforcement learning stage")
     evaluate: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation stage")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Failure-driven curriculum and entropulse across iterations")
+    midtrain: MidtrainConfig = Field(default_factory=MidtrainConfig, description="Mid-training on synthetic pages: the student's base skills (point, read, copy, fill)")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "FlywheelConfig":
@@ -307,6 +330,11 @@ class FlywheelConfig(_Cfg):
         if self.rl.distributed == "ddp" and self.rl.source != "lake":
             raise ValueError("rl.distributed 'ddp' needs rl.source 'lake': the update's processes train on stored "
                              "rollout groups (stage rollouts); sampling runs on the machines with the browsers")
+        per_task, old_name = self.teacher_budget.max_episodes_per_task, self.bootstrap.max_demos_per_task
+        if per_task is not None and old_name is not None and per_task != old_name:
+            raise ValueError(f"teacher_budget.max_episodes_per_task ({per_task}) and bootstrap.max_demos_per_task "
+                             f"({old_name}) are the same budget under two names: set only "
+                             "teacher_budget.max_episodes_per_task")
         if self.student.backend == "openai" and not self.student.base_url:
             raise ValueError("student.backend is 'openai' but student.base_url is not set: set it to the server URL (e.g. http://host:8000/v1)")
         return self

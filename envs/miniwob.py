@@ -99,7 +99,8 @@ class MiniWobEnv(GuiEnv):
         max_wait_s: upper bound on the sleep of a `wait` action.
         final_screenshot: capture the screen after the episode-ending action (the lake keeps it).
         data_mode: miniwob's data mode ("train"/"test"); a few tasks draw from different pools.
-        task_id: the page loaded at start (the first reset switches if it differs).
+        task_id: the page loaded at start (the first reset switches if it differs); a synthetic `synth/<kind>`
+            id (envs/synth) starts on click-test and switches to its materialized page.
     """
 
     name = "miniwob"
@@ -131,16 +132,23 @@ class MiniWobEnv(GuiEnv):
     # ------------------------------------------------------------------ browser
     def _start(self, task_id: str) -> None:
         from selenium.common.exceptions import WebDriverException
+        from envs.synth import is_synth
+        first = "click-test" if is_synth(task_id) else task_id  # miniwob starts on one of its own pages
         try:
-            self._env = _miniwob_env_class()(subdomain=task_id)
+            self._env = _miniwob_env_class()(subdomain=first)
         except WebDriverException as e:
             raise EnvError(f"cannot start chromium for miniwob: {_first_line(e)}") from e
         self._holder["env"] = self._env
         self._env.instance.record_screenshots = False  # we take our own (one per observation)
-        self._task = task_id
+        self._task = first
         if self.render_scale:
             self._cdp("Emulation.setDeviceMetricsOverride",
                       {"width": 0, "height": 0, "deviceScaleFactor": self.scale, "mobile": False})
+        if first != task_id:
+            try:
+                self._switch_task(task_id)
+            except WebDriverException as e:
+                raise EnvError(f"cannot open {task_id} in chromium: {_first_line(e)}") from e
 
     @property
     def unwrapped(self):
@@ -159,11 +167,15 @@ class MiniWobEnv(GuiEnv):
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support import expected_conditions as EC
         from selenium.webdriver.support.wait import WebDriverWait
+        from envs import synth
         inst = self._env.instance
-        url = inst.url.rsplit("/", 1)[0] + f"/{task_id}.html"
+        if synth.is_synth(task_id):  # our own page; its utterance carries the fields (see envs/synth)
+            url, extractor = synth.page_url(task_id), _no_fields
+        else:
+            url, extractor = f"{_miniwob_html_url()}/{task_id}.html", get_field_extractor(task_id)
         self._driver.get(url)
         WebDriverWait(self._driver, 10).until(EC.element_to_be_clickable((By.ID, inst.SYNC_SCREEN_ID)))
-        inst.url, inst.field_extractor = url, get_field_extractor(task_id)
+        inst.url, inst.field_extractor = url, extractor
         self._env.subdomain = inst.subdomain = task_id
         self._task = task_id
         # Warm-up episode: images a task creates per episode (e.g. email-inbox's CSS icons) load
@@ -188,10 +200,12 @@ class MiniWobEnv(GuiEnv):
 
     def reset(self, task_id: str, seed: int) -> Observation:
         from envs.registry import KNOWN_MINIWOB_TASKS
+        from envs.synth import is_synth
         if self._closed:
             raise EnvError("reset() on a closed MiniWobEnv")
-        if task_id not in KNOWN_MINIWOB_TASKS:
-            raise ValueError(f"unknown MiniWoB task {task_id!r} (miniwob 1.1.0 has {len(KNOWN_MINIWOB_TASKS)} tasks)")
+        if task_id not in KNOWN_MINIWOB_TASKS and not is_synth(task_id):
+            raise ValueError(f"unknown MiniWoB task {task_id!r} (miniwob 1.1.0 has {len(KNOWN_MINIWOB_TASKS)} tasks; "
+                             f"synthetic ones are synth/<kind>)")
         if self._env is None:
             self._restart()
         self._new_episode_state()
@@ -402,6 +416,17 @@ def _miniwob_env_class():
             self.instance.start()
 
     return Env
+
+
+def _no_fields(utterance: Any) -> list:
+    """Field extractor of pages whose utterance is a {utterance, fields} dict (never called on a string)."""
+    return []
+
+
+def _miniwob_html_url() -> str:
+    """file:// URL of miniwob's task folder (html/miniwob), what miniwob's own instance loads."""
+    from miniwob.selenium_instance import DEFAULT_BASE_URL
+    return DEFAULT_BASE_URL.rstrip("/")
 
 
 def _browser_errors() -> tuple[type[BaseException], ...]:

@@ -5,12 +5,18 @@
     registry.seeds("eval", 5)            # [100000, ..., 100004]
     registry.split_of(100003)            # "eval"
     registry.tasks_table_rows()          # rows of the lake's `tasks` table
+    registry.is_synth("synth/click")     # True: a synthetic task (envs/synth), not a MiniWoB page
     env = registry.make_env("miniwob", screenshot_scale=2)
 
 Splits are by seed range, so one seed can never be in both: train seeds come from
 [0, 10000), eval seeds from [100000, 101000). On top of that a few tasks are held out
 (`HELD_OUT`): they are evaluated but never used for teacher demos or training.
 Every listed task has a binary MiniWoB reward (+1 / -1), so `raw_reward > 0` is success.
+
+`SYNTH_TASKS` are the synthetic `synth/<kind>` pages (envs/synth: random layouts and generated labels,
+run by the same MiniWobEnv, source "synth" in the tasks table). They are in `TASKS` (so stages resolve,
+cap and register them), but `teacher_tasks()`/`train_tasks()`, and so a selection of 'all', leave
+them out unless asked (`include_synth=True`): list them by id to use them.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class Task:
     max_steps: int = 8  # enough for the scripted teacher with room for a few misses
     held_out: bool = False  # eval only: never in teacher demos or training sets
     env: str = "miniwob"
+    source: str = "miniwob"  # the tasks table's source: "miniwob", or "synth" (envs/synth)
 
     @property
     def split(self) -> str:
@@ -94,6 +101,18 @@ TASKS: list[Task] = [
     _t("copy-paste", "Copy the text into the field and submit.", teacher_supported=False),
     _t("tic-tac-toe", "Win the game of tic-tac-toe.", 10, teacher_supported=False),
 ]
+# Synthetic pages (envs/synth); max_steps = the teacher's steps + 2-3.
+SYNTH_TASKS: list[Task] = [
+    _t("synth/click", "Click the button or link with the quoted text (synthetic page).", 3, source="synth"),
+    _t("synth/type", "Type the quoted text into the named field, then press the named button.", 5, source="synth"),
+    _t("synth/form", "Fill two named fields with the quoted texts, then press the named button.", 8,
+       source="synth"),
+    _t("synth/read", "Type the text of the marked item into the named field, then press the button.", 6,
+       source="synth"),
+    _t("synth/option", "Select the named radio/checkbox options, then press the named button.", 6, source="synth"),
+    _t("synth/tabs", "Open the named tab, then click the named link on it.", 5, source="synth"),
+]
+TASKS += SYNTH_TASKS
 TASKS_BY_ID: dict[str, Task] = {t.task_id: t for t in TASKS}
 HELD_OUT: list[str] = [t.task_id for t in TASKS if t.held_out]
 
@@ -128,14 +147,26 @@ def get_task(task_id: str) -> Task:
         raise KeyError(f"task {task_id!r} is not in the registry; known: {', '.join(TASKS_BY_ID)}") from None
 
 
-def teacher_tasks(include_held_out: bool = False) -> list[str]:
-    """Tasks the scripted teacher solves; held-out tasks only when asked (they are eval-only)."""
-    return [t.task_id for t in TASKS if t.teacher_supported and (include_held_out or not t.held_out)]
+def is_synth(task_id: object) -> bool:
+    """A synthetic `synth/<kind>` task (envs/synth), not a MiniWoB page."""
+    from envs.synth import is_synth as _is_synth
+    return _is_synth(task_id)
 
 
-def train_tasks() -> list[str]:
-    """Tasks that may appear in training data (every task that is not held out)."""
-    return [t.task_id for t in TASKS if not t.held_out]
+def synth_tasks() -> list[str]:
+    return [t.task_id for t in SYNTH_TASKS]
+
+
+def teacher_tasks(include_held_out: bool = False, include_synth: bool = False) -> list[str]:
+    """Tasks the scripted teacher solves; held-out tasks only when asked (they are eval-only), synthetic
+    ones only when asked."""
+    return [t.task_id for t in TASKS if t.teacher_supported and (include_held_out or not t.held_out)
+            and (include_synth or t.source != "synth")]
+
+
+def train_tasks(include_synth: bool = False) -> list[str]:
+    """Tasks that may appear in training data (every task that is not held out; synthetic ones when asked)."""
+    return [t.task_id for t in TASKS if not t.held_out and (include_synth or t.source != "synth")]
 
 
 def split_of(seed: int) -> str:
@@ -168,8 +199,11 @@ def tasks_table_rows() -> list[dict[str, Any]]:
     for t in TASKS:
         config = {"seed_ranges": {k: list(v) for k, v in SPLITS.items()}, "max_steps": t.max_steps,
                   "teacher_supported": t.teacher_supported, "held_out": t.held_out}
+        if t.source == "synth":
+            from envs import synth
+            config["generator"] = synth.version()  # the same seed draws another page after a generator change
         rows.append(dict(task_id=t.task_id, env=t.env, instruction=t.instruction,
-                         config=json.dumps(config, sort_keys=True), split=t.split, source="miniwob"))
+                         config=json.dumps(config, sort_keys=True), split=t.split, source=t.source))
     return rows
 
 

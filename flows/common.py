@@ -43,6 +43,10 @@ def summary(stage: str, r: dict[str, Any]) -> str:
         return f"dataset {r.get('dataset_id')}: {r.get('n_episodes')} episodes, {r.get('n_steps')} steps"
     if stage in ("sft", "rl"):
         return "skipped" if r.get("skipped") else f"checkpoint {r.get('checkpoint_id')} at {r.get('model_path') or r.get('path')}"
+    if stage == "midtrain":
+        skills = r.get("skills") or {}
+        return (f"base {r.get('checkpoint_id')} at {r.get('model_path')} from {r.get('n_samples')} samples; held-out "
+                f"synthetic pages {skills.get('success_rate', float('nan')):.1%}") if not r.get("reason") else r["reason"]
     if stage == "evaluate":
         return f"{r.get('checkpoint')}: success {r.get('success_rate', 0):.1%} (95% CI {r.get('ci_low', 0):.1%}-{r.get('ci_high', 0):.1%})"
     return json.dumps(r, default=str)[:200]
@@ -51,7 +55,7 @@ def summary(stage: str, r: dict[str, Any]) -> str:
 def output_id(stage: str, r: dict[str, Any]) -> str:
     """What a stage produced, as the iteration table shows it: run key, dataset id, eval id, or for a training
     stage the checkpoint it made (id and the model folder the next stage gets) or passed on unchanged."""
-    if stage in ("sft", "rl"):
+    if stage in ("sft", "rl", "midtrain"):
         path = r.get("model_path") or r.get("path") or r.get("checkpoint")
         if r.get("checkpoint_id"):
             return f"{r['checkpoint_id']} ({path})" if path else str(r["checkpoint_id"])

@@ -27,6 +27,7 @@ from flows.bootstrap import bootstrap
 from flows.common import FLOW_OPTS, main, one_line, stage_row
 from flows.curate import curate
 from flows.evaluate import evaluate
+from flows.midtrain import midtrain
 from flows.rl import rl
 from flows.rollouts import rollouts
 from flows.sft import sft
@@ -35,10 +36,10 @@ from tasks import stages as t
 from tasks.artifacts import publish_iteration, stage_stats
 from tasks.common import ConfigRef, checkpoint_of
 
-STAGE_FLOWS = {"bootstrap": bootstrap, "rollouts": rollouts, "curate": curate, "sft": sft, "rl": rl,
+STAGE_FLOWS = {"midtrain": midtrain, "bootstrap": bootstrap, "rollouts": rollouts, "curate": curate, "sft": sft, "rl": rl,
                "evaluate": evaluate}
 # flow/deployment names from prefect.yaml: the pool a stage runs on is in the deployment name
-DEPLOYMENTS = {"bootstrap": "bootstrap/cpu", "rollouts": "rollouts/cpu", "curate": "curate/cpu",
+DEPLOYMENTS = {"midtrain": "midtrain/cpu", "bootstrap": "bootstrap/cpu", "rollouts": "rollouts/cpu", "curate": "curate/cpu",
                "sft": "sft/gpu", "rl": "rl/gpu", "evaluate": "evaluate/cpu"}
 
 
@@ -85,7 +86,8 @@ def last_eval_success(cfg: FlywheelConfig, before: int) -> float | None:
     if not lake.has_data("evals"):
         return None
     row = connect(lake, write_catalog_file=False).execute(
-        "SELECT success_rate FROM evals WHERE task_id = ? AND iteration < ? ORDER BY iteration DESC, created_at DESC LIMIT 1",
+        "SELECT success_rate FROM evals WHERE task_id = ? AND iteration < ? AND stage = 'evaluate' "
+        "ORDER BY iteration DESC, created_at DESC LIMIT 1",
         [OVERALL, before]).fetchone()
     return None if row is None else float(row[0])
 
@@ -150,6 +152,13 @@ def _iterations(cfg: FlywheelConfig, config: ConfigRef, n: int, start_iteration:
     ck = checkpoint or latest_checkpoint(cfg, start_iteration)
     reg = (t.register_tasks.with_options(refresh_cache=True) if refresh else t.register_tasks)(config)
     log.info(f"{cfg.name}: {n} iteration(s) from {start_iteration} in {mode} mode; {reg['tasks']} tasks registered")
+    base = None
+    if cfg.midtrain.enabled:  # the base skills: cached in the lake after the first run (content-addressed)
+        base = call_stage("midtrain", config, 0, mode, refresh)
+        skills = base.get("skills") or {}
+        log.info(f"midtrain: base {base.get('checkpoint_id')} ({base.get('steps')} steps); held-out synthetic pages "
+                 f"{skills.get('success_rate', float('nan')):.1%} {skills.get('per_task', {})}")
+        ck = ck or checkpoint_of(base)
     out = []
     for it in range(start_iteration, start_iteration + n):
         results: dict[str, dict[str, Any]] = {}
@@ -178,7 +187,10 @@ def _iterations(cfg: FlywheelConfig, config: ConfigRef, n: int, start_iteration:
                     d["reason"] for d in plan["decisions"] if d["task_id"] == "__sft__")}
             ck = checkpoint_of(step("rl", checkpoint=checkpoint_of(trained))) or checkpoint_of(trained)
             ev = step("evaluate", checkpoint=ck)
-        publish_iteration(cfg, it, [report_row(cfg, s, r, started) for s, r in results.items()], ev,
+        rows = [report_row(cfg, s, r, started) for s, r in results.items()]
+        if base is not None and it == start_iteration:
+            rows.insert(0, report_row(cfg, "midtrain", base, started))
+        publish_iteration(cfg, it, rows, ev,
                           curriculum=plan["decisions"] if plan else None)
         log.info(f"iteration {it} done: held-out success {ev['success_rate']:.1%} for {ck}")
         out.append({"iteration": it, "checkpoint": ck, "stages": results, "started_at": started})

@@ -39,6 +39,31 @@ def stage_rl(
     con.print(f"checkpoint [bold]{res['checkpoint_id']}[/bold] ({res['algo']}, {res['rounds']} rounds): {res['model_path']}")
 
 
+@stage_app.command("midtrain")
+def stage_midtrain(
+    config: Optional[str] = CONFIG_OPT,
+    lake: Optional[str] = LAKE_OPT,
+):
+    """Mid-training on synthetic pages: the oracle's corpus (synth/* tasks in Chromium), its dataset, the base
+    checkpoint the first SFT starts from, and the base's success on held-out synthetic pages. Idempotent: a
+    finished base of the same corpus and settings is reused."""
+    from rich.console import Console
+    from flywheel.cli import load_cfg
+    from flywheel.midtrain import midtrain
+    from flywheel.stages import ensure_student
+
+    use_lake(lake)
+    cfg = load_cfg(config, {"midtrain.enabled": True})
+    if not cfg.midtrain.base:
+        ensure_student(cfg)
+    res = midtrain(cfg)
+    skills = res.get("skills") or {}
+    verb = "reused" if res["skipped"] else "trained"
+    Console().print(f"{verb} base [bold]{res['checkpoint_id']}[/bold] on {res['dataset_id']} ({res['n_samples']} samples, "
+                    f"{res['steps']} steps, final loss {res['final_loss']:.4f})\nmodel: {res['model_path']}\n"
+                    f"held-out synthetic pages: {skills.get('success_rate', float('nan')):.1%} {skills.get('per_task', {})}")
+
+
 @stage_app.command("bootstrap")
 def stage_bootstrap(
     iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration the demos are written under."),

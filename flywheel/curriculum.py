@@ -13,8 +13,10 @@ row), else the newest student rollouts of an earlier iteration, else none. With 
     then the task is parked (no rollouts, no RL) until it shows a success;
   - 0 < success < solved_threshold: full rollouts and RL (the only groups with a signal);
   - success >= solved_threshold: a small check (`check_seeds` rollout seeds), no demos, no RL.
-The teacher is a budget, not a default: `bootstrap.max_demos_per_task` caps the demos a task
-ever gets, counted from the lake (every earlier bootstrap of this lake).
+The teacher is a budget, not a default: `teacher_budget.max_episodes_per_task` (or its older name
+`bootstrap.max_demos_per_task`) caps the teacher episodes a task ever gets, counted from the lake over every stage
+that ran the teacher (bootstraps, top-ups, rl.guide, rl.clone_fresh: flywheel/teacher_budget.py); the lake-wide
+`teacher_budget.max_episodes` and `usd` bound the top-ups of all tasks together.
 
 Entropulse (ComputerRL): with `curriculum.sft_every_iteration: false`, iterations after the
 first skip SFT and go on with RL from the last checkpoint, unless RL's policy entropy fell below
@@ -98,6 +100,8 @@ def _evidence(con, iteration: int, tasks: list[str]) -> dict[str, Evidence]:
 
 
 def demos_spent(con, tasks: list[str]) -> dict[str, int]:
+    """Bootstrap demos per task in the lake: where a task's new demos' seeds start (the budget counts more:
+    flywheel.teacher_budget.episodes_by_task)."""
     rows = con.execute("""SELECT task_id, count(*) FROM episodes
                           WHERE stage = 'bootstrap' AND policy <> 'student' AND list_contains(?, task_id)
                           GROUP BY task_id""", [tasks]).fetchall()
@@ -105,14 +109,21 @@ def demos_spent(con, tasks: list[str]) -> dict[str, int]:
 
 
 def decide(tasks: list[str], evidence: dict[str, Evidence], spent: dict[str, int], cfg: FlywheelConfig,
-           iteration: int) -> list[Decision]:
-    """The per-task decisions (pure: the evidence and spent demos come from the lake)."""
-    cc, budget = cfg.curriculum, cfg.bootstrap.max_demos_per_task
+           iteration: int, teacher: dict[str, int] | None = None, pool: int | None = None) -> list[Decision]:
+    """The per-task decisions (pure: the evidence and spent demos come from the lake). `spent`: bootstrap demos per
+    task; `teacher`: teacher episodes per task over every stage, what the per-task budget counts (default: spent);
+    `pool`: teacher episodes the lake-wide budget still allows over all tasks (None: no such limit), handed out
+    in task order."""
+    from flywheel.teacher_budget import limits
+    cc, budget = cfg.curriculum, limits(cfg).per_task
+    teacher = spent if teacher is None else teacher
     full_seeds = cfg.rollouts.selection.seeds_per_task
     out = []
     for task in tasks:
         ev, used = evidence.get(task), spent.get(task, 0)
-        left = None if budget is None else max(0, budget - used)
+        left = None if budget is None else max(0, budget - teacher.get(task, 0))
+        if pool is not None:
+            left = pool if left is None else min(left, pool)
         d = Decision(task, "", "", demos_spent=used)
         if ev is not None:
             d.success_rate, d.evidence, d.n_evidence = ev.success_rate, f"{ev.source} it{ev.iteration}", ev.n
@@ -124,14 +135,17 @@ def decide(tasks: list[str], evidence: dict[str, Evidence], spent: dict[str, int
                                                     "; demos already in the lake")
         elif ev.success_rate <= 0.0:
             want = cc.top_up_demos if left is None else min(cc.top_up_demos, left)
+            of = f"its budget of {budget}" if budget is not None else "the lake's teacher budget"
             if want > 0:
                 d.decision, d.teacher_demos, d.rollout_seeds = "teacher", want, full_seeds
                 d.reason = (f"student never solved it ({ev.n} episodes, {d.evidence}): {want} teacher demos"
-                            + ("" if left is None else f", {left - want} left in its budget of {budget}"))
+                            + ("" if left is None else f", {left - want} left in {of}"))
             else:
                 d.decision = "park"
-                d.reason = (f"student never solved it ({ev.n} episodes, {d.evidence}) and its teacher budget of "
-                            f"{budget} demos is spent: no rollouts or RL until it shows a success")
+                d.reason = (f"student never solved it ({ev.n} episodes, {d.evidence}) and "
+                            + (f"its teacher budget of {budget} demos" if budget is not None and
+                               budget - teacher.get(task, 0) <= 0 else "the lake's teacher budget")
+                            + " is spent: no rollouts or RL until it shows a success")
         elif ev.success_rate < cc.solved_threshold:
             d.decision, d.rollout_seeds, d.rl = "train", full_seeds, True
             d.reason = (f"0 < success {ev.success_rate:.0%} < {cc.solved_threshold:.0%} ({d.evidence}): "
@@ -140,6 +154,8 @@ def decide(tasks: list[str], evidence: dict[str, Evidence], spent: dict[str, int
             d.decision, d.rollout_seeds = "check", min(cc.check_seeds, full_seeds)
             d.reason = (f"solved: success {ev.success_rate:.0%} >= {cc.solved_threshold:.0%} ({d.evidence}); "
                         f"a {d.rollout_seeds}-seed check, no demos, no RL")
+        if pool is not None:
+            pool -= d.teacher_demos
         out.append(d)
     return out
 
@@ -167,9 +183,11 @@ def sft_decision(con, iteration: int, cfg: FlywheelConfig) -> Decision:
 
 def plan_iteration(cfg: FlywheelConfig, lake: Lake, iteration: int, tasks: list[str]) -> Plan:
     from storage.catalog import connect
+    from flywheel.teacher_budget import episodes_by_task, limits, pool_left
     con = connect(lake, write_catalog_file=False)
     try:
-        plan = Plan(iteration, decide(tasks, _evidence(con, iteration, tasks), demos_spent(con, tasks), cfg, iteration))
+        plan = Plan(iteration, decide(tasks, _evidence(con, iteration, tasks), demos_spent(con, tasks), cfg, iteration,
+                                      teacher=episodes_by_task(con, tasks), pool=pool_left(con, limits(cfg))))
         plan.decisions.append(sft_decision(con, iteration, cfg))
     finally:
         con.close()

@@ -47,15 +47,15 @@ def eval_policy(cfg: FlywheelConfig, checkpoint: str) -> PolicySpec:
 _PER_TASK_SQL = """
 SELECT e.task_id, count(*) AS n, count(*) FILTER (e.success) AS successes, avg(e.n_steps) AS avg_steps,
        sum(e.n_parse_errors) AS parse_errors, sum(e.n_steps) AS steps
-FROM episodes e WHERE e.run_key = ? AND e.iteration = ? AND e.stage = 'evaluate'
+FROM episodes e WHERE e.run_key = ? AND e.iteration = ? AND e.stage = ?
 GROUP BY e.task_id ORDER BY e.task_id
 """
 
 
 def _rows(lake: Lake, run_key: str, iteration: int, eval_id: str, checkpoint: str,
-          held_out: set[str], config_hash: str) -> list[dict[str, Any]]:
+          held_out: set[str], config_hash: str, stage: str = "evaluate") -> list[dict[str, Any]]:
     con = connect(lake)
-    per_task = con.execute(_PER_TASK_SQL, [run_key, iteration]).fetchall()
+    per_task = con.execute(_PER_TASK_SQL, [run_key, iteration, stage]).fetchall()
     now = datetime.now(timezone.utc)
 
     def row(task: str, split: str, n: int, s: int, steps: int, pe: int, avg_steps: float) -> dict[str, Any]:
@@ -87,7 +87,7 @@ def plot_success(lake: Lake, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
     data = connect(lake).execute(f"""
         SELECT iteration, checkpoint_id, success_rate, ci_low, ci_high FROM evals
-        WHERE task_id = '{OVERALL}' ORDER BY iteration, created_at""").fetchall()
+        WHERE task_id = '{OVERALL}' AND stage = 'evaluate' ORDER BY iteration, created_at""").fetchall()
     if not data:
         return None
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
@@ -122,25 +122,31 @@ def _row_checkpoint(lake: Lake, checkpoint: str) -> str:
     return lake.rel(p) if p.exists() and p.resolve().is_relative_to(lake.root) else checkpoint
 
 
-def evaluate_checkpoint(cfg: FlywheelConfig, iteration: int, checkpoint: str, *,
-                        progress: bool = True) -> dict[str, Any]:
+def evaluate_checkpoint(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, progress: bool = True,
+                        selection: Any = None, held_out_tasks: bool | None = None,
+                        stage: str = "evaluate", eval_stage: str | None = None) -> dict[str, Any]:
+    """`selection` (a TaskSelection; default cfg.evaluate.selection) and `held_out_tasks` (default
+    cfg.evaluate.held_out_tasks) pick the episodes; `stage` names their episodes, `eval_stage` (default: `stage`)
+    the `evals` rows. The flywheel's evaluation is stage 'evaluate'; mid-training's skill report uses its own."""
     from envs import registry
     from flywheel.stages import lake_for, resolve_tasks, rollout_spec
-    sel = cfg.evaluate.selection
+    sel = selection or cfg.evaluate.selection
+    with_held_out = cfg.evaluate.held_out_tasks if held_out_tasks is None else held_out_tasks
     tasks = resolve_tasks(sel.tasks, for_training=False)
     held_out = {t.task_id for t in registry.TASKS if t.held_out and t.teacher_supported}
-    extra = [t for t in sorted(held_out) if t not in tasks] if cfg.evaluate.held_out_tasks else []
+    extra = [t for t in sorted(held_out) if t not in tasks] if with_held_out else []
     tasks += extra
     seeds = registry.seeds("eval", sel.seeds_per_task, offset=sel.seed_offset)
     n_held = cfg.evaluate.held_out_seeds_per_task
     fewer = {t: n_held for t in extra} if extra and n_held is not None and n_held < len(seeds) else None
-    spec = rollout_spec(cfg, iteration=iteration, stage="evaluate", policy=eval_policy(cfg, checkpoint),
+    spec = rollout_spec(cfg, iteration=iteration, stage=stage, policy=eval_policy(cfg, checkpoint),
                         tasks=tasks, seeds=seeds, split="eval", max_seeds=fewer)
     summary = run_rollouts(spec, progress=progress)
     lake = lake_for(cfg)
     eval_id = "eval-" + hashlib.sha1(f"{spec.run_key}|{checkpoint}".encode()).hexdigest()[:12]
-    rows = _rows(lake, spec.run_key, iteration, eval_id, _row_checkpoint(lake, checkpoint), held_out, cfg.config_hash())
-    lake.replace_run("evals", [rows], iteration=iteration, stage="evaluate", run_key=spec.run_key)
+    rows = _rows(lake, spec.run_key, iteration, eval_id, _row_checkpoint(lake, checkpoint), held_out, cfg.config_hash(),
+                 stage)
+    lake.replace_run("evals", [rows], iteration=iteration, stage=eval_stage or stage, run_key=spec.run_key)
     plot = plot_success(lake, lake.root / "_reports" / "success_rate.png")
     overall = rows[-1]
     return {"eval_id": eval_id, "run_key": spec.run_key, "iteration": iteration, "checkpoint": checkpoint,

@@ -196,7 +196,8 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
     trainer = rlcore.RLTrainer(model, processor, rlcore.RLSettings.from_config(cfg, algo), base_model=base, ctx=ctx)
     if start:
         trainer.load_state(Path(current) / "trainer_state.pt")
-    history, pool, guides, guide_keys = [], None, None, []
+    from flywheel.teacher_budget import spend_index
+    history, pool, guides, guide_keys, spend = [], None, None, [], None
     sample_cfg = cfg if not cfg.rl.end_on_parse_error else cfg.model_copy(
         update={"rollout": cfg.rollout.model_copy(update={"on_parse_error": "end"})})
     stored = _stored_groups(lake, iteration) if cfg.rl.source == "lake" else None
@@ -211,10 +212,13 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
                 if pool is None:
                     pool = RolloutPool(spec)
                 keys, n_episodes = [spec.run_key], run_rollouts(spec, progress=progress, pool=pool).total
+                if (cfg.rl.guide != "off" or cfg.rl.clone_fresh) and spend is None:
+                    spend = spend_index(lake)  # the teacher budget's count, kept current run by run
                 if cfg.rl.guide != "off":
-                    guide_keys, guides = _guide(cfg, iteration, spec.run_key, lake, guides, progress=progress)
+                    guide_keys, guides = _guide(cfg, iteration, spec.run_key, lake, guides, progress=progress,
+                                                spend=spend)
                 if cfg.rl.clone_fresh:
-                    guides = _teach_fresh(cfg, iteration, r, tasks, guides, progress=progress)
+                    guides = _teach_fresh(cfg, iteration, r, tasks, guides, progress=progress, spend=spend)
             res = trainer.train_round(lake, keys, round_idx=r, iteration=iteration, run_key=run_id,
                                       git_sha=git_sha(), guide_keys=guide_keys)
             rdir = out / f"round-{r}"
@@ -235,7 +239,7 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
 
 
 def _guide(cfg: FlywheelConfig, iteration: int, round_key: str, lake: Lake, pool, *,
-           progress: bool) -> tuple[list[str], Any]:
+           progress: bool, spend=None) -> tuple[list[str], Any]:
     """rl.guide: the bootstrap teacher solves the round's instances whose group has a failure ("all") or only
     failures ("failed"), one episode each, into the lake (stage rl, a run key of its own: a rerun of the round
     finds them). Returns ([its run key] or [], the teacher's rollout pool, started on first use and kept)."""
@@ -252,23 +256,33 @@ def _guide(cfg: FlywheelConfig, iteration: int, round_key: str, lake: Lake, pool
     task_seeds: dict[str, list[int]] = {}
     for task, seed in got:
         task_seeds.setdefault(task, []).append(int(seed))
-    key, pool = _teach(cfg, iteration, pool, progress=progress, tasks=sorted(task_seeds), seeds=[],
-                       task_seeds=task_seeds)
-    return [key], pool
+    key, pool = _teach(cfg, iteration, pool, progress=progress, what="rl.guide", spend=spend, tasks=sorted(task_seeds),
+                       seeds=[], task_seeds=task_seeds)
+    return ([key] if key else []), pool
 
 
-def _teach_fresh(cfg: FlywheelConfig, iteration: int, r: int, tasks: list[str], pool, *, progress: bool):
+def _teach_fresh(cfg: FlywheelConfig, iteration: int, r: int, tasks: list[str], pool, *, progress: bool,
+                 spend=None):
     """rl.clone_fresh: the bootstrap teacher solves the round's fresh instances of the RL tasks, one episode each,
     into the lake (stage rl, a run key of their own: a rerun of the round finds them). They join no group as
     guidance; the clone steps (and replay) draw them as stored successes. Returns the teacher's rollout pool."""
-    return _teach(cfg, iteration, pool, progress=progress, tasks=tasks, seeds=_fresh_seeds(cfg, iteration, r))[1]
+    return _teach(cfg, iteration, pool, progress=progress, what="rl.clone_fresh", spend=spend, tasks=tasks,
+                  seeds=_fresh_seeds(cfg, iteration, r))[1]
 
 
-def _teach(cfg: FlywheelConfig, iteration: int, pool, *, progress: bool, **instances) -> tuple[str, Any]:
+def _teach(cfg: FlywheelConfig, iteration: int, pool, *, progress: bool, what: str = "rl", spend=None,
+           **instances) -> tuple[str | None, Any]:
     """The bootstrap teacher's episodes on these instances (rollout_spec's tasks / seeds / task_seeds), one each,
-    into the lake under stage rl. Returns (their run key, the teacher's rollout pool: started on first use)."""
+    into the lake under stage rl, within the teacher budget left (flywheel/teacher_budget.py: its jobs are cut to
+    the episodes and dollars left; a spent budget runs none and logs it; `spend`: the stage's spend_index).
+    Returns (their run key, None when the budget left it no episode; the teacher's rollout pool: started on first
+    use)."""
     from flywheel.stages import rollout_spec, teacher_policy
+    from flywheel.teacher_budget import cap_teacher_spec
     spec = rollout_spec(cfg, iteration=iteration, stage="rl", policy=teacher_policy(cfg), split="train", **instances)
+    spec, _ = cap_teacher_spec(cfg, spec, what=what, index=spend)
+    if not spec.jobs:
+        return None, pool
     pool = pool or RolloutPool(spec)
     run_rollouts(spec, progress=progress, pool=pool)
     return spec.run_key, pool

@@ -208,6 +208,7 @@ class _Runner:
         self.init_failures = 0
         self.timings: dict[str, float] = {}
         self.spent_usd = 0.0  # cost of this run's finished episodes (budget_usd)
+        self.budget_usd = spec.budget_usd  # the current run's (a pool's later runs bring their own)
         self.budget_stopped = 0
         self.retries: dict[str, int] = {}  # episode id -> reruns after an env error
 
@@ -273,7 +274,7 @@ class _Runner:
 
     def check_budget(self, pending: deque) -> None:
         """Once the run's budget is spent, drop the jobs not yet handed out (running episodes finish)."""
-        budget = self.spec.budget_usd
+        budget = self.budget_usd
         if budget is not None and self.spent_usd >= budget and pending:
             self.budget_stopped += len(pending)
             import logging
@@ -452,6 +453,7 @@ def run_rollouts(spec: RolloutSpec, *, progress: bool = True, on_result: Callabl
         # the budget covers the whole run key: what earlier attempts spent counts (an errored episode that is
         # retried counts once more, since its spend was real)
         runner.spent_usd = sum(costs.values())
+        runner.budget_usd = spec.budget_usd
         runner.budget_stopped = 0
         try:
             if bar:

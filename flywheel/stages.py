@@ -133,19 +133,24 @@ def teacher_policy(cfg: FlywheelConfig) -> PolicySpec:
 
 
 def _demo_seeds(cfg: FlywheelConfig, iteration: int, tasks: list[str]) -> dict[str, list[int]] | None:
-    """Per-task demo seeds when the teacher is a budget (curriculum on, or bootstrap.max_demos_per_task set);
-    None = the plain selection. A task's new demos take the seeds after the ones it already has."""
+    """Per-task demo seeds when the teacher is a budget (curriculum on, or a per-task teacher budget:
+    teacher_budget.max_episodes_per_task / bootstrap.max_demos_per_task); None = the plain selection. The budget
+    counts every stage's teacher episodes (flywheel/teacher_budget.py); a task's new demos take the seeds after
+    the bootstrap demos it already has."""
     from envs import registry
     from flywheel.curriculum import demos_spent, plan_for
-    sel, cap = cfg.bootstrap.selection, cfg.bootstrap.max_demos_per_task
+    from flywheel.teacher_budget import episodes_by_task, limits
+    sel, cap = cfg.bootstrap.selection, limits(cfg).per_task
     lake = lake_for(cfg)
     if cfg.curriculum.enabled:
         plan = plan_for(cfg, lake, iteration)
         want = {d.task_id: (d.teacher_demos, d.demos_spent) for d in plan.decisions if d.teacher_demos > 0}
     elif cap is not None:
         from storage.catalog import connect
-        spent = demos_spent(connect(lake, write_catalog_file=False), tasks) if lake.has_data("episodes") else {}
-        want = {t: (min(sel.seeds_per_task, max(0, cap - spent.get(t, 0))), spent.get(t, 0)) for t in tasks}
+        con = connect(lake, write_catalog_file=False) if lake.has_data("episodes") else None
+        spent = demos_spent(con, tasks) if con else {}
+        teacher = episodes_by_task(con, tasks) if con else {}
+        want = {t: (min(sel.seeds_per_task, max(0, cap - teacher.get(t, 0))), spent.get(t, 0)) for t in tasks}
         want = {t: v for t, v in want.items() if v[0] > 0}
     else:
         return None
@@ -153,11 +158,10 @@ def _demo_seeds(cfg: FlywheelConfig, iteration: int, tasks: list[str]) -> dict[s
 
 
 def bootstrap(cfg: FlywheelConfig, iteration: int = 0, *, progress: bool = True) -> dict[str, Any]:
-    """Teacher demonstrations on the train split into `episodes`/`steps` (stage 'bootstrap').
-    With a paid teacher, `bootstrap.budget_usd` caps the run's dollars (the result's `budget_stopped` counts the
-    episodes not started; `cost_usd` what this call spent)."""
-    from dataclasses import replace
-
+    """Teacher demonstrations on the train split into `episodes`/`steps` (stage 'bootstrap'), within the teacher
+    budget left (`teacher_budget`, every stage's teacher episodes counted: `teacher_budget_capped` counts the
+    jobs it cut). With a paid teacher, `bootstrap.budget_usd` caps the run's dollars too (the result's
+    `budget_stopped` counts the episodes not started; `cost_usd` what this call spent)."""
     from envs import registry
     sel = cfg.bootstrap.selection
     tasks = resolve_tasks(sel.tasks, for_training=True)
@@ -165,13 +169,18 @@ def bootstrap(cfg: FlywheelConfig, iteration: int = 0, *, progress: bool = True)
     task_seeds = _demo_seeds(cfg, iteration, tasks)
     if task_seeds is not None and not task_seeds:
         return {"skipped": True, "iteration": iteration, "stage": "bootstrap",
-                "reason": "no task gets teacher demos this iteration (curriculum / bootstrap.max_demos_per_task)"}
+                "reason": "no task gets teacher demos this iteration (curriculum / teacher budget)"}
+    from flywheel.teacher_budget import cap_teacher_spec
     spec = rollout_spec(cfg, iteration=iteration, stage="bootstrap", policy=teacher_policy(cfg),
                         tasks=tasks, seeds=seeds, split="train", task_seeds=task_seeds)
-    spec = replace(spec, budget_usd=cfg.bootstrap.budget_usd)  # not in the run key: raising it resumes the run
+    # the budgets are not in the run key: raising one resumes the run
+    spec, cap = cap_teacher_spec(cfg, spec, run_usd=cfg.bootstrap.budget_usd, what="the bootstrap")
+    if not spec.jobs:
+        return {"skipped": True, "iteration": iteration, "stage": "bootstrap", "run_key": spec.run_key,
+                "teacher_budget_capped": cap.dropped, "reason": cap.reason or "no teacher episodes to run"}
     summary = run_rollouts(spec, progress=progress)
     return {"run_key": spec.run_key, "iteration": iteration, "stage": "bootstrap", "policy": spec.policy.kind,
-            **asdict(summary)}
+            **asdict(summary), "teacher_budget_capped": cap.dropped}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -242,7 +251,8 @@ def student_rollouts(cfg: FlywheelConfig, iteration: int, checkpoint: str | None
             return {"skipped": True, "iteration": iteration, "stage": "rollouts", "checkpoint": model,
                     "reason": "the curriculum parked every task"}
     spec = rollout_spec(cfg, iteration=iteration, stage="rollouts", policy=policy, tasks=tasks, seeds=seeds,
-                        split="train", group_size=cfg.rollout.group_size, max_seeds=max_seeds or None)
+                        split="train", group_size=cfg.rollouts.attempts or cfg.rollout.group_size,
+                        max_seeds=max_seeds or None)
     summary = run_rollouts(spec, progress=progress)
     return {"run_key": spec.run_key, "iteration": iteration, "stage": "rollouts", "checkpoint": model,
             **asdict(summary)}
@@ -265,6 +275,9 @@ def sft(cfg: FlywheelConfig, iteration: int, dataset_id: str, base: str | None =
     in `checkpoints`. A finished checkpoint of this lake (same data, base and settings) is reused, not retrained."""
     from training.models import ModelError
     from training.sft import sft_stage
+    if base is None and cfg.midtrain.enabled and latest_checkpoint(cfg, iteration) is None:
+        from flywheel.midtrain import base_checkpoint  # the first SFT starts from the mid-trained base
+        base = base_checkpoint(cfg)
     try:
         return sft_stage(cfg, iteration, dataset_id, base, lake=lake_for(cfg), progress=progress, git_sha=git_sha())
     # missing export, unloadable base or parent checkpoint, another lake's checkpoint in the way
@@ -292,7 +305,8 @@ def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *, pr
     lake = lake_for(cfg)
     if checkpoint is None:
         from storage.catalog import connect
-        row = connect(lake).execute("SELECT path FROM checkpoints WHERE iteration = ? ORDER BY created_at DESC LIMIT 1",
+        row = connect(lake).execute("SELECT path FROM checkpoints WHERE iteration = ? AND method <> 'midtrain' "
+                                    "ORDER BY created_at DESC LIMIT 1",
                                     [iteration]).fetchone()
         if row is None:
             raise UserError(f"no checkpoint in iteration {iteration} to start RL from; run `flywheel stage sft -i {iteration}` or pass --checkpoint")
@@ -311,8 +325,8 @@ def latest_checkpoint(cfg: FlywheelConfig, before: int) -> str | None:
         return None
     from training.core import MERGED_DIR
     row = connect(lake, write_catalog_file=False).execute(
-        "SELECT checkpoint_id, path, adapter FROM checkpoints WHERE iteration < ? ORDER BY iteration DESC, created_at DESC "
-        "LIMIT 1", [before]).fetchone()
+        "SELECT checkpoint_id, path, adapter FROM checkpoints WHERE iteration < ? AND method <> 'midtrain' "
+        "ORDER BY iteration DESC, created_at DESC LIMIT 1", [before]).fetchone()
     if row is None:
         return None
     # the same folder the iteration itself handed on (checkpoint_of: a LoRA adapter's merged model), so a resumed

@@ -51,12 +51,18 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def curate_sql(curate_cfg: Any, iteration: int, held_out: list[str]) -> str:
+# The mid-training corpus (flywheel/midtrain.py) lives in stages 'midtrain' (train pages) and 'midtrain-eval'
+# (held-out pages): the flywheel's SFT data never includes it, the base checkpoint already learned from it.
+MIDTRAIN_STAGE = "midtrain"
+FLYWHEEL_STAGES = f"e.stage NOT LIKE '{MIDTRAIN_STAGE}%'"
+
+
+def curate_sql(curate_cfg: Any, iteration: int, held_out: list[str], stage_filter: str = FLYWHEEL_STAGES) -> str:
     """The selection SQL for a CurateConfig, with its settings inlined (the manifest stores this text)."""
     ratio = curate_cfg.teacher_ratio
     held = "[" + ", ".join(_sql_str(t) for t in sorted(held_out)) + "]::VARCHAR[]"
     return CURATE_EPISODES.format(threshold=float(curate_cfg.reward_threshold), iteration=int(iteration),
-                                  held_out=held, cap=int(curate_cfg.max_episodes_per_task),
+                                  held_out=held, cap=int(curate_cfg.max_episodes_per_task), stage_filter=stage_filter,
                                   ratio="NULL" if ratio is None else repr(float(ratio))).strip()
 
 
@@ -80,6 +86,11 @@ def sft_features():
     })
 
 
+def _source(policy: str) -> str:
+    """'student' for the student's own episodes, 'teacher' for every other policy (as CURATE_EPISODES says)."""
+    return "student" if policy == "student" else "teacher"
+
+
 def _export_rows(con, episodes: list[dict[str, Any]], arch: str, opts) -> list[dict[str, Any]]:
     from training.data import episode_samples
 
@@ -97,8 +108,10 @@ def _export_rows(con, episodes: list[dict[str, Any]], arch: str, opts) -> list[d
     return rows
 
 
-def export_sft(con, episodes: list[dict[str, Any]], out: Path, arch: str, opts) -> int:
-    """Write the SFT rows of `episodes` to `out` (Parquet, atomically); returns the number of rows."""
+def export_sft(con, episodes: list[dict[str, Any]], out: Path, arch: str, opts,
+               samples_by_source: Counter | None = None) -> int:
+    """Write the SFT rows of `episodes` to `out` (Parquet, atomically); returns the number of rows.
+    `samples_by_source` (a Counter) gets the rows per source ('teacher' / 'student')."""
     schema = sft_features().arrow_schema
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
@@ -110,6 +123,8 @@ def export_sft(con, episodes: list[dict[str, Any]], out: Path, arch: str, opts) 
                 if rows:
                     w.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=256)
                     n += len(rows)
+                    if samples_by_source is not None:
+                        samples_by_source.update(_source(r["policy"]) for r in rows)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, out)
@@ -118,13 +133,19 @@ def export_sft(con, episodes: list[dict[str, Any]], out: Path, arch: str, opts) 
     return n
 
 
-def source_counts(episodes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Episodes per (policy, iteration) and per task: the manifest's source_counts JSON."""
+def source_counts(episodes: list[dict[str, Any]], samples: Counter | None = None) -> dict[str, Any]:
+    """The manifest's source_counts JSON (the dataset's mix): episodes per (policy, iteration), per task and per
+    source, and, given the export's `samples` per source, the SFT samples per source and the student's share."""
     by_src = Counter(f"{e['policy']}/it{e['iteration']}" for e in episodes)
     by_task = Counter(e["task_id"] for e in episodes)
     by_kind = Counter(e["source"] for e in episodes)
-    return {"by_policy_iteration": dict(sorted(by_src.items())), "by_task": dict(sorted(by_task.items())),
-            "by_source": dict(sorted(by_kind.items()))}
+    out: dict[str, Any] = {"by_policy_iteration": dict(sorted(by_src.items())), "by_task": dict(sorted(by_task.items())),
+                           "by_source": dict(sorted(by_kind.items()))}
+    if samples is not None:
+        total = sum(samples.values())
+        out["samples_by_source"] = {k: int(samples.get(k, 0)) for k in ("student", "teacher")}
+        out["student_sample_share"] = round(samples.get("student", 0) / total, 4) if total else 0.0
+    return out
 
 
 def curate(cfg: Any, iteration: int, lake: Lake | None = None, *, held_out: list[str] | None = None,
@@ -132,8 +153,6 @@ def curate(cfg: Any, iteration: int, lake: Lake | None = None, *, held_out: list
     """Select, export and record iteration N's SFT dataset; returns its id, export folder and counts.
 
     held_out: task ids never to train on (default: the registry's held-out tasks)."""
-    from training.data import prompt_options
-
     if iteration < 0:
         raise CurateError(f"iteration must be >= 0, got {iteration}")
     if held_out is None:
@@ -148,19 +167,29 @@ def curate(cfg: Any, iteration: int, lake: Lake | None = None, *, held_out: list
     if not episodes:
         raise CurateError(f"no successful train episodes up to iteration {iteration} with task_reward >= "
                           f"{cfg.curate.reward_threshold} in {lake.location}")
-    dataset_id = dataset_id_for(cfg, iteration)
+    return write_dataset(cfg, lake, con, episodes, dataset_id=dataset_id_for(cfg, iteration), sql=sql,
+                         iteration=iteration, stage="curate", name=f"sft it{iteration}", git_sha=git_sha)
+
+
+def write_dataset(cfg: Any, lake: Lake, con, episodes: list[dict[str, Any]], *, dataset_id: str, sql: str,
+                  iteration: int, stage: str, name: str, git_sha: str | None) -> dict[str, Any]:
+    """Export the chosen episodes' SFT samples and write their `datasets` row (the manifest: ids, query, mix)."""
+    from training.data import prompt_options
+
     folder = lake.root / EXPORT_DIR / dataset_id
-    n_steps = export_sft(con, episodes, folder / EXPORT_FILE, cfg.student.arch, prompt_options(cfg.student))
+    samples: Counter = Counter()
+    n_steps = export_sft(con, episodes, folder / EXPORT_FILE, cfg.student.arch, prompt_options(cfg.student), samples)
     lake.publish(folder)  # before the row: a reader that sees the row finds the whole export
     ids = [e["episode_id"] for e in episodes]
-    row = dict(dataset_id=dataset_id, name=f"sft it{iteration}: {len(ids)} episodes, {n_steps} steps", query=sql,
+    counts = source_counts(episodes, samples)
+    row = dict(dataset_id=dataset_id, name=f"{name}: {len(ids)} episodes, {n_steps} steps", query=sql,
                episode_ids=ids, n_episodes=len(ids), n_steps=n_steps,
-               source_counts=json.dumps(source_counts(episodes), sort_keys=True), path=lake.rel(folder),
+               source_counts=json.dumps(counts, sort_keys=True), path=lake.rel(folder),
                created_at=datetime.now(timezone.utc), run_key=dataset_id, git_sha=git_sha,
                config_hash=cfg.config_hash("curate"))
-    lake.replace_run("datasets", [[row]], iteration=iteration, stage="curate", run_key=dataset_id)
+    lake.replace_run("datasets", [[row]], iteration=iteration, stage=stage, run_key=dataset_id)
     return {"dataset_id": dataset_id, "path": str(folder), "data_files": str(folder / EXPORT_FILE),
-            "n_episodes": len(ids), "n_steps": n_steps, "source_counts": source_counts(episodes)}
+            "n_episodes": len(ids), "n_steps": n_steps, "source_counts": counts}
 
 
 def manifest(lake: Lake, dataset_id: str) -> dict[str, Any]:

@@ -50,6 +50,7 @@ WITH candidates AS (
       AND e.split = 'train'
       AND e.iteration <= {iteration}
       AND NOT list_contains({held_out}, e.task_id)
+      AND {stage_filter}
 ),
 signatures AS (
     SELECT s.episode_id,

@@ -163,11 +163,59 @@ def curriculum_markdown(decisions: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _pct(v: Any) -> str:
+    return "–" if v is None else f"{v:.0%}"
+
+
+def flywheel_markdown(cfg: FlywheelConfig, iteration: int) -> str:
+    """Where the teacher budget went (this iteration by stage and task, the lake's total against the budget), and
+    per task: the student's attempts and successes (rollouts + RL), its share of the SFT samples, held-out success.
+    The rows are storage.reports' queries, the same the viewer's iteration report shows."""
+    from flywheel.stages import lake_for
+    from flywheel.teacher_budget import Spent, TeacherSpend, limits, teacher_spend
+    from storage.catalog import connect
+    from storage.reports import iteration_table
+    con = connect(lake_for(cfg), write_catalog_file=False)
+    try:
+        table, spend = iteration_table(con, iteration=iteration), teacher_spend(con)
+    finally:
+        con.close()
+    lim, total, by_task = limits(cfg), spend.total, spend.by_task()
+    mine = [r for r in spend.rows if r["iteration"] == iteration]
+    stages = ", ".join(f"{k} {v.episodes}" for k, v in TeacherSpend(mine).by_stage().items()) or "none"
+    lake_stages = ", ".join(f"{k} {v.episodes}" for k, v in spend.by_stage().items()) or "none"
+    lines = ["", f"**Teacher budget** ({lim.describe()}): this iteration spent {sum(r['episodes'] for r in mine)} "
+                 f"teacher episodes, ${sum(r['usd'] for r in mine):.4g} ({stages}); the lake {total.episodes} episodes, "
+                 f"${total.usd:.4g} ({lake_stages})"]
+    if mine:
+        lines += ["", "| stage | task | teacher episodes | successes | $ |", "|---|---|---|---|---|"]
+        lines += [f"| {r['stage']} | {r['task_id']} | {r['episodes']} | {r['successes']} | {r['usd']:.4g} |" for r in mine]
+    lines += ["", f"**Per task** (iteration {iteration}; attempts = the student's rollout and RL episodes)", "",
+              "| task | attempts | successes | teacher episodes | teacher $ | teacher budget left (now) | SFT samples | "
+              "student share | held-out success |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        t = r["task_id"]
+        if lim.per_task is not None and not t.startswith("__"):
+            left = str(max(0, lim.per_task - by_task.get(t, Spent()).episodes))
+        elif lim.total is not None and t == "__all__":
+            left = str(max(0, lim.total - total.episodes))
+        else:
+            left = "–"
+        held = "–" if r["heldout_success"] is None else f"{r['heldout_success']:.0%} (n={r['heldout_n']})"
+        lines.append(f"| {'all' if t == '__all__' else t} | {r['attempts']} | {r['successes']} | {r['teacher_episodes']} | "
+                     f"{r['teacher_usd']:.4g} | {left} | {r['sft_samples']} | {_pct(r['student_share'])} | {held} |")
+    return "\n".join(lines)
+
+
 def publish_iteration(cfg: FlywheelConfig, iteration: int, rows: list[dict[str, Any]],
                       evaluation: dict[str, Any] | None, curriculum: list[dict[str, Any]] | None = None) -> None:
     viewer = build_viewer(cfg)
     try:
         md = iteration_markdown(cfg, iteration, rows, evaluation, viewer)
+        try:
+            md += flywheel_markdown(cfg, iteration)
+        except Exception as e:  # noqa: BLE001 - see publish_stage
+            get_run_logger().warning(f"iteration report: teacher budget / per-task table skipped ({type(e).__name__}: {e})")
         create_markdown_artifact(md + (curriculum_markdown(curriculum) if curriculum else ""),
                                  key=artifact_key(cfg.name, "iteration-report"),
                                  description=f"flywheel iteration {iteration}")

@@ -34,7 +34,7 @@ def expected_episodes(cfg: FlywheelConfig, stage: str) -> int:
     if stage == "bootstrap":
         sel, group = cfg.bootstrap.selection, 1
     elif stage == "rollouts":
-        sel, group = cfg.rollouts.selection, cfg.rollout.group_size
+        sel, group = cfg.rollouts.selection, cfg.rollouts.attempts or cfg.rollout.group_size
     else:
         sel, group = cfg.evaluate.selection, 1
     tasks = set(stages.resolve_tasks(sel.tasks, for_training=stage != "evaluate"))
@@ -106,3 +106,11 @@ def evaluate(config: ConfigRef, iteration: int, checkpoint: str) -> dict[str, An
     cfg = config.load()
     with RolloutProgress("evaluate", expected_episodes(cfg, "evaluate")) as p:
         return stages.evaluate(cfg, iteration, checkpoint, **runner_kwargs(stages.evaluate, p))
+
+
+@task(name="midtrain", **PERSISTED)
+def midtrain(config: ConfigRef, iteration: int = 0) -> dict[str, Any]:
+    """Mid-training (flywheel/midtrain.py): the base checkpoint the first SFT starts from; `iteration` is only
+    part of the cache key (the base belongs to the lake, not to an iteration)."""
+    from flywheel.midtrain import midtrain as run
+    return run(config.load(), progress=False)

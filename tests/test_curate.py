@@ -95,6 +95,9 @@ def lake(tmp_path_factory) -> dict:
         _variant(lk, E("click-test", 0), S("click-test", 0), "held", iteration=1, task_id="click-test-2"),
         _variant(lk, E("focus-text", 0), S("focus-text", 0), "eval", iteration=1, split="eval"),
         _variant(lk, E("focus-text", 1), S("focus-text", 1), "later", iteration=2, step_edit=_shift_clicks),
+        # the mid-training corpus: the base checkpoint learned from it, the flywheel's datasets never hold it
+        _variant(lk, E("click-test", 1), S("click-test", 1), "midtrain", iteration=0, stage="midtrain",
+                 step_edit=_shift_clicks),
     ]
     return {"root": root, "ids": ids}
 
@@ -119,6 +122,10 @@ def test_selection_dedupes_and_excludes(lake):
     # only the fit step of the fallback episode is a target
     assert [r["step_idx"] for r in rows if r["episode_id"] == ids["fallback"][0]] == [1]
     assert res["source_counts"]["by_source"] == {"student": 7, "teacher": 6}
+    # the mix in samples (the SFT rows), which is what the student's share of the data means
+    by_policy = {p: sum(r["policy"] == p for r in rows) for p in ("student", "scripted")}
+    assert res["source_counts"]["samples_by_source"] == {"student": by_policy["student"], "teacher": by_policy["scripted"]}
+    assert res["source_counts"]["student_sample_share"] == round(by_policy["student"] / len(rows), 4)
     # iteration 0 sees only the teacher demos
     assert curate(_cfg(lake["root"]), iteration=0)["n_episodes"] == 6
 

@@ -319,7 +319,7 @@ def test_full_iteration_fills_the_lake_and_publishes_artifacts(scenario):
         subs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
             parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent])), limit=50)
         done = {r.name: r for r in subs if r.state.is_completed()}
-        assert set(done) == {f"{s}-it0" for s in STAGE_FLOWS}
+        assert set(done) == {f"{s}-it0" for s in STAGE_FLOWS if s != "midtrain"}  # tiny.yaml: midtrain off
         assert {"stage:rollouts", "iteration:0"} <= set(done["rollouts-it0"].tags)
         arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
             any_=[parent, done["rollouts-it0"].id, done["evaluate-it0"].id])), limit=50)

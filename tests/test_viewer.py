@@ -195,6 +195,20 @@ def test_report_shows_success_lineage_and_rl_curves(site):
     assert "Data volumes" in html and "<td>bootstrap</td><td>teacher</td><td>4</td><td>4</td>" in html
 
 
+def test_report_shows_per_task_rows_and_where_the_teacher_budget_went(site):
+    """storage.reports' rows on the report page: per iteration and task (attempts, SFT mix, held-out success), and
+    the teacher's spend by stage. The fixture's scripted episodes are teacher spend in both stages."""
+    out, _ = site
+    html = (out / "report.html").read_text()
+    per_task = html.split("<table id='per-task'>", 1)[1].split("</table>", 1)[0]
+    assert per_task.count("<tr class='pt'>") == 3  # click-button, click-test, all
+    assert ("<tr class='pt'><td>0</td><td>click-test</td><td>0</td><td>0</td><td>4</td><td>0</td><td>0</td><td>0</td>"
+            "<td>-</td><td>-</td></tr>") in per_task
+    assert "<tr class='pt'><td>0</td><td>all</td><td>0</td><td>0</td><td>8</td>" in per_task
+    teacher = html.split("Teacher budget: where it went", 1)[1]
+    assert "8 teacher episodes" in teacher and "(bootstrap: 4 episodes, $0; rollouts: 4 episodes, $0)" in teacher
+
+
 def test_bad_input_gets_one_clear_message(lake, tmp_path, browser):
     cli = [sys.executable, "-m", "flywheel"]
     r = subprocess.run(cli + ["view", "--lake", str(tmp_path / "nowhere")], capture_output=True, text=True)

@@ -415,8 +415,8 @@ def resolve_base(cfg: Any, con, iteration: int, base: str | None, root: Path | N
         if not rows:
             return base, None
         return (model_path_of(rows[0], root) if rows[0]["checkpoint_id"] == base else folder), rows[0]["checkpoint_id"]
-    rows = con.sql("SELECT * FROM checkpoints WHERE iteration < ? ORDER BY iteration DESC, created_at DESC LIMIT 1",
-                   params=[iteration]).to_arrow_table().to_pylist()
+    rows = con.sql("SELECT * FROM checkpoints WHERE iteration < ? AND method <> 'midtrain' "
+                   "ORDER BY iteration DESC, created_at DESC LIMIT 1", params=[iteration]).to_arrow_table().to_pylist()
     return (model_path_of(rows[0], root), rows[0]["checkpoint_id"]) if rows else (cfg.student.model, None)
 
 

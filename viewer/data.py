@@ -5,7 +5,7 @@
     ep = v.episode(eid)                # episode row + steps (+ RL rows) without screenshots
     png = v.screenshot(eid, 0)         # one PNG, read by key
     pairs = v.pairs(Side.parse("stage=bootstrap"), Side.parse("sft-it0"))   # same task + seed, two policies
-    rep = v.report()                   # success per task/iteration, data volumes, lineage, RL curves
+    rep = v.report()                   # success per task/iteration, teacher spend, data volumes, lineage, RL
 
 A lake file DuckDB cannot read is named, left out of its table's view and the query rerun
 (`skipped`), so one truncated Parquet file costs its own rows, never the page. Opening costs no
@@ -25,6 +25,7 @@ import duckdb
 from storage.inspect import BadFile, verify_file
 from storage.catalog import _FILE_RE, explain_duckdb_error
 from storage.lake import Lake, LakeError
+from storage.reports import iteration_table, teacher_spend_rows
 from storage.schema import PARTITION_COLUMNS, TABLES, duckdb_type
 
 # index columns; the categorical ones travel dictionary-encoded (values + codes) to keep the JSON small
@@ -297,8 +298,11 @@ class ViewerData:
                 c["metrics"] = json.loads(c["metrics"]) if c["metrics"] else {}
             except ValueError:
                 c["metrics"] = {}
+        # the same queries as the Prefect iteration artifact (tasks/artifacts.py)
+        per_task = self._retrying(lambda: iteration_table(self.con))
+        teacher = self._retrying(lambda: teacher_spend_rows(self.con))
         return {"evals": evals, "volumes": volumes, "datasets": datasets, "lineage": lineage, "rl": rl,
-                "curriculum": curriculum}
+                "curriculum": curriculum, "per_task": per_task, "teacher": teacher}
 
     def close(self) -> None:
         self.con.close()

@@ -347,10 +347,50 @@ def _rl_section(rl: list[dict[str, Any]]) -> str:
     return out
 
 
+def _per_task_table(rows: list[dict[str, Any]]) -> str:
+    """storage.reports.iteration_table's rows: per iteration and task, what the student tried and learnt from."""
+    if not rows:
+        return "<p class='muted'>no episodes, datasets or evaluations in this lake yet</p>"
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{v * 100:.0f}%"
+
+    head = ("<tr><th>iteration</th><th>task</th><th>attempts</th><th>successes</th><th>teacher episodes</th>"
+            "<th>teacher $</th><th>SFT samples</th><th>student samples</th><th>student share</th>"
+            "<th>held-out success</th></tr>")
+    body = ""
+    for r in rows:
+        task = "all" if r["task_id"] == "__all__" else str(r["task_id"])
+        n = f" <span class='muted'>n={r['heldout_n']}</span>" if r["heldout_n"] is not None else ""
+        body += (f"<tr class='pt'><td>{r['iteration']}</td><td>{escape(task)}</td><td>{r['attempts']}</td>"
+                 f"<td>{r['successes']}</td><td>{r['teacher_episodes']}</td><td>{r['teacher_usd']:.4g}</td>"
+                 f"<td>{r['sft_samples']}</td><td>{r['student_samples']}</td><td>{pct(r['student_share'])}</td>"
+                 f"<td>{pct(r['heldout_success'])}{n}</td></tr>")
+    return f"<table id='per-task'>{head}{body}</table>"
+
+
+def _teacher_section(rows: list[dict[str, Any]]) -> str:
+    """storage.reports.teacher_spend_rows: teacher episodes and dollars per iteration, stage and task."""
+    if not rows:
+        return "<p class='muted'>no teacher episodes in this lake</p>"
+    by_stage: dict[str, list[float]] = {}
+    for r in rows:
+        t = by_stage.setdefault(r["stage"], [0, 0, 0.0])
+        t[0], t[1], t[2] = t[0] + r["episodes"], t[1] + r["successes"], t[2] + r["usd"]
+    total = [sum(v[i] for v in by_stage.values()) for i in range(3)]
+    summary = "; ".join(f"{escape(k)}: {v[0]} episodes, ${v[2]:.4g}" for k, v in by_stage.items())
+    return (f"<p id='teacher-total'>{total[0]} teacher episodes, {total[1]} successes, ${total[2]:.4g} "
+            f"({summary})</p>" + _table(rows, ["iteration", "stage", "task_id", "episodes", "successes", "usd"]))
+
+
 def report_page(rep: dict[str, Any], skipped: list[str]) -> str:
     vol_cols = ["iteration", "stage", "source", "episodes", "successes", "steps"]
     body = (notices(skipped)
             + "<h2>Success per task and iteration</h2>" + success_chart(rep["evals"]) + _eval_table(rep["evals"])
+            + "<h2>Per task and iteration</h2><p class='muted'>attempts: the student's rollout and RL episodes; SFT "
+              "samples: the iteration's dataset rows, and the student's share of them; held-out success: the "
+              "iteration's newest evaluation</p>" + _per_task_table(rep.get("per_task") or [])
+            + "<h2>Teacher budget: where it went</h2>" + _teacher_section(rep.get("teacher") or [])
             + "<h2>Data volumes</h2>" + _table(rep["volumes"], vol_cols)
             + "<h3>SFT datasets</h3>" + _table(rep["datasets"], ["iteration", "dataset_id", "n_episodes", "n_steps",
                                                                   "source_counts"])

@@ -97,7 +97,7 @@ class LeanDecoder:
         attn_mask = mask[:, None, None, : cur + 1]
         nq, nkv, hd = self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.head_dim
         groups = self.n_heads // self.n_kv
-        bias = torch.zeros(attn_mask.shape, dtype=x.dtype).masked_fill(~attn_mask, float("-inf"))  # [B,1,1,S]
+        bias = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill(~attn_mask, float("-inf"))  # [B,1,1,S]
         for i, layer in enumerate(self.lm.layers):
             at, mlp = layer.self_attn, layer.mlp
             qkv_w, qkv_b, gu_w = self.fused[i]

@@ -1,0 +1,191 @@
+"""Mid-training: the student's base skills from synthetic pages, before the flywheel's first SFT.
+
+    res = midtrain(cfg)          # corpus -> dataset -> base checkpoint -> skill report; cached
+    res["model_path"]            # where the flywheel's first SFT starts
+
+A random-init student cannot copy text from an instruction or point at an element by its name, and twenty
+teacher demos per task cannot teach it that. Real pipelines start their computer-use stage from a base that
+already reads, copies and points (shared/research/midtraining.md); this stage builds one from a corpus with
+unlimited variety at no teacher cost:
+
+1. corpus: the scripted oracle solves `midtrain.episodes_per_task` train seeds of every synthetic kind
+   (`synth/*`, envs/synth: random pages rendered by the same Chromium, verified by the page) into the lake's
+   `episodes`/`steps` under stage 'midtrain'. Every example is in the student's own prompt and reply format
+   (screenshot + UI text + instruction -> Action line + tool call), because it goes through the same
+   rollout runner and the same SFT export as the flywheel's own data.
+2. dataset: one curate query over those episodes (stage 'midtrain' only) -> a `datasets` row + export with
+   lineage, like any other dataset. The flywheel's own curate never selects these episodes.
+3. base: SFT (settings `midtrain.sft`) from `midtrain.base` (default `student.model`) -> a `checkpoints` row with
+   method 'midtrain'. Its id is content-addressed by the corpus episodes, the start model and the settings, so a
+   second run on the same lake reuses it.
+4. skill report: the base, greedy, on `midtrain.eval_seeds_per_task` held-out (eval-split) pages of every kind ->
+   `evals` rows with stage 'midtrain' (per kind: the page's own verifier, i.e. the click landed inside the named
+   element's box, or the typed text matched exactly).
+
+On a GPU box the same stage is grounding mid-training for a pretrained VLM: set `midtrain.base` to the Hub
+model, a bigger corpus and `midtrain.sft.method: lora`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from configs.models import CurateConfig, FlywheelConfig, TaskSelection
+from flywheel.errors import UserError
+from flywheel.rollout import PolicySpec, git_sha, run_rollouts
+from storage.curate import MIDTRAIN_STAGE
+
+EVAL_STAGE = f"{MIDTRAIN_STAGE}-eval"
+METHOD = "midtrain"
+
+
+def _tasks(cfg: FlywheelConfig) -> list[str]:
+    from envs import registry
+    tasks = list(cfg.midtrain.tasks)
+    bad = [t for t in tasks if not t.startswith("synth/") or t not in registry.TASKS_BY_ID]
+    if bad or not tasks:
+        known = sorted(t for t in registry.TASKS_BY_ID if t.startswith("synth/"))
+        raise UserError(f"midtrain.tasks must be synthetic task ids (synth/<kind>); not usable: {bad or '[]'}; "
+                        f"known: {', '.join(known)}")
+    return tasks
+
+
+def corpus(cfg: FlywheelConfig, *, progress: bool = True, on_result: Any = None) -> dict[str, Any]:
+    """The oracle's episodes on the synthetic train pages (stage 'midtrain', iteration 0); idempotent by run key."""
+    from dataclasses import asdict
+
+    from envs import registry
+    from flywheel.stages import rollout_spec
+    m = cfg.midtrain
+    seeds = registry.seeds("train", m.episodes_per_task, offset=m.seed_offset)
+    spec = rollout_spec(cfg, iteration=0, stage=MIDTRAIN_STAGE, policy=PolicySpec("scripted", version="synth-oracle"),
+                        tasks=_tasks(cfg), seeds=seeds, split="train")
+    kw = {"on_result": on_result} if on_result is not None else {}
+    summary = run_rollouts(spec, progress=progress, **kw)
+    return {"run_key": spec.run_key, **asdict(summary)}
+
+
+def corpus_sql(cfg: FlywheelConfig, run_key: str) -> str:
+    """The dataset's selection: the curate query restricted to this corpus run (stage 'midtrain')."""
+    from storage.curate import _sql_str, curate_sql
+    cur = CurateConfig(reward_threshold=1.0, max_episodes_per_task=cfg.midtrain.episodes_per_task)
+    return curate_sql(cur, 0, [], stage_filter=f"e.stage = '{MIDTRAIN_STAGE}' AND e.run_key = {_sql_str(run_key)}")
+
+
+def dataset_id_for(cfg: FlywheelConfig, run_key: str) -> str:
+    payload = {"corpus": run_key, "arch": cfg.student.arch, "history_images": cfg.student.history_images,
+               "use_ui_text": cfg.student.use_ui_text, "cap": cfg.midtrain.episodes_per_task}
+    return "midtrain-" + hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def build_dataset(cfg: FlywheelConfig, run_key: str) -> dict[str, Any]:
+    """The corpus as a dataset (export + `datasets` row, stage 'midtrain'); rebuilt only when missing."""
+    from flywheel.stages import lake_for
+    from storage.catalog import connect
+    from storage.curate import CurateError, manifest, write_dataset
+    lake, dataset_id = lake_for(cfg), dataset_id_for(cfg, run_key)
+    try:
+        row = manifest(lake, dataset_id)
+        if lake.fetch(row["path"]).exists():
+            return {"dataset_id": dataset_id, "n_episodes": row["n_episodes"], "n_steps": row["n_steps"], "reused": True}
+    except CurateError:
+        pass
+    con = connect(lake)
+    sql = corpus_sql(cfg, run_key)
+    episodes = con.sql(sql).to_arrow_table().to_pylist()
+    if not episodes:
+        raise UserError(f"the mid-training corpus {run_key} has no successful episode: the synthetic pages or the "
+                        f"oracle are broken (see `flywheel query \"SELECT task_id, status, error FROM episodes WHERE "
+                        f"run_key = '{run_key}'\"`)")
+    return write_dataset(cfg, lake, con, episodes, dataset_id=dataset_id, sql=sql, iteration=0, stage=MIDTRAIN_STAGE,
+                         name="midtrain", git_sha=git_sha())
+
+
+def checkpoint_id_for(dataset: dict[str, Any], base: str, settings: Any) -> str:
+    from training.sft import checkpoint_id_for as sft_id
+    return "base-" + sft_id(0, dataset, base, settings).rsplit("-", 1)[1]
+
+
+def train_base(cfg: FlywheelConfig, dataset_id: str, *, progress: bool = True) -> dict[str, Any]:
+    """SFT from the start model on the corpus -> the base checkpoint (a `checkpoints` row, method 'midtrain')."""
+    from flywheel.stages import lake_for
+    from storage.catalog import connect
+    from storage.curate import EXPORT_FILE, manifest
+    from training.core import MERGED_DIR, checkpoint_row, lake_key, output_root, reusable
+    from training.models import ModelError
+    from training.sft import RESULT_FILE, TrainSettings, train
+    lake = lake_for(cfg)
+    dataset = manifest(lake, dataset_id)
+    start = cfg.midtrain.base or cfg.student.model
+    base_path = str(Path(start).expanduser().resolve()) if Path(start).expanduser().exists() else start
+    s = TrainSettings.from_config(cfg.midtrain.sft)
+    ckpt_id = checkpoint_id_for(dataset, lake_key(base_path, lake.root), s)
+    out = output_root(cfg, lake.root) / ckpt_id
+    con = connect(lake)
+    skipped = reusable(con, ckpt_id, out, lake.root, RESULT_FILE)
+    try:
+        metrics = (json.loads((out / RESULT_FILE).read_text()) if skipped
+                   else train(base_path, lake.fetch(dataset["path"]) / EXPORT_FILE, out, s, progress=progress))
+    except ModelError as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    merged = str(out / MERGED_DIR) if metrics.get("merged_path") else None
+    metrics.update(merged_path=merged, model_path=merged or str(out))
+    row = checkpoint_row(lake, ckpt_id=ckpt_id, out=out, method=METHOD, base_model=metrics["base_model"], parent=None,
+                         dataset_id=dataset_id, adapter=metrics["adapter"], metrics=metrics, git_sha=git_sha(),
+                         config_hash=cfg.config_hash("midtrain"))
+    if not skipped and out.resolve().is_relative_to(lake.root):
+        lake.publish(out)
+    lake.replace_run("checkpoints", [[row]], iteration=0, stage=MIDTRAIN_STAGE, run_key=ckpt_id)
+    return {"checkpoint_id": ckpt_id, "path": str(out), "model_path": metrics["model_path"], "skipped": skipped,
+            "steps": metrics["steps"], "final_loss": metrics["final_loss"], "train_s": metrics.get("wall_s"),
+            "tokens_per_s": metrics.get("tokens_per_s"), "stopped": metrics.get("stopped")}
+
+
+def skill_report(cfg: FlywheelConfig, model: str, *, progress: bool = True) -> dict[str, Any] | None:
+    """The model, greedy, on held-out synthetic pages of every corpus kind -> `evals` rows (stage 'midtrain')."""
+    from flywheel.evaluate import evaluate_checkpoint
+    n = cfg.midtrain.eval_seeds_per_task
+    if n <= 0:
+        return None
+    sel = TaskSelection(tasks=_tasks(cfg), seeds_per_task=n)
+    res = evaluate_checkpoint(cfg, 0, model, progress=progress, selection=sel, held_out_tasks=False,
+                              stage=EVAL_STAGE, eval_stage=MIDTRAIN_STAGE)
+    return {k: res[k] for k in ("eval_id", "success_rate", "ci_low", "ci_high", "n_episodes", "per_task")}
+
+
+def base_checkpoint(cfg: FlywheelConfig) -> str | None:
+    """The model folder of this config's finished base checkpoint in the lake (None: not trained yet)."""
+    from flywheel.stages import lake_for
+    from storage.catalog import connect
+    from training.core import model_path_of
+    lake = lake_for(cfg)
+    if not cfg.midtrain.enabled or not lake.has_data("checkpoints"):
+        return None
+    rows = connect(lake, write_catalog_file=False).sql(
+        "SELECT * FROM checkpoints WHERE method = ? AND config_hash = ? ORDER BY created_at DESC LIMIT 1",
+        params=[METHOD, cfg.config_hash("midtrain")]).to_arrow_table().to_pylist()
+    return model_path_of(rows[0], lake.root) if rows else None
+
+
+def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Corpus -> dataset -> base checkpoint -> skill report. Every step is idempotent (the corpus by run key, the
+    dataset by id, the base by content), so a rerun after a kill resumes where it stopped."""
+    if not cfg.midtrain.enabled:
+        return {"skipped": True, "stage": MIDTRAIN_STAGE, "reason": "midtrain.enabled is false"}
+    import time
+    t0 = time.monotonic()
+    cor = corpus(cfg, progress=progress)
+    t1 = time.monotonic()
+    ds = build_dataset(cfg, cor["run_key"])
+    t2 = time.monotonic()
+    base = train_base(cfg, ds["dataset_id"], progress=progress)
+    t3 = time.monotonic()
+    skills = skill_report(cfg, base["model_path"], progress=progress)
+    t4 = time.monotonic()
+    return {"stage": MIDTRAIN_STAGE, "corpus_run_key": cor["run_key"], "corpus_episodes": cor.get("ran"),
+            "dataset_id": ds["dataset_id"], "n_samples": ds["n_steps"], **base, "skills": skills,
+            "timings_s": {"corpus": round(t1 - t0, 1), "dataset": round(t2 - t1, 1), "train": round(t3 - t2, 1),
+                          "skill_report": round(t4 - t3, 1)}}

@@ -1,0 +1,205 @@
+"""Synthetic `synth/<kind>` tasks (envs/synth) in real Chromium (marked `browser`), their teacher recipes,
+registry rows and page materialization."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+
+import pytest
+
+from agents.actions import ActionType, Click, Type
+from agents.base import StepRecord
+from agents.parsing import parse_response
+from agents.teacher import ScriptedTeacher, supported_tasks
+from envs import registry, synth
+
+SEEDS = registry.seeds("train", 10, offset=300)
+PIXEL_ACTIONS = {ActionType.CLICK, ActionType.TYPE}
+
+
+@pytest.fixture(scope="module")
+def env():
+    from envs.miniwob import MiniWobEnv
+    e = MiniWobEnv(task_id="synth/click")  # a synth id works as the start page too
+    yield e
+    e.close()
+
+
+def centre(e: dict) -> tuple[float, float]:
+    return e["left"] + e["width"] / 2, e["top"] + e["height"] / 2
+
+
+def click_on(e: dict) -> Click:
+    x, y = centre(e)  # the module's env has screenshot_scale 1: screen px = CSS px
+    return Click(x=x, y=y)
+
+
+def find(obs, **match) -> dict:
+    return next(e for e in obs.extra["dom_elements"] if all(e[k] == v for k, v in match.items()))
+
+
+def run_teacher(env, task: str, seed: int):
+    teacher = ScriptedTeacher()
+    obs = env.reset(task, seed)
+    teacher.reset(task, seed)
+    history, decisions = [], []
+    for i in range(registry.max_steps_for(task)):
+        d = teacher.act(obs, history)
+        decisions.append(d)
+        res = env.step(d.action)
+        assert res.exec_error is None, (task, seed, i, res.exec_error)
+        history.append(StepRecord(i, d.thought, d.action_desc, d.action, "ok", obs.screenshot_png))
+        obs = res.observation
+        if res.done:
+            break
+    return env.evaluate(), decisions, res.info
+
+
+# ------------------------------------------------------------------------------ browser
+@pytest.mark.browser
+@pytest.mark.parametrize("task", synth.TASK_IDS)
+def test_teacher_solves_every_kind(env, task):
+    for seed in SEEDS:
+        reward, decisions, info = run_teacher(env, task, seed)
+        assert reward == 1.0, (task, seed, info.get("reason"), [d.action_desc for d in decisions])
+        assert info["raw_reward"] == 1.0 and info["ended_by"] == "task"
+        for d in decisions:
+            assert d.action.type in PIXEL_ACTIONS and d.thought and d.action_desc
+            assert parse_response(d.response_text).action == d.action
+            if d.action.type == ActionType.CLICK:  # the Action line cites the clicked element's UI-text line
+                assert re.fullmatch(r'Click \S+( ".*")? @ \(\d+,\d+\)', d.action_desc), d.action_desc
+
+
+@pytest.mark.browser
+def test_same_seed_same_page_and_seeds_differ(env):
+    a = env.reset("synth/click", 11)
+    env.step(Click(x=80, y=120))  # another episode in between must not leak into the next first frame
+    env.reset("synth/type", 11)
+    b = env.reset("synth/click", 11)
+    assert a.screenshot_png == b.screenshot_png
+    assert (a.instruction, a.ui_text, a.extra["fields"]) == (b.instruction, b.ui_text, b.extra["fields"])
+    targets, xs, ys, roles = set(), [], [], set()
+    for seed in range(20):
+        obs = env.reset("synth/click", seed)
+        f = dict(obs.extra["fields"])
+        assert f["kind"] == "click" and f["target"] in obs.instruction
+        e = find(obs, tag="button" if f["role"] == "button" else "a", text=f["target"])
+        x, y = centre(e)
+        assert 0 <= x <= 160 and 50 <= y <= 210  # inside the task area, below the instruction
+        targets.add(f["target"])
+        xs.append(x)
+        ys.append(y)
+        roles.add(f["role"])
+    assert len(targets) >= 15 and roles == {"button", "link"}
+    assert max(xs) - min(xs) > 80 and max(ys) - min(ys) > 60, (xs, ys)
+    # the same seed in another kind draws other words
+    assert dict(env.reset("synth/type", 3).extra["fields"])["field_1"] != dict(
+        env.reset("synth/form", 3).extra["fields"])["field_1"]
+
+
+@pytest.mark.browser
+def test_wrong_actions_fail(env):
+    # click: another button or link ends the episode with -1
+    for seed in range(30):
+        obs = env.reset("synth/click", seed)
+        f = dict(obs.extra["fields"])
+        others = [e for e in obs.extra["dom_elements"] if e["tag"] in ("button", "a") and e["text"] != f["target"]]
+        if others:
+            break
+    res = env.step(click_on(others[0]))
+    assert res.done and res.info["raw_reward"] == -1 and env.evaluate() == 0.0
+    assert "did not ask for" in res.info["reason"]
+    # type: the wrong text in the named field, then the named button -> failure with a reason
+    obs = env.reset("synth/type", 5)
+    f = dict(obs.extra["fields"])
+    from agents.teacher_synth import field_id
+    env.step(click_on(find(obs, id=field_id(f["field_1"]))))
+    env.step(Type(text=f["text_1"] + "x"))
+    res = env.step(click_on(find(obs, tag="button", text=f["button"])))
+    assert res.done and res.info["raw_reward"] == -1 and env.evaluate() == 0.0
+    assert f["field_1"] in res.info["reason"]
+    # read: pressing the button with an empty answer fails
+    obs = env.reset("synth/read", 2)
+    f = dict(obs.extra["fields"])
+    res = env.step(click_on(find(obs, tag="button", text=f["button"])))
+    assert res.done and env.evaluate() == 0.0
+    # clicking plain text does nothing: the episode goes on
+    obs = env.reset("synth/read", 2)
+    res = env.step(click_on(find(obs, id="marked")))
+    assert not res.done
+
+
+@pytest.mark.browser
+def test_ui_text_and_fields(env):
+    obs = env.reset("synth/read", 4)
+    f = dict(obs.extra["fields"])
+    assert f["kind"] == "read" and "text" not in f  # the answer is on the page, not in the fields
+    assert re.search(r'^span#marked ".+" @ \(', obs.ui_text, re.M), obs.ui_text
+    obs = env.reset("synth/form", 4)
+    f = dict(obs.extra["fields"])
+    assert f["text_1"] in obs.instruction and f["text_2"] in obs.instruction and f["button"] in obs.instruction
+    from agents.teacher_synth import field_id
+    for k in ("field_1", "field_2"):
+        assert re.search(rf'^input_text#{field_id(f[k])} "" @ \(', obs.ui_text, re.M), obs.ui_text
+        assert re.search(rf'^label "{re.escape(f[k])}" @ \(', obs.ui_text, re.M)
+
+
+@pytest.mark.browser
+def test_switch_between_miniwob_and_synth(env):
+    a = env.reset("click-test", 1)
+    assert a.extra["task_id"] == "click-test" and a.instruction == "Click the button."
+    b = env.reset("synth/option", 1)
+    assert b.extra["task_id"] == "synth/option" and dict(b.extra["fields"])["kind"] == "option"
+    c = env.reset("click-test", 1)
+    assert c.screenshot_png == a.screenshot_png and c.instruction == a.instruction
+    reward, _, _ = run_teacher(env, "enter-text", 0)  # a MiniWoB field extractor works again after synth
+    assert reward == 1.0
+    with pytest.raises(ValueError, match="unknown MiniWoB task"):
+        env.reset("synth/nosuch", 0)
+
+
+# ------------------------------------------------------------------------------ no browser
+def test_registry_rows_and_helpers():
+    rows = {r["task_id"]: r for r in registry.tasks_table_rows()}
+    synth_rows = {k: r for k, r in rows.items() if r["source"] == "synth"}
+    assert set(synth_rows) == set(synth.TASK_IDS) == set(registry.synth_tasks())
+    assert all(k.startswith("synth/") and r["env"] == "miniwob" and r["split"] == "both" for k, r in synth_rows.items())
+    assert all(r["source"] == "miniwob" for k, r in rows.items() if k not in synth_rows)
+    assert json.loads(synth_rows["synth/click"]["config"])["generator"] == synth.version()
+    assert registry.is_synth("synth/click") and not registry.is_synth("click-test")
+    assert not set(synth.TASK_IDS) & set(registry.teacher_tasks(include_held_out=True))  # 'all' stays MiniWoB
+    assert set(synth.TASK_IDS) <= set(registry.teacher_tasks(include_synth=True)) <= set(supported_tasks())
+    assert registry.max_steps_for("synth/form") == 8
+    assert synth.safe_name("synth/click") == "synth-click"
+
+
+def test_materialize_is_idempotent_and_concurrent(tmp_path):
+    outs, errors = [], []
+
+    def go():
+        try:
+            outs.append(synth.materialize(tmp_path))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=go) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(outs)) == 1
+    out = outs[0]
+    assert os.path.realpath(out / "core") == os.path.realpath(synth.miniwob_core_dir())
+    assert (out / "core" / "core.js").is_file()
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(["core"] + [f"synth-{k}.html" for k in synth.KINDS])  # no temp files left
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.suffix == ".html"}
+    assert synth.materialize(tmp_path) == out
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.suffix == ".html"} == before
+    assert synth.page_url("synth/tabs", tmp_path) == (out / "synth-tabs.html").as_uri()
+    html = (out / "synth-read.html").read_text()
+    assert 'var SYNTH_KIND = "read";' in html and "FIFTY_NAMES" not in html and "ui_utils" not in html
+    with pytest.raises(ValueError):
+        synth.page_url("click-test")
