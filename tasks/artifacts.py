@@ -52,7 +52,11 @@ def stage_stats(cfg: FlywheelConfig, stage: str, result: dict[str, Any]) -> list
         for r in rows:
             r["task_id"] = r["task_id"] or "all"
         return rows
-    return [{k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}]
+    row = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    if stage == "midtrain" and result.get("skills"):  # the base's held-out success per synthetic kind
+        row["held_out_success"] = result["skills"].get("success_rate")
+        row.update({f"held_out:{t}": v for t, v in (result["skills"].get("per_task") or {}).items()})
+    return [row]
 
 
 def lake_links(cfg: FlywheelConfig, stage: str, iteration: int, result: dict[str, Any]) -> list[tuple[str, str]]:
@@ -64,11 +68,11 @@ def lake_links(cfg: FlywheelConfig, stage: str, iteration: int, result: dict[str
     lake = lake_for(cfg)
     root = lake.root
     table = {"bootstrap": "episodes", "rollouts": "episodes", "evaluate": "evals", "curate": "datasets",
-             "sft": "checkpoints", "rl": "checkpoints"}[stage]
+             "sft": "checkpoints", "rl": "checkpoints", "midtrain": "checkpoints"}[stage]
     links = [(f"lake: {table}/iteration={iteration}/stage={stage}",
               lake.partition_dir(table, iteration, stage) if lake.remote else
               (root / table / f"iteration={iteration}" / f"stage={stage}").as_uri())]
-    ck = checkpoint_of(result) if stage in ("sft", "rl") else None
+    ck = checkpoint_of(result) if stage in ("sft", "rl", "midtrain") else None
     if ck:
         links.append((f"checkpoint: {ck}", Path(ck).resolve().as_uri()))
     if stage == "curate" and result.get("path"):

@@ -418,3 +418,30 @@ def test_deployed_mode_runs_stages_on_process_workers(prefect_api, tmp_path, mon
     assert counts(tmp_path / "lake")["datasets"] == 1
     assert sorted(stopped) == ["server", "worker-cpu", "worker-gpu"]
     assert all(_start_time(p["pid"]) is None for p in procs) and not read_state(state_dir)
+
+
+def test_flywheel_with_midtrain_starts_the_first_sft_from_the_base(prefect_api, tmp_path):
+    """midtrain on: the parent runs the midtrain sub-flow first, the iteration's SFT starts from its base, the base's
+    row stays out of the flywheel's checkpoint chain, and a second parent run finds the base cached."""
+    from training.models import init_model
+    init_model("qwen3-vl", "tiny", tmp_path / "student", seed=0)
+    ref = tiny_ref(tmp_path, **{"midtrain.enabled": True, "midtrain.tasks": ["synth/click"],
+                                "midtrain.episodes_per_task": 2, "midtrain.eval_seeds_per_task": 1,
+                                "midtrain.sft.max_steps": 2, "midtrain.sft.batch_size": 2,
+                                "sft.max_steps": 2, "sft.batch_size": 2, "sft.method": "full",
+                                "bootstrap.selection.seeds_per_task": 1, "evaluate.selection.seeds_per_task": 1})
+    out = flywheel(config=ref)
+    st = out[0]["stages"]
+    con = connect(tmp_path / "lake")
+    base_id, base_path = con.execute("SELECT checkpoint_id, path FROM checkpoints WHERE method = 'midtrain'").fetchone()
+    sft_parent = con.execute("SELECT parent_checkpoint FROM checkpoints WHERE stage = 'sft'").fetchone()[0]
+    assert sft_parent == base_id and st["sft"]["parent_checkpoint"] == base_id
+    assert st["rollouts"]["checkpoint"].startswith(str(tmp_path / "lake" / base_path))  # iteration 0 rolls out the base
+    assert con.execute("SELECT count(*) FROM evals WHERE stage = 'midtrain'").fetchone()[0] == 2  # kind + overall
+    from prefect.client.orchestration import get_client
+    with get_client(sync_client=True) as client:
+        names = {r.name for r in client.read_flow_runs(limit=200) if r.state.is_completed()}
+    assert "midtrain" in names
+    n_ck = con.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+    flywheel(config=ref, start_iteration=0)  # a rerun: every stage cached, the base not trained again
+    assert connect(tmp_path / "lake").execute("SELECT count(*) FROM checkpoints").fetchone()[0] == n_ck
