@@ -53,16 +53,20 @@ def _tasks(cfg: FlywheelConfig) -> list[str]:
     return tasks
 
 
-def corpus(cfg: FlywheelConfig, *, progress: bool = True, on_result: Any = None) -> dict[str, Any]:
-    """The oracle's episodes on the synthetic train pages (stage 'midtrain', iteration 0); idempotent by run key."""
-    from dataclasses import asdict
-
+def corpus_spec(cfg: FlywheelConfig):
+    """The corpus run's RolloutSpec (its run key names the corpus: same kinds, seeds and env -> same key)."""
     from envs import registry
     from flywheel.stages import rollout_spec
     m = cfg.midtrain
     seeds = registry.seeds("train", m.episodes_per_task, offset=m.seed_offset)
-    spec = rollout_spec(cfg, iteration=0, stage=MIDTRAIN_STAGE, policy=PolicySpec("scripted", version="synth-oracle"),
+    return rollout_spec(cfg, iteration=0, stage=MIDTRAIN_STAGE, policy=PolicySpec("scripted", version="synth-oracle"),
                         tasks=_tasks(cfg), seeds=seeds, split="train")
+
+
+def corpus(cfg: FlywheelConfig, *, progress: bool = True, on_result: Any = None) -> dict[str, Any]:
+    """The oracle's episodes on the synthetic train pages (stage 'midtrain', iteration 0); idempotent by run key."""
+    from dataclasses import asdict
+    spec = corpus_spec(cfg)
     kw = {"on_result": on_result} if on_result is not None else {}
     summary = run_rollouts(spec, progress=progress, **kw)
     return {"run_key": spec.run_key, **asdict(summary)}
@@ -156,18 +160,21 @@ def skill_report(cfg: FlywheelConfig, model: str, *, progress: bool = True) -> d
     return {k: res[k] for k in ("eval_id", "success_rate", "ci_low", "ci_high", "n_episodes", "per_task")}
 
 
-def base_checkpoint(cfg: FlywheelConfig) -> str | None:
-    """The model folder of this config's finished base checkpoint in the lake (None: not trained yet)."""
+def base_checkpoint(cfg: FlywheelConfig) -> str:
+    """The model folder of this config's base: the newest `midtrain` checkpoint trained on this config's corpus
+    dataset. Raises UserError when there is none yet (never a silent fall back to the random-init student)."""
     from flywheel.stages import lake_for
     from storage.catalog import connect
     from training.core import model_path_of
     lake = lake_for(cfg)
-    if not cfg.midtrain.enabled or not lake.has_data("checkpoints"):
-        return None
+    dataset_id = dataset_id_for(cfg, corpus_spec(cfg).run_key)
     rows = connect(lake, write_catalog_file=False).sql(
-        "SELECT * FROM checkpoints WHERE method = ? AND config_hash = ? ORDER BY created_at DESC LIMIT 1",
-        params=[METHOD, cfg.config_hash("midtrain")]).to_arrow_table().to_pylist()
-    return model_path_of(rows[0], lake.root) if rows else None
+        "SELECT * FROM checkpoints WHERE method = ? AND dataset_id = ? ORDER BY created_at DESC LIMIT 1",
+        params=[METHOD, dataset_id]).to_arrow_table().to_pylist() if lake.has_data("checkpoints") else []
+    if not rows:
+        raise UserError(f"midtrain.enabled, but the lake at {lake.location} has no base checkpoint for this corpus "
+                        f"({dataset_id}): run `flywheel stage midtrain` first (or pass --base)")
+    return model_path_of(rows[0], lake.root)
 
 
 def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> dict[str, Any]:

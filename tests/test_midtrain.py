@@ -93,3 +93,12 @@ def test_first_sft_starts_from_the_base_and_curate_leaves_the_corpus_out(built):
 def test_midtrain_tasks_must_be_synthetic(tmp_path):
     with pytest.raises(UserError, match="synth/<kind>"):
         mt.corpus(_cfg(tmp_path, **{"midtrain.tasks": ["click-test"]}), progress=False)
+
+
+def test_base_is_found_by_its_corpus_and_a_missing_base_is_an_error(built, tmp_path):
+    cfg = built["cfg"]
+    # a setting that changes neither the corpus nor the dataset still finds the same base
+    other = cfg.model_copy(update={"midtrain": cfg.midtrain.model_copy(update={"eval_seeds_per_task": 5})})
+    assert mt.base_checkpoint(other) == built["res"]["model_path"]
+    with pytest.raises(UserError, match="flywheel stage midtrain"):
+        mt.base_checkpoint(_cfg(tmp_path))  # an empty lake: one clear line, not the random-init student
