@@ -65,7 +65,7 @@ def judge(reply: str, target: str, prompt_text: str) -> tuple[str, bool, bool]:
     return skill, True, got.model_dump() == want.model_dump()
 
 
-def evaluate(model: str, rows: list[dict[str, Any]], batch: int, max_new_tokens: int) -> dict[str, Any]:
+def evaluate(model: str, rows: list[dict[str, Any]], batch: int, max_new_tokens: int, show: int = 0) -> dict[str, Any]:
     from agents.backends.base import Sampling
     from agents.backends.hf import HFBackend
     from agents.prompts import Prompt
@@ -81,6 +81,10 @@ def evaluate(model: str, rows: list[dict[str, Any]], batch: int, max_new_tokens:
             target = r["messages"][-1]["content"][0]["text"]
             text = "\n".join(c.get("text") or "" for m in r["messages"][:-1] for c in m["content"])
             skill, parsed, right = judge(g.text, target, text)
+            if show > 0:
+                show -= 1
+                print(f"--- {r['task_id']} [{skill}] right={right}\nwant: {target.splitlines()[-3:]}\ngot:  {g.text!r}",
+                      file=sys.stderr)
             parse_fail += not parsed
             for key in (r["task_id"], f"skill:{skill}", "all"):
                 t = tally.setdefault(key, {"right": [0, 0]})
@@ -100,12 +104,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--show", type=int, default=0, help="print this many (target, reply) pairs to stderr")
     a = ap.parse_args()
     import pyarrow.parquet as pq
     rows = pq.read_table(a.data).to_pylist()
     step = max(1, len(rows) // a.max_samples)
     rows = rows[::step][: a.max_samples]  # spread over the file (it is ordered by task)
-    out = {"benchmark": "step_accuracy", "data": a.data, "results": [evaluate(m, rows, a.batch, a.max_new_tokens)
+    out = {"benchmark": "step_accuracy", "data": a.data, "results": [evaluate(m, rows, a.batch, a.max_new_tokens, a.show)
                                                                      for m in a.model]}
     text = json.dumps(out, indent=1)
     if a.json:

@@ -11,10 +11,10 @@ import threading
 import pytest
 
 from agents.actions import ActionType, Click, Type
-from agents.base import StepRecord
 from agents.parsing import parse_response
 from agents.teacher import ScriptedTeacher, supported_tasks
 from envs import registry, synth
+from teacher_episode import run_teacher as run_episode
 
 SEEDS = registry.seeds("train", 10, offset=300)
 PIXEL_ACTIONS = {ActionType.CLICK, ActionType.TYPE}
@@ -42,20 +42,7 @@ def find(obs, **match) -> dict:
 
 
 def run_teacher(env, task: str, seed: int):
-    teacher = ScriptedTeacher()
-    obs = env.reset(task, seed)
-    teacher.reset(task, seed)
-    history, decisions = [], []
-    for i in range(registry.max_steps_for(task)):
-        d = teacher.act(obs, history)
-        decisions.append(d)
-        res = env.step(d.action)
-        assert res.exec_error is None, (task, seed, i, res.exec_error)
-        history.append(StepRecord(i, d.thought, d.action_desc, d.action, "ok", obs.screenshot_png))
-        obs = res.observation
-        if res.done:
-            break
-    return env.evaluate(), decisions, res.info
+    return run_episode(env, ScriptedTeacher(), task, seed)
 
 
 # ------------------------------------------------------------------------------ browser

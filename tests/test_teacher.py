@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from agents.actions import ActionType
-from agents.base import StepRecord
 from agents.parsing import parse_response
 from agents.teacher import ScriptedTeacher, UnknownTask, supported_tasks
 from envs import registry
+from teacher_episode import run_teacher
 
 # Diverse on purpose: one click, text matching, several clicks, typing, animation waits,
 # tree expansion, keyboard chords, layout variants. 8 tasks x 5 seeds keeps this under ~1 min.
@@ -27,19 +27,8 @@ def env():
 
 
 def run(env, teacher, task: str, seed: int) -> tuple[float, list]:
-    obs = env.reset(task, seed)
-    teacher.reset(task, seed)
-    history, decisions = [], []
-    for i in range(registry.max_steps_for(task)):
-        d = teacher.act(obs, history)
-        decisions.append(d)
-        res = env.step(d.action)
-        assert res.exec_error is None, (task, seed, i, res.exec_error)
-        history.append(StepRecord(i, d.thought, d.action_desc, d.action, "ok", obs.screenshot_png))
-        obs = res.observation
-        if res.done:
-            break
-    return env.evaluate(), decisions
+    reward, decisions, _ = run_teacher(env, teacher, task, seed)
+    return reward, decisions
 
 
 @pytest.mark.browser
