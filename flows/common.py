@@ -6,6 +6,8 @@
 A stage flow runs its task under `stage:<name>` / `iteration:<n>` tags, logs one line (what it
 produced, or why it failed), publishes the stage's stats artifact, and returns the stage's small
 result dict plus an `orchestration` entry (cached or not, wall seconds, end time) for the iteration report.
+While the task runs, the stage's progress lines (training.progress: SFT steps, RL rounds, rollout episodes, every
+30 s) go to the flow run's logger, so they show in the run's log (UI, API, worker output) and on the console.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from prefect.tasks import Task
 
 from tasks.artifacts import publish_stage
 from tasks.common import ConfigRef
+from training.progress import forward_to
 
 # Flow results are persisted so a parent that started the stage through `run_deployment` can read
 # the returned dict from the child's final state (Prefect only keeps persisted results).
@@ -71,7 +74,7 @@ def run_stage(stage_task: Task, stage: str, config: ConfigRef, iteration: int, r
     cfg = config.load()
     t = stage_task.with_options(refresh_cache=True) if refresh else stage_task
     t0 = time.monotonic()
-    with tags(f"stage:{stage}", f"iteration:{iteration}"):
+    with tags(f"stage:{stage}", f"iteration:{iteration}"), forward_to(log):
         state = t(config, iteration, return_state=True, **inputs)
     wall = time.monotonic() - t0
     if not state.is_completed():

@@ -249,6 +249,8 @@ def config_validate(config: Path = typer.Argument(..., help="YAML file to check.
 
 def main() -> None:
     """Console entry point: user errors become one red line and exit code 2."""
+    from training.progress import show_on_console
+    show_on_console()  # progress lines where no bar draws (`flywheel run > log.txt`): training/progress.py
     try:
         _mount_optional()
         app()

@@ -189,6 +189,7 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
     from flywheel.stages import rollout_spec
     from training import rl as rlcore
     from training.models import load_model
+    from training.progress import ProgressLog, draws_bar
 
     start = _finished_rounds(out, cfg.rl.rounds)
     current = str(out / f"round-{start - 1}") if start else base
@@ -201,6 +202,8 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
     sample_cfg = cfg if not cfg.rl.end_on_parse_error else cfg.model_copy(
         update={"rollout": cfg.rollout.model_copy(update={"on_parse_error": "end"})})
     stored = _stored_groups(lake, iteration) if cfg.rl.source == "lake" else None
+    lines = not draws_bar(progress)  # where no bar draws: a progress line per round and for the update / clone steps
+    plog = ProgressLog("rl", cfg.rl.rounds, start, unit="round", quiet=not lines or not ctx.main)
     try:
         for r in range(start, cfg.rl.rounds):
             if stored is not None:  # decoupled: the groups were sampled elsewhere (stage rollouts)
@@ -220,7 +223,7 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
                 if cfg.rl.clone_fresh:
                     guides = _teach_fresh(cfg, iteration, r, tasks, guides, progress=progress, spend=spend)
             res = trainer.train_round(lake, keys, round_idx=r, iteration=iteration, run_key=run_id,
-                                      git_sha=git_sha(), guide_keys=guide_keys)
+                                      git_sha=git_sha(), guide_keys=guide_keys, lines=lines)
             rdir = out / f"round-{r}"
             info = {"round": r, "rollout_run_key": keys[0] if len(keys) == 1 else keys, "episodes": n_episodes,
                     "round_success": res.get("round_success"), "metrics": res.get("summary", {})}
@@ -231,7 +234,9 @@ def _rounds(cfg: FlywheelConfig, iteration: int, base: str, algo: str, lake: Lak
             if pool is not None:
                 pool.reload(current, version=current)
             history.append(info)
+            plog.update(r + 1, success=res.get("round_success"))
     finally:
+        plog.stop()
         for p in (pool, guides):
             if p is not None:
                 p.close()

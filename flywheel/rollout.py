@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from flywheel.episode import EpisodeJob, Provenance, error_episode
 from storage.lake import Lake
+from training.progress import ProgressLog, draws_bar
 
 
 class RolloutError(RuntimeError):
@@ -424,7 +425,8 @@ def run_rollouts(spec: RolloutSpec, *, progress: bool = True, on_result: Callabl
                  pool: RolloutPool | None = None) -> RolloutSummary:
     """Run every job of the spec not already in the lake; returns counts for this call.
 
-    Without a pool, workers start for this call and end with it; with one, they stay for the next run."""
+    Without a pool, workers start for this call and end with it; with one, they stay for the next run. `progress`
+    draws a bar on a terminal; anywhere else the run logs progress lines (training.progress)."""
     lake = spec.lake()
     costs: dict[str, float] = {}
     done = existing_episodes(lake, spec, costs)
@@ -433,7 +435,10 @@ def run_rollouts(spec: RolloutSpec, *, progress: bool = True, on_result: Callabl
     timings: dict[str, float] = {}
     retries = 0
     t0 = time.monotonic()
-    bar = _ProgressBar(len(todo), spec.run_key) if progress and todo else None
+    bar = _ProgressBar(len(todo), spec.run_key) if draws_bar(progress) and todo else None
+    label = spec.stage if spec.stage != "rl" else f"rl {spec.policy.kind} rollouts"  # rl: the student's, the teacher's
+    plog = ProgressLog(label, len(todo), unit="episodes", unit_after=True, rate_unit="ep",
+                       quiet=bar is not None or not todo)
 
     def record(r: dict) -> None:
         stats["ran"] += 1
@@ -444,6 +449,7 @@ def run_rollouts(spec: RolloutSpec, *, progress: bool = True, on_result: Callabl
         stats["status"][r["status"]] = stats["status"].get(r["status"], 0) + 1
         if bar:
             bar.update(stats, time.monotonic() - t0)
+        plog.update(stats["ran"], success=stats["succ"] / stats["ran"], errors=stats["errors"] or None)
         if on_result:
             on_result(r)
 
@@ -470,6 +476,7 @@ def run_rollouts(spec: RolloutSpec, *, progress: bool = True, on_result: Callabl
             runner.on_result = lambda r: None
             if bar:
                 bar.stop()
+            plog.stop()
         budget_stopped = runner.budget_stopped
     else:
         budget_stopped = 0

@@ -98,7 +98,7 @@ def sft(config: ConfigRef, iteration: int, dataset_id: str, base: str | None = N
 
 @task(name="rl", **PERSISTED)
 def rl(config: ConfigRef, iteration: int, checkpoint: str) -> dict[str, Any]:
-    return stages.rl(config.load(), iteration, checkpoint)
+    return stages.rl(config.load(), iteration, checkpoint, progress=False)
 
 
 @task(name="evaluate", **PERSISTED)

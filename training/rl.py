@@ -57,6 +57,7 @@ from typing import Any, Sequence
 from training.core import Bar, TrainableWeights, TrainState, make_optimizer, optimizer_step
 from training.distributed import Context, balanced_share, ddp_wrap, gather, global_float, global_floats
 from training.kernels import fuse_model
+from training.progress import ProgressLog, draws_bar
 from training.rl_encode import (FEEDBACK_BLOCK, SOLUTION_BLOCK, RowEncoder, frozen_copy, length_batches,  # noqa: F401
                                 pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
 from training.rl_settings import ALGORITHMS, RLSettings  # noqa: F401  (re-exported)
@@ -145,9 +146,11 @@ class RLTrainer(ResumableTrainer):
         return [out[i] for i in range(len(rows))]
 
     # ---------------------------------------------------------------- update
-    def update(self, rows: list[dict[str, Any]], *, round_idx: int = 0, progress: bool = False) -> dict[str, Any]:
+    def update(self, rows: list[dict[str, Any]], *, round_idx: int = 0, progress: bool = False,
+               lines: bool = True) -> dict[str, Any]:
         """`settings.epochs` passes of minibatch updates over `rows` (prepared with `prepare` first when they carry
-        no advantages). Returns {"steps": per optimizer step metrics, "rows": per row records, "summary",
+        no advantages). `progress` draws a bar on a terminal; else `lines` logs progress lines (training.progress).
+        Returns {"steps": per optimizer step metrics, "rows": per row records, "summary",
         "stopped"}."""
         import numpy as np
 
@@ -155,7 +158,9 @@ class RLTrainer(ResumableTrainer):
         rows, resp, enc, tenc, old, ref, isw, n_unscorable = self._inputs(rows)
         steps: list[dict[str, Any]] = []
         per_epoch = math.ceil(len(rows) / s.batch_size)
-        bar = Bar(per_epoch * s.epochs, 0, "rl") if progress and rows else None
+        bar = Bar(per_epoch * s.epochs, 0, "rl") if draws_bar(progress) and rows else None
+        plog = ProgressLog(f"rl round {round_idx + 1} update", per_epoch * s.epochs,
+                           quiet=bar is not None or not lines or not rows or not self.ctx.main)
         stopped = "done" if rows else "empty"
         try:
             for epoch in range(s.epochs if rows else 0):
@@ -172,11 +177,13 @@ class RLTrainer(ResumableTrainer):
                     steps.append(m)
                     if bar:
                         bar.show(len(steps), f"loss {m['loss']:.4f} | clip {m['clip_frac']:.2f} | H {m['entropy']:.2f}")
+                    plog.update(len(steps), loss=m["loss"], clip=m["clip_frac"])
                 if stopped == "budget":
                     break
         finally:
             if bar:
                 bar.stop()
+            plog.stop()
         self.state.stopped = stopped
         records = [dict(row_record(r), n_tokens=len(resp[i]), old_logp_mean=float(old[i].mean()) if len(old[i]) else None,
                         is_weight_mean=float(isw[i].mean()) if len(isw[i]) else None, sdpo=bool(r.get("sdpo")))
@@ -374,12 +381,12 @@ class RLTrainer(ResumableTrainer):
 
     # ---------------------------------------------------------------- a round over the lake
     def train_round(self, lake: Any, run_keys: list[str], *, round_idx: int, iteration: int, run_key: str,
-                    git_sha: str | None = None, progress: bool = False,
+                    git_sha: str | None = None, progress: bool = False, lines: bool = True,
                     guide_keys: Sequence[str] = ()) -> dict[str, Any]:
         """training.rl_round.train_round with this trainer: load, prepare, update (+ clone steps), write the lake."""
         from training.rl_round import train_round
         return train_round(self, lake, run_keys, round_idx=round_idx, iteration=iteration, run_key=run_key,
-                           git_sha=git_sha, progress=progress, guide_keys=guide_keys)
+                           git_sha=git_sha, progress=progress, lines=lines, guide_keys=guide_keys)
 
 
 def rl_update(model, processor, rows: list[dict[str, Any]], settings: RLSettings, *, ref=None,

@@ -95,12 +95,14 @@ def clone_rows(con, lake: Any, episodes: Sequence[dict[str, Any]], *, arch: str,
     return [r for e in episodes for r in rows[e["episode_id"]]]
 
 
-def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[str, Any]]:
-    """`rl.clone_steps` NLL steps of `trainer` on stored successes (module doc); their rl_metrics-shaped records."""
+def clone_round(trainer: Any, con, lake: Any, *, round_idx: int, lines: bool = True) -> list[dict[str, Any]]:
+    """`rl.clone_steps` NLL steps of `trainer` on stored successes (module doc); their rl_metrics-shaped records.
+    `lines`: log progress lines (training.progress) on DDP rank 0."""
     import numpy as np
     import torch
 
     from training.models import model_arch
+    from training.progress import ProgressLog
     from training.rl_data import stored_successes
     from training.rl_encode import length_batches, response_logprobs
 
@@ -126,7 +128,10 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[st
     drawn = [encoded[id(r)] for r in rows if encoded[id(r)] is not None]
     enc, n_resp = [e for e, _ in drawn], [n for _, n in drawn]
     out: list[dict[str, Any]] = []
-    for k in range(0, min(len(enc), s.clone_steps * s.clone_batch), s.clone_batch):
+    n = min(len(enc), s.clone_steps * s.clone_batch)
+    plog = ProgressLog(f"rl round {round_idx + 1} clone", math.ceil(n / s.clone_batch),
+                       quiet=not lines or not n or not trainer.ctx.main)
+    for k in range(0, n, s.clone_batch):
         if s.max_minutes and trainer.state.elapsed_s >= s.max_minutes * 60:
             trainer.state.stopped = "budget"
             break
@@ -147,4 +152,6 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int) -> list[dict[st
         out.append(dict(round=round_idx, global_step=trainer.state.step - 1, epoch=None, algo=CLONE_ALGO,
                         loss=acc["loss"] / n_tok, entropy=acc["ent"] / n_tok, grad_norm=grad_norm, lr=lr,
                         n_rows=len(mb), n_tokens=n_tok))
+        plog.update(len(out), loss=out[-1]["loss"])
+    plog.stop()
     return out

@@ -11,11 +11,12 @@ from typing import Any, Sequence
 
 
 def train_round(trainer: Any, lake: Any, run_keys: list[str], *, round_idx: int, iteration: int, run_key: str,
-                git_sha: str | None = None, progress: bool = False, guide_keys: Sequence[str] = ()) -> dict[str, Any]:
+                git_sha: str | None = None, progress: bool = False, lines: bool = True,
+                guide_keys: Sequence[str] = ()) -> dict[str, Any]:
     """Load the rollouts' step rows (+ replay, + the teacher's `guide_keys` episodes), prepare, update, take the
     rl.clone_steps (training.rl_clone) unless the update hit rl.max_minutes, and write `rl_metrics` / `rl_rows`
     (stage rl, run key `run_key`, one part per round). Returns {"round_success", "summary", "stats", "n_rows",
-    "stopped"}."""
+    "stopped"}. `progress` draws the update's bar on a terminal; else `lines` logs progress lines."""
     from storage.catalog import connect
     from training.models import model_arch
     from training.rl_clone import clone_round
@@ -29,9 +30,9 @@ def train_round(trainer: Any, lake: Any, run_keys: list[str], *, round_idx: int,
                         replay=s.replay, stored_context=s.distill_weight > 0, same_seed=s.stored_same_seed,
                         lake=lake, guide_keys=guide_keys, guide=s.guide, index=trainer._stored)
     rows, stats = trainer.prepare(rows)
-    res = trainer.update(rows, round_idx=round_idx, progress=progress)
+    res = trainer.update(rows, round_idx=round_idx, progress=progress, lines=lines)
     if s.clone_steps and res["stopped"] != "budget":
-        clone = clone_round(trainer, con, lake, round_idx=round_idx)
+        clone = clone_round(trainer, con, lake, round_idx=round_idx, lines=lines)
         for k, m in enumerate(clone):
             m["update_step"] = len(res["steps"]) + k
         res["steps"] += clone

@@ -48,6 +48,7 @@ from training.core import fused_kernels as _fused_kernels
 from training.core import lake_key as _lake_key
 from training.core import model_path_of as _model_path_of  # noqa: F401
 from training.core import trainable as _trainable  # noqa: F401
+from training.progress import ProgressLog, draws_bar
 from training.samples import EncodedSamples, Prefetch  # noqa: F401 (EncodedSamples: the tests import it here)
 from training.distributed import (Context, balanced_share, ddp_wrap, gather, global_float, global_sum, launch,
                                   setup, teardown, wants_launch)
@@ -297,7 +298,8 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
     per_step = s.batch_size * s.grad_accum
     if per_step < ctx.world:  # a rank without a sample would skip the gradient all-reduce the others wait in
         raise ValueError(f"sft.batch_size x sft.grad_accum ({per_step}) must be >= the DDP processes ({ctx.world})")
-    bar = Bar(st.planned_steps, st.step, "sft") if progress else None
+    bar = Bar(st.planned_steps, st.step, "sft") if draws_bar(progress) else None
+    plog = ProgressLog("sft", st.planned_steps, st.step, quiet=bar is not None or not ctx.main)  # lines: no bar
     ddp = ddp_wrap(_loss_sum, model, device) if ctx.active else None
     ahead = Prefetch(samples, _encode_workers(s, ctx)) if device.type == "cuda" else None  # CPU: the cores train
     model.train()
@@ -322,10 +324,13 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
             st.step, st.samples_seen = st.step + 1, st.samples_seen + per_step
             st.tokens, st.target_tokens = st.tokens + tokens, st.target_tokens + n_target
             st.losses.append(round(loss, 6))
-            if _clock(st, s, ctx, time.monotonic() - t0, tokens, step_log, recent) and bar:
-                bar.total(st.planned_steps)
+            if _clock(st, s, ctx, time.monotonic() - t0, tokens, step_log, recent):
+                plog.total = st.planned_steps
+                if bar:
+                    bar.total(st.planned_steps)
             if bar:
                 bar.update(st, time.monotonic() - t_run)
+            plog.update(st.step, loss=st.losses[-1])
             if st.step % s.save_every == 0 and st.step < st.planned_steps:
                 _save(out, weights, opt, st, ctx)
     finally:
@@ -333,6 +338,7 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
             ahead.close()
         if bar:
             bar.stop()
+        plog.stop()
     st.stopped = st.stopped or "done"
     _save(out, weights, opt, st, ctx)  # a crash while saving the final model resumes here and only re-saves
     if not ctx.main:  # rank 0 saves; the others wait for it (teardown's barrier) and report nothing
