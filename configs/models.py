@@ -286,7 +286,8 @@ class MidtrainConfig(_Cfg):
     episodes_per_task: int = Field(300, ge=1, description="Corpus size: oracle episodes (distinct train seeds) per synthetic kind")
     seed_offset: int = Field(0, ge=0, description="First train seed of the corpus")
     base: str | None = Field(None, description="Model to mid-train (a folder or Hub id); null = student.model")
-    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(method="full", lr=1e-3, batch_size=16, max_steps=400),
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(method="full", lr=1e-3, batch_size=16, epochs=100, max_steps=600,
+                                                             targets="action"),
                            description="Training settings of the mid-training run (same keys as sft)")
     eval_seeds_per_task: int = Field(10, ge=0, description="Held-out synthetic pages (eval split) per kind for the base's skill report; 0 = none")
 
