@@ -148,9 +148,10 @@ def test_forward_to_a_run_logger_without_a_second_console_line(lines):
     assert [m for _, m in run_log.got] == lines and run_log.got[0][0] == logging.INFO and len(lines) == 2
 
 
-def test_console_handler_writes_stderr_and_a_redirected_stdout(monkeypatch, tmp_path):
-    """`flywheel stage sft > log.txt`: the file (stdout) and the terminal (stderr) both get the line;
-    `> log.txt 2>&1`: once; a run logger (Prefect's console) prints on stderr itself: only the stdout copy."""
+def test_console_handler_writes_stdout_only(monkeypatch, tmp_path):
+    """The CLI's copy goes to stdout, never stderr (a command's stderr is its one error line): `flywheel stage sft
+    > log.txt` puts it in the file; `> log.txt 2>&1` once; with a run logger (Prefect's console prints on stderr
+    itself) only a redirected stdout gets a copy, a terminal none (it shows Prefect's line already)."""
     log = logging.getLogger(LOGGER_NAME)
     monkeypatch.setattr(log, "propagate", False)  # as with no root handler (pytest's would count as one)
     monkeypatch.setattr(log, "handlers", [])
@@ -166,7 +167,7 @@ def test_console_handler_writes_stderr_and_a_redirected_stdout(monkeypatch, tmp_
 
     with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
         run(out, err)
-    assert all("sft: step 1/2" in (tmp_path / f).read_text() for f in ("out.txt", "err.txt"))
+    assert "sft: step 1/2" in (tmp_path / "out.txt").read_text() and (tmp_path / "err.txt").read_text() == ""
     with open(tmp_path / "both.txt", "w") as both:
         run(both, both)
     assert (tmp_path / "both.txt").read_text().count("sft: step 1/2") == 1
@@ -175,7 +176,10 @@ def test_console_handler_writes_stderr_and_a_redirected_stdout(monkeypatch, tmp_
     assert "sft: step" in (tmp_path / "out2.txt").read_text() and (tmp_path / "err2.txt").read_text() == ""
     tty_out, err = Stream(tty=True), Stream(tty=False)
     run(tty_out, err)
-    assert tty_out.getvalue() == "" and "sft: step" in err.getvalue()  # a terminal's stdout gets no copy
+    assert "sft: step" in tty_out.getvalue() and err.getvalue() == ""  # no run logger: the terminal's stdout
+    tty_out, err = Stream(tty=True), Stream(tty=False)
+    run(tty_out, err, forwarding=True)
+    assert tty_out.getvalue() == "" and err.getvalue() == ""  # Prefect's console shows it: no second copy
 
 
 @pytest.mark.browser

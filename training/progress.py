@@ -13,9 +13,9 @@ stdout is a terminal (`draws_bar`), else log these lines on the `flywheel.progre
 show:
 - under Prefect, flows.common.run_stage forwards them (`forward_to`) to the stage flow run's logger: the run's log
   in the UI / API, and Prefect's console handler (stderr);
-- the `flywheel` CLI calls `show_on_console()`: stderr when nothing else prints them there (Prefect's console
-  handler does under Prefect), and a copy on stdout when stdout is redirected to another file than stderr, so
-  `flywheel run > log.txt` holds them as well as `flywheel run > log.txt 2>&1` (once).
+- the `flywheel` CLI calls `show_on_console()`: on stdout, never stderr (a failed command's stderr is its one
+  error line); under Prefect, whose console handler prints them on stderr already, only a stdout redirected to
+  another file gets a copy, so `flywheel run > log.txt` holds them as well as `flywheel run > log.txt 2>&1` (once).
 Elsewhere they are plain `logging` records: a program that configures logging sees them (pytest's caplog does).
 Not yet shown: a DDP run's (`distributed: ddp`); its rank 0 logs them inside torchrun's worker processes.
 No Prefect import here: the trainers and the rollout runner use it without Prefect.
@@ -171,8 +171,9 @@ def _same_file(a: TextIO, b: TextIO) -> bool:
 
 
 class _Console(logging.Handler):
-    """stderr, unless a run logger (forward_to) or a root handler (Prefect's console) prints the lines there
-    already; plus stdout when it is redirected to another file than stderr (`> log.txt`)."""
+    """stdout, never stderr: a CLI command's stderr holds only its one error line (exit 2). When a run logger
+    (forward_to) or a root handler (Prefect's console) already prints the lines on stderr, the stdout copy is
+    written only where stdout is redirected to another file (`> log.txt`), so a terminal shows each line once."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -184,10 +185,7 @@ class _Console(logging.Handler):
             out, err = sys.stdout, sys.stderr
             elsewhere = _forwarding > 0 or (log.propagate and any(h.level <= record.levelno
                                                                   for h in logging.getLogger().handlers))
-            if not elsewhere:
-                err.write(text)
-                err.flush()
-            if not _isatty(out) and not _same_file(out, err):  # same file: the stderr line is in it already
+            if not elsewhere or (not _isatty(out) and not _same_file(out, err)):  # same file: the line is there
                 out.write(text)
                 out.flush()
         except Exception:  # noqa: BLE001
