@@ -4,6 +4,7 @@
 # <lake>/_datasets/midtrain-<id>/train.parquet), .dev_gpu/held.parquet (benchmarks/midtrain_skills.py's held-out
 # oracle export, <lake>/_datasets/held-<run key>/train.parquet) and .dev_wheels/gpu (pydantic + its deps and
 # transformers >= 5.18, whose chat-template generation marker the SFT labels need; the image has 5.17).
+# About 9-10 minutes of H100 time in all: split it over two calls if one would pass its limit.
 # Logs go to $OUT/log through tee: never pipe a long command into `tail` (a timed-out call returns nothing).
 exec > >(tee -a "$OUT/log") 2>&1
 rm -rf /tmp/site
