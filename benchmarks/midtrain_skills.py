@@ -72,12 +72,8 @@ def step_skills(cfg: Any, student_key: str, oracle_key: str) -> dict[str, Any]:
 
 def oracle_eval(cfg: Any) -> str:
     """The oracle on the same held-out pages (the ceiling, and the reference actions for step_skills)."""
-    from configs.models import TaskSelection
-    from flywheel.evaluate import evaluate_checkpoint
-    from flywheel.midtrain import EVAL_STAGE, _tasks
-    sel = TaskSelection(tasks=_tasks(cfg), seeds_per_task=cfg.midtrain.eval_seeds_per_task)
-    return evaluate_checkpoint(cfg, 0, "scripted", progress=False, selection=sel, held_out_tasks=False,
-                               stage=EVAL_STAGE, eval_stage="midtrain")["run_key"]
+    from flywheel.midtrain import skill_report
+    return skill_report(cfg, "scripted", progress=False)["run_key"]
 
 
 def export_held_out(cfg: Any, oracle_key: str) -> Path:
@@ -97,13 +93,9 @@ def export_held_out(cfg: Any, oracle_key: str) -> Path:
 
 
 def skills(cfg: Any, model: str, oracle_key: str) -> dict[str, Any]:
-    from configs.models import TaskSelection
-    from flywheel.evaluate import evaluate_checkpoint
-    from flywheel.midtrain import EVAL_STAGE, _tasks
+    from flywheel.midtrain import skill_report
     t0 = time.monotonic()
-    sel = TaskSelection(tasks=_tasks(cfg), seeds_per_task=cfg.midtrain.eval_seeds_per_task)
-    res = evaluate_checkpoint(cfg, 0, model, progress=False, selection=sel, held_out_tasks=False, stage=EVAL_STAGE,
-                              eval_stage="midtrain")
+    res = skill_report(cfg, model, progress=False)
     return {"model": model, "success": round(res["success_rate"], 4), "ci": [round(res["ci_low"], 4), round(res["ci_high"], 4)],
             "n": res["n_episodes"], "per_task": res["per_task"], "steps": step_skills(cfg, res["run_key"], oracle_key),
             "wall_s": round(time.monotonic() - t0, 1)}

@@ -340,6 +340,10 @@ class FlywheelConfig(_Cfg):
             raise ValueError("student.backend is 'openai' but student.base_url is not set: set it to the server URL (e.g. http://host:8000/v1)")
         return self
 
+    def rollout_attempts(self) -> int:
+        """Episodes per task instance in the rollouts stage: rollouts.attempts, else rollout.group_size."""
+        return self.rollouts.attempts or self.rollout.group_size
+
     def rl_temperature(self) -> float:
         """The temperature RL rollouts sample at: rl.temperature, else the student's (0 = greedy)."""
         return self.rl.temperature if self.rl.temperature is not None else self.student.temperature

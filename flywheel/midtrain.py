@@ -110,42 +110,22 @@ def build_dataset(cfg: FlywheelConfig, run_key: str) -> dict[str, Any]:
 
 def checkpoint_id_for(dataset: dict[str, Any], base: str, settings: Any) -> str:
     from training.sft import checkpoint_id_for as sft_id
-    return "base-" + sft_id(0, dataset, base, settings).rsplit("-", 1)[1]
+    return sft_id(0, dataset, base, settings, prefix="base")
 
 
 def train_base(cfg: FlywheelConfig, dataset_id: str, *, progress: bool = True) -> dict[str, Any]:
-    """SFT from the start model on the corpus -> the base checkpoint (a `checkpoints` row, method 'midtrain')."""
+    """SFT from the start model on the corpus -> the base checkpoint (a `checkpoints` row, method and stage
+    'midtrain', id `base-<hash>`): training.sft.sft_stage with cfg.midtrain.sft."""
     from flywheel.stages import lake_for
-    from storage.catalog import connect
-    from storage.curate import EXPORT_FILE, manifest
-    from training.core import MERGED_DIR, checkpoint_row, lake_key, output_root, reusable
     from training.models import ModelError
-    from training.sft import RESULT_FILE, TrainSettings, train
-    lake = lake_for(cfg)
-    dataset = manifest(lake, dataset_id)
+    from training.sft import sft_stage
     start = cfg.midtrain.base or cfg.student.model
     base_path = str(Path(start).expanduser().resolve()) if Path(start).expanduser().exists() else start
-    s = TrainSettings.from_config(cfg.midtrain.sft)
-    ckpt_id = checkpoint_id_for(dataset, lake_key(base_path, lake.root), s)
-    out = output_root(cfg, lake.root) / ckpt_id
-    con = connect(lake)
-    skipped = reusable(con, ckpt_id, out, lake.root, RESULT_FILE)
     try:
-        metrics = (json.loads((out / RESULT_FILE).read_text()) if skipped
-                   else train(base_path, lake.fetch(dataset["path"]) / EXPORT_FILE, out, s, progress=progress))
+        return sft_stage(cfg, 0, dataset_id, base_path, lake=lake_for(cfg), progress=progress, git_sha=git_sha(),
+                         method=METHOD, sft_cfg=cfg.midtrain.sft, id_prefix="base")
     except ModelError as e:
         raise UserError(str(e).splitlines()[0]) from None
-    merged = str(out / MERGED_DIR) if metrics.get("merged_path") else None
-    metrics.update(merged_path=merged, model_path=merged or str(out))
-    row = checkpoint_row(lake, ckpt_id=ckpt_id, out=out, method=METHOD, base_model=metrics["base_model"], parent=None,
-                         dataset_id=dataset_id, adapter=metrics["adapter"], metrics=metrics, git_sha=git_sha(),
-                         config_hash=cfg.config_hash("midtrain"))
-    if not skipped and out.resolve().is_relative_to(lake.root):
-        lake.publish(out)
-    lake.replace_run("checkpoints", [[row]], iteration=0, stage=MIDTRAIN_STAGE, run_key=ckpt_id)
-    return {"checkpoint_id": ckpt_id, "path": str(out), "model_path": metrics["model_path"], "skipped": skipped,
-            "steps": metrics["steps"], "final_loss": metrics["final_loss"], "train_s": metrics.get("wall_s"),
-            "tokens_per_s": metrics.get("tokens_per_s"), "stopped": metrics.get("stopped")}
 
 
 def skill_report(cfg: FlywheelConfig, model: str, *, progress: bool = True) -> dict[str, Any] | None:
@@ -157,7 +137,7 @@ def skill_report(cfg: FlywheelConfig, model: str, *, progress: bool = True) -> d
     sel = TaskSelection(tasks=_tasks(cfg), seeds_per_task=n)
     res = evaluate_checkpoint(cfg, 0, model, progress=progress, selection=sel, held_out_tasks=False,
                               stage=EVAL_STAGE, eval_stage=MIDTRAIN_STAGE)
-    return {k: res[k] for k in ("eval_id", "success_rate", "ci_low", "ci_high", "n_episodes", "per_task")}
+    return {k: res[k] for k in ("eval_id", "run_key", "success_rate", "ci_low", "ci_high", "n_episodes", "per_task")}
 
 
 def base_checkpoint(cfg: FlywheelConfig) -> str:

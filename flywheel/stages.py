@@ -251,7 +251,7 @@ def student_rollouts(cfg: FlywheelConfig, iteration: int, checkpoint: str | None
             return {"skipped": True, "iteration": iteration, "stage": "rollouts", "checkpoint": model,
                     "reason": "the curriculum parked every task"}
     spec = rollout_spec(cfg, iteration=iteration, stage="rollouts", policy=policy, tasks=tasks, seeds=seeds,
-                        split="train", group_size=cfg.rollouts.attempts or cfg.rollout.group_size,
+                        split="train", group_size=cfg.rollout_attempts(),
                         max_seeds=max_seeds or None)
     summary = run_rollouts(spec, progress=progress)
     return {"run_key": spec.run_key, "iteration": iteration, "stage": "rollouts", "checkpoint": model,
@@ -305,7 +305,8 @@ def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *, pr
     lake = lake_for(cfg)
     if checkpoint is None:
         from storage.catalog import connect
-        row = connect(lake).execute("SELECT path FROM checkpoints WHERE iteration = ? AND method <> 'midtrain' "
+        from training.core import ITERATION_CHECKPOINTS
+        row = connect(lake).execute(f"SELECT path FROM checkpoints WHERE iteration = ? AND {ITERATION_CHECKPOINTS} "
                                     "ORDER BY created_at DESC LIMIT 1",
                                     [iteration]).fetchone()
         if row is None:
@@ -323,9 +324,9 @@ def latest_checkpoint(cfg: FlywheelConfig, before: int) -> str | None:
     lake = lake_for(cfg)
     if before == 0 or not lake.has_data("checkpoints"):
         return None
-    from training.core import MERGED_DIR
+    from training.core import ITERATION_CHECKPOINTS, MERGED_DIR
     row = connect(lake, write_catalog_file=False).execute(
-        "SELECT checkpoint_id, path, adapter FROM checkpoints WHERE iteration < ? AND method <> 'midtrain' "
+        f"SELECT checkpoint_id, path, adapter FROM checkpoints WHERE iteration < ? AND {ITERATION_CHECKPOINTS} "
         "ORDER BY iteration DESC, created_at DESC LIMIT 1", [before]).fetchone()
     if row is None:
         return None

@@ -34,7 +34,7 @@ def expected_episodes(cfg: FlywheelConfig, stage: str) -> int:
     if stage == "bootstrap":
         sel, group = cfg.bootstrap.selection, 1
     elif stage == "rollouts":
-        sel, group = cfg.rollouts.selection, cfg.rollouts.attempts or cfg.rollout.group_size
+        sel, group = cfg.rollouts.selection, cfg.rollout_attempts()
     else:
         sel, group = cfg.evaluate.selection, 1
     tasks = set(stages.resolve_tasks(sel.tasks, for_training=stage != "evaluate"))

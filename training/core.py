@@ -402,6 +402,11 @@ def model_path_of(row: dict[str, Any], root: Path | None = None) -> str:
     return str(path)
 
 
+# A condition on `checkpoints` rows: an iteration's own checkpoints, not the mid-trained base (flywheel/midtrain.py
+# writes it with method 'midtrain' under iteration 0), which only the first SFT takes, and only by name.
+ITERATION_CHECKPOINTS = "method <> 'midtrain'"
+
+
 def resolve_base(cfg: Any, con, iteration: int, base: str | None, root: Path | None = None) -> tuple[str, str | None]:
     """(base model folder or Hub id, parent checkpoint id). `base` may be a checkpoint id or a folder (a known
     checkpoint's folder or merged folder keeps the lineage); default: the newest checkpoint of an earlier
@@ -415,7 +420,7 @@ def resolve_base(cfg: Any, con, iteration: int, base: str | None, root: Path | N
         if not rows:
             return base, None
         return (model_path_of(rows[0], root) if rows[0]["checkpoint_id"] == base else folder), rows[0]["checkpoint_id"]
-    rows = con.sql("SELECT * FROM checkpoints WHERE iteration < ? AND method <> 'midtrain' "
+    rows = con.sql(f"SELECT * FROM checkpoints WHERE iteration < ? AND {ITERATION_CHECKPOINTS} "
                    "ORDER BY iteration DESC, created_at DESC LIMIT 1", params=[iteration]).to_arrow_table().to_pylist()
     return (model_path_of(rows[0], root), rows[0]["checkpoint_id"]) if rows else (cfg.student.model, None)
 

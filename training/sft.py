@@ -401,8 +401,10 @@ def _finish(model, proc, out: Path, s: TrainSettings, st: TrainState, base: str,
 
 
 # ------------------------------------------------------------------------------------------------ stage
-def checkpoint_id_for(iteration: int, dataset: dict[str, Any], base: str, s: TrainSettings) -> str:
-    """Deterministic in the data (the manifest's episodes, not just its id), the base and the settings."""
+def checkpoint_id_for(iteration: int, dataset: dict[str, Any], base: str, s: TrainSettings,
+                      prefix: str | None = None) -> str:
+    """Deterministic in the data (the manifest's episodes, not just its id), the base and the settings;
+    `<prefix>-<hash>`, the prefix `sft-it<iteration>` unless given (mid-training's is `base`)."""
     # left out: knobs that change how, not what, is trained (DDP and packing keep the objective and sample order)
     knobs = {k: v for k, v in asdict(s).items() if k not in ("keep_state", "step_sleep_s", "distributed", "nproc",
                                                            "record_step_times", "packing", "pack_tokens",
@@ -410,13 +412,18 @@ def checkpoint_id_for(iteration: int, dataset: dict[str, Any], base: str, s: Tra
     payload = {"dataset": dataset["dataset_id"], "episodes": sorted(dataset["episode_ids"]),
                "n_steps": dataset["n_steps"], "base": base, "settings": knobs}
     h = hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"sft-it{int(iteration)}-{h}"
+    return f"{prefix or f'sft-it{int(iteration)}'}-{h}"
 
 
 def sft_stage(cfg: Any, iteration: int, dataset_id: str, base: str | None = None, *, lake: Any = None,
-              progress: bool = True, git_sha: str | None = None) -> dict[str, Any]:
+              progress: bool = True, git_sha: str | None = None, method: str = "sft", sft_cfg: Any = None,
+              id_prefix: str | None = None) -> dict[str, Any]:
     """Fine-tune on a dataset manifest; a finished checkpoint of this lake (its row is here) is reused, not retrained.
-    Writes a `checkpoints` row; the checkpoint folder is under the lake (output_root)."""
+    Writes a `checkpoints` row; the checkpoint folder is under the lake (output_root).
+
+    `method` names the row's method, its stage partition and the config section hashed into it; `sft_cfg` holds the
+    training settings (default cfg.sft) and `id_prefix` the checkpoint id's prefix (checkpoint_id_for). Mid-training
+    (flywheel/midtrain.py) trains its base through here with method 'midtrain' and cfg.midtrain.sft."""
     from storage.catalog import connect
     from storage.curate import EXPORT_FILE, manifest
     from storage.lake import Lake
@@ -425,8 +432,8 @@ def sft_stage(cfg: Any, iteration: int, dataset_id: str, base: str | None = None
     dataset = manifest(lake, dataset_id)
     con = connect(lake)
     base_path, parent = resolve_base(cfg, con, iteration, base, lake.root)
-    s = TrainSettings.from_config(cfg.sft)
-    ckpt_id = checkpoint_id_for(iteration, dataset, _lake_key(base_path, lake.root), s)
+    s = TrainSettings.from_config(sft_cfg or cfg.sft)
+    ckpt_id = checkpoint_id_for(iteration, dataset, _lake_key(base_path, lake.root), s, id_prefix)
     out = output_root(cfg, lake.root) / ckpt_id
     done = out / RESULT_FILE
     skipped = _reusable(con, ckpt_id, out, lake.root)
@@ -437,16 +444,17 @@ def sft_stage(cfg: Any, iteration: int, dataset_id: str, base: str | None = None
     # sft_result.json holds the absolute paths of when it was trained: the folder may have moved with its lake since
     merged = str(out / MERGED_DIR) if metrics.get("merged_path") else None
     metrics.update(merged_path=merged, model_path=merged or str(out))
-    row = checkpoint_row(lake, ckpt_id=ckpt_id, out=out, method="sft", base_model=metrics["base_model"], parent=parent,
+    row = checkpoint_row(lake, ckpt_id=ckpt_id, out=out, method=method, base_model=metrics["base_model"], parent=parent,
                          dataset_id=dataset_id, adapter=metrics["adapter"], metrics=metrics, git_sha=git_sha,
-                         config_hash=cfg.config_hash("sft"))
+                         config_hash=cfg.config_hash(method))
     if not skipped and out.resolve().is_relative_to(lake.root):
         lake.publish(out)  # an object-store lake: into the bucket before its row (no-op on disk)
-    lake.replace_run("checkpoints", [[row]], iteration=iteration, stage="sft", run_key=ckpt_id)
+    lake.replace_run("checkpoints", [[row]], iteration=iteration, stage=method, run_key=ckpt_id)
     return {"checkpoint_id": ckpt_id, "path": str(out), "model_path": metrics["model_path"],
             "merged_path": metrics["merged_path"], "adapter": metrics["adapter"], "dataset_id": dataset_id,
             "base_model": metrics["base_model"], "parent_checkpoint": parent, "skipped": skipped,
-            "final_loss": metrics["final_loss"], "steps": metrics["steps"], "tokens_per_s": metrics["tokens_per_s"]}
+            "final_loss": metrics["final_loss"], "steps": metrics["steps"], "tokens_per_s": metrics["tokens_per_s"],
+            "stopped": metrics.get("stopped"), "train_s": metrics.get("wall_s")}
 
 
 # ------------------------------------------------------------------------------------------------ CLI
