@@ -22,7 +22,7 @@ rl_metrics, curriculum, the curated exports); nothing is timed into the verdict.
 Prints JSON (also --json) with held-out success per iteration and task (95% Wilson CIs), the control, the
 dataset's growth split into teacher and student samples, teacher demos spent, and the targets:
 iteration N >= iteration 1 + 15 points, iteration N >= control + 10 points, on every seed. --png draws success
-vs iteration (and vs teacher demos spent) for the README.
+vs iteration (and vs teacher demos spent) for docs/RESULTS.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The learning bar, small: SFT on scripted-teacher demos must clearly beat the untrained student.
 
-A smaller version of benchmarks/learning_bar.py (README: "The learning bar"), run through that very
+A smaller version of benchmarks/learning_bar.py (docs/RESULTS.md: "Does it learn?"), run through that very
 command in its own process: the embedded default's mini Qwen3-VL, two tasks, fewer demos, a shorter SFT
 budget and fewer held-out seeds. Real Chromium, real lake, real training, real greedy decoding.
 """
