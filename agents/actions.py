@@ -32,8 +32,9 @@ class ActionType(str, Enum):
 
 
 # Actions whose fields carry screen coordinates (the transform applies to these).
-POINT_ACTIONS = frozenset({ActionType.CLICK, ActionType.DOUBLE_CLICK, ActionType.RIGHT_CLICK,
-                           ActionType.MOVE, ActionType.SCROLL})
+POINT_ACTIONS = frozenset(
+    {ActionType.CLICK, ActionType.DOUBLE_CLICK, ActionType.RIGHT_CLICK, ActionType.MOVE, ActionType.SCROLL}
+)
 TERMINAL_ACTIONS = frozenset({ActionType.DONE, ActionType.FAIL})
 
 MAX_TYPE_CHARS = 512  # longer "type" payloads are almost always a runaway generation

@@ -68,10 +68,14 @@ _DESC_CHARS = 120
 FINISH_TOOL_DEF = {
     "name": FINISH_TOOL,
     "description": "End the task. status 'done' once the task is complete, 'fail' if it cannot be done.",
-    "input_schema": {"type": "object", "properties": {
-        "status": {"type": "string", "enum": ["done", "fail"]},
-        "reason": {"type": "string", "description": "One sentence: why the task is done or impossible."}},
-        "required": ["status"]},
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "enum": ["done", "fail"]},
+            "reason": {"type": "string", "description": "One sentence: why the task is done or impossible."},
+        },
+        "required": ["status"],
+    },
 }
 
 
@@ -107,19 +111,26 @@ class Price:
     cache_read: float
 
     def cost(self, usage: dict[str, Any]) -> float:
-        u = {k: int(usage.get(k) or 0) for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-                                                 "cache_read_input_tokens")}
-        return (u["input_tokens"] * self.input + u["output_tokens"] * self.output
-                + u["cache_creation_input_tokens"] * self.cache_write
-                + u["cache_read_input_tokens"] * self.cache_read) / 1e6
+        u = {
+            k: int(usage.get(k) or 0)
+            for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        }
+        return (
+            u["input_tokens"] * self.input
+            + u["output_tokens"] * self.output
+            + u["cache_creation_input_tokens"] * self.cache_write
+            + u["cache_read_input_tokens"] * self.cache_read
+        ) / 1e6
 
 
 def price_for(model: str, prices: dict[str, Any]) -> Price:
     """The price of `model`: the table entry with the longest name prefix of it; ClaudeError if none."""
     keys = sorted((k for k in prices if model.startswith(k)), key=len, reverse=True)
     if not keys:
-        raise ClaudeError(f"no price for Claude model {model!r} in claude.prices (known: {', '.join(sorted(prices))}); "
-                          "add one so cost and budget can be tracked")
+        raise ClaudeError(
+            f"no price for Claude model {model!r} in claude.prices (known: {', '.join(sorted(prices))}); "
+            "add one so cost and budget can be tracked"
+        )
     p = prices[keys[0]]
     p = p if isinstance(p, dict) else p.model_dump() if hasattr(p, "model_dump") else vars(p)
     return Price(float(p["input"]), float(p["output"]), float(p["cache_write"]), float(p["cache_read"]))
@@ -131,6 +142,7 @@ def api_key() -> str | None:
 
 def _png_scaled(png: bytes, w: int, h: int) -> bytes:
     from PIL import Image
+
     with Image.open(io.BytesIO(png)) as im:
         if im.size == (w, h):
             return png
@@ -140,8 +152,10 @@ def _png_scaled(png: bytes, w: int, h: int) -> bytes:
 
 
 def _image_block(png: bytes) -> dict[str, Any]:
-    return {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                        "data": base64.b64encode(png).decode("ascii")}}
+    return {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png).decode("ascii")},
+    }
 
 
 def _first_sentence(text: str) -> str:
@@ -149,15 +163,18 @@ def _first_sentence(text: str) -> str:
     for stop in (". ", "! ", "? "):
         i = line.find(stop)
         if 0 < i < _DESC_CHARS:
-            line = line[:i + 1]
+            line = line[: i + 1]
     return line[:_DESC_CHARS].rstrip()
 
 
 def _describe(inp: dict[str, Any]) -> str:
     act = str(inp.get("action", "?"))
     where = inp.get("coordinate")
-    return f"{act.replace('_', ' ')} at ({where[0]}, {where[1]})" if isinstance(where, list) and len(where) == 2 \
+    return (
+        f"{act.replace('_', ' ')} at ({where[0]}, {where[1]})"
+        if isinstance(where, list) and len(where) == 2
         else act.replace("_", " ")
+    )
 
 
 def map_tool_use(name: str, inp: Any, transform: CoordTransform) -> tuple[Action | None, str | None]:
@@ -189,15 +206,30 @@ class ClaudePolicy(Policy):
 
     name = "claude"
 
-    def __init__(self, model: str, *, prices: dict[str, Any], base_url: str | None = None, max_tokens: int = 2048,
-                 thinking_budget: int | None = None, tool_version: str = "auto", history_images: int = 3,
-                 max_retries: int = 4, timeout_s: float = 120.0, max_long_edge: int = CLAUDE_MAX_LONG_EDGE,
-                 max_pixels: int = CLAUDE_MAX_PIXELS, client: Any = None):
+    def __init__(
+        self,
+        model: str,
+        *,
+        prices: dict[str, Any],
+        base_url: str | None = None,
+        max_tokens: int = 2048,
+        thinking_budget: int | None = None,
+        tool_version: str = "auto",
+        history_images: int = 3,
+        max_retries: int = 4,
+        timeout_s: float = 120.0,
+        max_long_edge: int = CLAUDE_MAX_LONG_EDGE,
+        max_pixels: int = CLAUDE_MAX_PIXELS,
+        client: Any = None,
+    ):
         import anthropic
+
         self.model = self.version = model
         self.tool_version = tool_version_for(model) if tool_version == "auto" else tool_version
         if self.tool_version not in BETA_FOR_TOOL:
-            raise ClaudeError(f"unknown computer-use tool version {tool_version!r}; use one of {', '.join(BETA_FOR_TOOL)}")
+            raise ClaudeError(
+                f"unknown computer-use tool version {tool_version!r}; use one of {', '.join(BETA_FOR_TOOL)}"
+            )
         self.beta = BETA_FOR_TOOL[self.tool_version]
         self.price = price_for(model, prices)
         self.max_tokens, self.thinking_budget = max_tokens, thinking_budget
@@ -208,13 +240,16 @@ class ClaudePolicy(Policy):
         self._secret = _Secret(key) if key else None  # only to scrub error text
         if client is None and key is None:
             raise ClaudeError(f"the Claude teacher needs an API key: set {API_KEY_ENV} in the environment")
-        self._client = client or anthropic.Anthropic(api_key=key, base_url=base_url, max_retries=max_retries,
-                                                     timeout=timeout_s)
+        self._client = client or anthropic.Anthropic(
+            api_key=key, base_url=base_url, max_retries=max_retries, timeout=timeout_s
+        )
         self.reset("", 0)
 
     def __repr__(self) -> str:
-        return (f"ClaudePolicy(model={self.model!r}, tool={self.tool_version!r}, base_url={self.base_url!r}, "
-                f"api_key={'***' if self._secret else None})")
+        return (
+            f"ClaudePolicy(model={self.model!r}, tool={self.tool_version!r}, base_url={self.base_url!r}, "
+            f"api_key={'***' if self._secret else None})"
+        )
 
     def reset(self, task_id: str, seed: int) -> None:
         self._messages: list[dict[str, Any]] = []
@@ -229,13 +264,15 @@ class ClaudePolicy(Policy):
 
     # ---- one step ---------------------------------------------------------------------------
     def act(self, obs: Observation, history: list[StepRecord]) -> Decision:
-        t = CoordTransform.for_claude(obs.width, obs.height, max_long_edge=self.max_long_edge,
-                                      max_pixels=self.max_pixels)
+        t = CoordTransform.for_claude(
+            obs.width, obs.height, max_long_edge=self.max_long_edge, max_pixels=self.max_pixels
+        )
         shot = _image_block(_png_scaled(obs.screenshot_png, int(t.image_w), int(t.image_h)))
         if not history or not self._messages:
             self.reset("", 0)
-            self._messages.append({"role": "user", "content": [
-                {"type": "text", "text": f"Task: {obs.instruction}"}, shot]})
+            self._messages.append(
+                {"role": "user", "content": [{"type": "text", "text": f"Task: {obs.instruction}"}, shot]}
+            )
         else:
             self._messages.append({"role": "user", "content": self._results(history[-1], shot)})
         usage_total: dict[str, int] = {}
@@ -253,24 +290,34 @@ class ClaudePolicy(Policy):
             self._messages.append({"role": "assistant", "content": content or [{"type": "text", "text": "(empty)"}]})
             uses = [b for b in content if b.get("type") == "tool_use"]
             self._pending = [str(b.get("id")) for b in uses]
-            if uses and uses[0].get("name") == COMPUTER_TOOL and isinstance(uses[0].get("input"), dict) \
-                    and uses[0]["input"].get("action") in INTERNAL_ACTIONS:
+            if (
+                uses
+                and uses[0].get("name") == COMPUTER_TOOL
+                and isinstance(uses[0].get("input"), dict)
+                and uses[0]["input"].get("action") in INTERNAL_ACTIONS
+            ):
                 self._messages.append({"role": "user", "content": self._internal(uses, shot)})
                 continue
             decision = self._decide(resp, content, uses, t)
             break
         else:
-            decision = Decision(response_text="", action=None, parse_error=f"no action after {MAX_INTERNAL_CALLS} "
-                                "screenshot requests")
+            decision = Decision(
+                response_text="", action=None, parse_error=f"no action after {MAX_INTERNAL_CALLS} screenshot requests"
+            )
         decision.latency_ms = (time.perf_counter() - t0) * 1000
-        decision.prompt_tokens = sum(usage_total.get(k, 0) for k in (
-            "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+        decision.prompt_tokens = sum(
+            usage_total.get(k, 0) for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        )
         decision.completion_tokens = usage_total.get("output_tokens", 0)
-        decision.extra.update(cost_usd=cost, input_tokens=usage_total.get("input_tokens", 0),
-                              output_tokens=usage_total.get("output_tokens", 0),
-                              cache_read_tokens=usage_total.get("cache_read_input_tokens", 0),
-                              cache_write_tokens=usage_total.get("cache_creation_input_tokens", 0),
-                              api_calls=len(raws), raw_response=json.dumps(raws))
+        decision.extra.update(
+            cost_usd=cost,
+            input_tokens=usage_total.get("input_tokens", 0),
+            output_tokens=usage_total.get("output_tokens", 0),
+            cache_read_tokens=usage_total.get("cache_read_input_tokens", 0),
+            cache_write_tokens=usage_total.get("cache_creation_input_tokens", 0),
+            api_calls=len(raws),
+            raw_response=json.dumps(raws),
+        )
         return decision
 
     def _decide(self, resp: dict, content: list[dict], uses: list[dict], t: CoordTransform) -> Decision:
@@ -281,8 +328,9 @@ class ClaudePolicy(Policy):
             stop = resp.get("stop_reason")
             if stop == "end_turn":  # Claude considers the task finished and calls no tool
                 return self._render(thought, _first_sentence(text) or "Finish the task", Done(), None, t)
-            return Decision(response_text=text, action=None, thought=thought,
-                            parse_error=f"no tool call (stop_reason {stop!r})")
+            return Decision(
+                response_text=text, action=None, thought=thought, parse_error=f"no tool call (stop_reason {stop!r})"
+            )
         use = uses[0]
         inp = use.get("input")
         action, err = map_tool_use(str(use.get("name")), inp, t)
@@ -291,8 +339,15 @@ class ClaudePolicy(Policy):
             log.info("Claude sent %d tool calls in one turn; only the first is executed", len(uses))
         return self._render(thought, desc, action, {"name": use.get("name"), "input": inp}, t, err)
 
-    def _render(self, thought: str | None, desc: str, action: Action | None, call: dict | None,
-                t: CoordTransform, err: str | None = None) -> Decision:
+    def _render(
+        self,
+        thought: str | None,
+        desc: str,
+        action: Action | None,
+        call: dict | None,
+        t: CoordTransform,
+        err: str | None = None,
+    ) -> Decision:
         raw = call["input"] if call and isinstance(call.get("input"), dict) else None
         if action is not None:
             text = format_response(thought, desc, action, t)
@@ -301,8 +356,9 @@ class ClaudePolicy(Policy):
         else:
             body = json.dumps(call, ensure_ascii=False) if call else ""
             text = (f"<thinking>\n{thought}\n</thinking>\n" if thought else "") + f"Action: {desc}\n{body}"
-        return Decision(response_text=text, action=action, thought=thought, action_desc=desc, raw_action=raw,
-                        parse_error=err)
+        return Decision(
+            response_text=text, action=action, thought=thought, action_desc=desc, raw_action=raw, parse_error=err
+        )
 
     # ---- messages ---------------------------------------------------------------------------
     def _results(self, last: StepRecord, shot: dict) -> list[dict[str, Any]]:
@@ -311,16 +367,30 @@ class ClaudePolicy(Policy):
             return [{"type": "text", "text": f"Result: {last.result}. Continue with the task."}, shot]
         first, *rest = self._pending
         if last.result.startswith("parse error"):
-            out = [{"type": "tool_result", "tool_use_id": first, "is_error": True,
-                    "content": [{"type": "text", "text": last.result[len("parse error: "):] + " (not executed)"}]}]
+            out = [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": first,
+                    "is_error": True,
+                    "content": [{"type": "text", "text": last.result[len("parse error: ") :] + " (not executed)"}],
+                }
+            ]
             out[0]["content"].append({"type": "text", "text": "The screen is unchanged."})
         elif last.result != "ok":
-            out = [{"type": "tool_result", "tool_use_id": first,
-                    "content": [{"type": "text", "text": last.result}, shot]}]
+            out = [
+                {"type": "tool_result", "tool_use_id": first, "content": [{"type": "text", "text": last.result}, shot]}
+            ]
         else:
             out = [{"type": "tool_result", "tool_use_id": first, "content": [shot]}]
-        out += [{"type": "tool_result", "tool_use_id": i, "is_error": True,
-                 "content": [{"type": "text", "text": "not executed: one action per turn"}]} for i in rest]
+        out += [
+            {
+                "type": "tool_result",
+                "tool_use_id": i,
+                "is_error": True,
+                "content": [{"type": "text", "text": "not executed: one action per turn"}],
+            }
+            for i in rest
+        ]
         return out
 
     def _internal(self, uses: list[dict], shot: dict) -> list[dict[str, Any]]:
@@ -331,8 +401,15 @@ class ClaudePolicy(Policy):
             x, y = self._pointer or (0, 0)
             content = [{"type": "text", "text": f"X={round(x)},Y={round(y)}"}]
         out = [{"type": "tool_result", "tool_use_id": str(first.get("id")), "content": content}]
-        out += [{"type": "tool_result", "tool_use_id": str(u.get("id")), "is_error": True,
-                 "content": [{"type": "text", "text": "not executed: one action per turn"}]} for u in rest]
+        out += [
+            {
+                "type": "tool_result",
+                "tool_use_id": str(u.get("id")),
+                "is_error": True,
+                "content": [{"type": "text", "text": "not executed: one action per turn"}],
+            }
+            for u in rest
+        ]
         return out
 
     def _trimmed(self) -> list[dict[str, Any]]:
@@ -351,8 +428,9 @@ class ClaudePolicy(Policy):
     def _trim_block(self, block: dict, seen: int) -> tuple[dict, int]:
         if block.get("type") == "image":
             seen += 1
-            return (block if seen <= self.history_images else
-                    {"type": "text", "text": "[older screenshot removed]"}), seen
+            return (
+                block if seen <= self.history_images else {"type": "text", "text": "[older screenshot removed]"}
+            ), seen
         if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
             inner = []
             for b in reversed(block["content"]):
@@ -363,15 +441,27 @@ class ClaudePolicy(Policy):
 
     def request(self, t: CoordTransform) -> dict[str, Any]:
         """The keyword arguments of one `client.beta.messages.create` call."""
-        tool = {"type": self.tool_version, "name": COMPUTER_TOOL, "display_width_px": int(t.image_w),
-                "display_height_px": int(t.image_h)}
-        system = ("You operate a computer through the `computer` tool to complete the user's task. "
-                  f"The screen is {int(t.image_w)}x{int(t.image_h)} pixels; every screenshot you receive is the "
-                  "whole screen. Take one action per turn. When the task is complete, call `finish` with status "
-                  "'done'; if it cannot be done, call `finish` with status 'fail'.")
-        kw: dict[str, Any] = dict(model=self.model, max_tokens=self.max_tokens, system=system,
-                                  tools=[tool, FINISH_TOOL_DEF], messages=self._trimmed(), betas=[self.beta],
-                                  tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+        tool = {
+            "type": self.tool_version,
+            "name": COMPUTER_TOOL,
+            "display_width_px": int(t.image_w),
+            "display_height_px": int(t.image_h),
+        }
+        system = (
+            "You operate a computer through the `computer` tool to complete the user's task. "
+            f"The screen is {int(t.image_w)}x{int(t.image_h)} pixels; every screenshot you receive is the "
+            "whole screen. Take one action per turn. When the task is complete, call `finish` with status "
+            "'done'; if it cannot be done, call `finish` with status 'fail'."
+        )
+        kw: dict[str, Any] = dict(
+            model=self.model,
+            max_tokens=self.max_tokens,
+            system=system,
+            tools=[tool, FINISH_TOOL_DEF],
+            messages=self._trimmed(),
+            betas=[self.beta],
+            tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+        )
         if self.thinking_budget:
             kw["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         return kw
@@ -393,6 +483,7 @@ class ClaudePolicy(Policy):
 def describe_error(e: BaseException, model: str, base_url: str | None) -> str:
     """One line for an SDK exception: what went wrong and what to do about it."""
     import anthropic
+
     where = base_url or "https://api.anthropic.com"
     if isinstance(e, anthropic.APIStatusError):
         body = e.body if isinstance(e.body, dict) else {}
@@ -404,7 +495,9 @@ def describe_error(e: BaseException, model: str, base_url: str | None) -> str:
         if code == 403:
             return f"Claude API refused the request (HTTP 403 {kind}: {msg}); check the key's workspace permissions"
         if code == 404:
-            return f"unknown Claude model {model!r} (HTTP 404 {kind}: {msg}); set claude.model to a model id from the docs"
+            return (
+                f"unknown Claude model {model!r} (HTTP 404 {kind}: {msg}); set claude.model to a model id from the docs"
+            )
         if code == 429 or code >= 500:
             return f"Claude API kept failing (HTTP {code} {kind}: {msg}) after the SDK's retries; try again later"
         return f"Claude API rejected the request (HTTP {code} {kind}: {msg})"
@@ -420,6 +513,7 @@ def check_claude(model: str, *, base_url: str | None = None, timeout_s: float = 
     """Preflight before a run: the key is set and accepted and the model exists (GET /v1/models/{model}).
     Raises ClaudeError with one line; costs no tokens."""
     import anthropic
+
     key = api_key()
     if key is None:
         raise ClaudeError(f"bootstrap.policy is 'claude' but {API_KEY_ENV} is not set in the environment")

@@ -22,31 +22,115 @@ from agents.actions import Action, ActionType
 # keys
 
 MODIFIERS = ("ctrl", "alt", "shift", "win")
-NAMED_KEYS = frozenset({
-    "enter", "tab", "space", "backspace", "delete", "esc", "insert", "home", "end", "pageup", "pagedown",
-    "up", "down", "left", "right", *MODIFIERS, "capslock", "numlock", "scrolllock", "printscreen", "pause",
-    "volumeup", "volumedown", "volumemute", *(f"f{i}" for i in range(1, 25)),
-})
+NAMED_KEYS = frozenset(
+    {
+        "enter",
+        "tab",
+        "space",
+        "backspace",
+        "delete",
+        "esc",
+        "insert",
+        "home",
+        "end",
+        "pageup",
+        "pagedown",
+        "up",
+        "down",
+        "left",
+        "right",
+        *MODIFIERS,
+        "capslock",
+        "numlock",
+        "scrolllock",
+        "printscreen",
+        "pause",
+        "volumeup",
+        "volumedown",
+        "volumemute",
+        *(f"f{i}" for i in range(1, 25)),
+    }
+)
 # lower-cased, with "_", "-" and spaces removed -> canonical (pyautogui) name
 KEY_ALIASES: dict[str, str] = {
-    "return": "enter", "ret": "enter", "cr": "enter", "kpenter": "enter", "numpadenter": "enter",
+    "return": "enter",
+    "ret": "enter",
+    "cr": "enter",
+    "kpenter": "enter",
+    "numpadenter": "enter",
     "escape": "esc",
-    "control": "ctrl", "ctl": "ctrl", "lctrl": "ctrl", "rctrl": "ctrl", "ctrlleft": "ctrl", "ctrlright": "ctrl",
-    "controll": "ctrl", "controlr": "ctrl", "leftctrl": "ctrl", "rightctrl": "ctrl",
-    "option": "alt", "opt": "alt", "altleft": "alt", "altright": "alt", "altl": "alt", "altr": "alt", "lalt": "alt",
-    "ralt": "alt", "leftalt": "alt", "rightalt": "alt", "altgr": "alt",
-    "shiftleft": "shift", "shiftright": "shift", "shiftl": "shift", "shiftr": "shift", "lshift": "shift",
-    "rshift": "shift", "leftshift": "shift", "rightshift": "shift",
-    "cmd": "win", "command": "win", "super": "win", "superl": "win", "superr": "win", "meta": "win",
-    "windows": "win", "winleft": "win", "winright": "win", "lwin": "win", "rwin": "win", "os": "win",
-    "del": "delete", "bksp": "backspace", "bs": "backspace", "back": "backspace",
-    "spacebar": "space", "ins": "insert",
-    "pgup": "pageup", "prior": "pageup", "pgdn": "pagedown", "pgdown": "pagedown", "next": "pagedown",
-    "arrowup": "up", "uparrow": "up", "arrowdown": "down", "downarrow": "down",
-    "arrowleft": "left", "leftarrow": "left", "arrowright": "right", "rightarrow": "right",
-    "caps": "capslock", "prtsc": "printscreen", "prtscr": "printscreen", "prntscrn": "printscreen",
-    "print": "printscreen", "printscr": "printscreen", "printscrn": "printscreen", "snapshot": "printscreen",
-    "break": "pause", "audiovolumeup": "volumeup", "audiovolumedown": "volumedown", "audiovolumemute": "volumemute",
+    "control": "ctrl",
+    "ctl": "ctrl",
+    "lctrl": "ctrl",
+    "rctrl": "ctrl",
+    "ctrlleft": "ctrl",
+    "ctrlright": "ctrl",
+    "controll": "ctrl",
+    "controlr": "ctrl",
+    "leftctrl": "ctrl",
+    "rightctrl": "ctrl",
+    "option": "alt",
+    "opt": "alt",
+    "altleft": "alt",
+    "altright": "alt",
+    "altl": "alt",
+    "altr": "alt",
+    "lalt": "alt",
+    "ralt": "alt",
+    "leftalt": "alt",
+    "rightalt": "alt",
+    "altgr": "alt",
+    "shiftleft": "shift",
+    "shiftright": "shift",
+    "shiftl": "shift",
+    "shiftr": "shift",
+    "lshift": "shift",
+    "rshift": "shift",
+    "leftshift": "shift",
+    "rightshift": "shift",
+    "cmd": "win",
+    "command": "win",
+    "super": "win",
+    "superl": "win",
+    "superr": "win",
+    "meta": "win",
+    "windows": "win",
+    "winleft": "win",
+    "winright": "win",
+    "lwin": "win",
+    "rwin": "win",
+    "os": "win",
+    "del": "delete",
+    "bksp": "backspace",
+    "bs": "backspace",
+    "back": "backspace",
+    "spacebar": "space",
+    "ins": "insert",
+    "pgup": "pageup",
+    "prior": "pageup",
+    "pgdn": "pagedown",
+    "pgdown": "pagedown",
+    "next": "pagedown",
+    "arrowup": "up",
+    "uparrow": "up",
+    "arrowdown": "down",
+    "downarrow": "down",
+    "arrowleft": "left",
+    "leftarrow": "left",
+    "arrowright": "right",
+    "rightarrow": "right",
+    "caps": "capslock",
+    "prtsc": "printscreen",
+    "prtscr": "printscreen",
+    "prntscrn": "printscreen",
+    "print": "printscreen",
+    "printscr": "printscreen",
+    "printscrn": "printscreen",
+    "snapshot": "printscreen",
+    "break": "pause",
+    "audiovolumeup": "volumeup",
+    "audiovolumedown": "volumedown",
+    "audiovolumemute": "volumemute",
     "mute": "volumemute",
 }
 _SINGLE_CHAR = {" ": "space", "\n": "enter", "\r": "enter", "\t": "tab"}
@@ -132,8 +216,10 @@ def to_pyautogui(action: Action) -> str:
     if t == ActionType.MOVE:
         return f"pyautogui.moveTo({_px(action.x)}, {_px(action.y)})"
     if t == ActionType.DRAG:
-        return (f"pyautogui.moveTo({_px(action.x1)}, {_px(action.y1)}); "
-                f"pyautogui.dragTo({_px(action.x2)}, {_px(action.y2)}, duration=0.5, button='left')")
+        return (
+            f"pyautogui.moveTo({_px(action.x1)}, {_px(action.y1)}); "
+            f"pyautogui.dragTo({_px(action.x2)}, {_px(action.y2)}, duration=0.5, button='left')"
+        )
     if t == ActionType.SCROLL:
         x, y = _px(action.x), _px(action.y)
         cmds = []
@@ -201,10 +287,23 @@ def to_computer13(action: Action) -> dict[str, Any] | list[dict[str, Any]] | str
 
 # canonical name -> WebDriver key name as miniwob writes it (miniwob.constants.WEBDRIVER_SPECIAL_KEYS)
 MINIWOB_KEYS: dict[str, str] = {
-    "enter": "<Enter>", "tab": "<Tab>", "space": "<Space>", "backspace": "<Backspace>", "delete": "<Delete>",
-    "esc": "<Escape>", "insert": "<Insert>", "home": "<Home>", "end": "<End>", "pageup": "<PageUp>",
-    "pagedown": "<PageDown>", "up": "<ArrowUp>", "down": "<ArrowDown>", "left": "<ArrowLeft>",
-    "right": "<ArrowRight>", "pause": "<Pause>", **{f"f{i}": f"<F{i}>" for i in range(1, 13)},
+    "enter": "<Enter>",
+    "tab": "<Tab>",
+    "space": "<Space>",
+    "backspace": "<Backspace>",
+    "delete": "<Delete>",
+    "esc": "<Escape>",
+    "insert": "<Insert>",
+    "home": "<Home>",
+    "end": "<End>",
+    "pageup": "<PageUp>",
+    "pagedown": "<PageDown>",
+    "up": "<ArrowUp>",
+    "down": "<ArrowDown>",
+    "left": "<ArrowLeft>",
+    "right": "<ArrowRight>",
+    "pause": "<Pause>",
+    **{f"f{i}": f"<F{i}>" for i in range(1, 13)},
 }
 # miniwob modifier prefixes, in the order miniwob composes them (A-, C-, M-, S-)
 MINIWOB_MODIFIERS: dict[str, str] = {"alt": "A-", "ctrl": "C-", "win": "M-", "shift": "S-"}
@@ -231,7 +330,7 @@ def miniwob_key(keys: list[str]) -> str:
 
 
 def _chunks(text: str, n: int) -> list[str]:
-    return [text[i: i + n] for i in range(0, len(text), n)] or [""]
+    return [text[i : i + n] for i in range(0, len(text), n)] or [""]
 
 
 def to_miniwob(action: Action, env_unwrapped: Any) -> list[dict[str, Any]]:

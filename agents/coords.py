@@ -70,8 +70,9 @@ def _floor_by_factor(n: float, factor: int) -> int:
     return math.floor(n / factor) * factor
 
 
-def qwen_smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = QWEN_MIN_PIXELS,
-                      max_pixels: int = QWEN_MAX_PIXELS) -> tuple[int, int]:
+def qwen_smart_resize(
+    height: int, width: int, factor: int = 28, min_pixels: int = QWEN_MIN_PIXELS, max_pixels: int = QWEN_MAX_PIXELS
+) -> tuple[int, int]:
     """The (height, width) Qwen-VL resizes an image to (Qwen's documented `smart_resize`, as
     implemented by transformers' Qwen2-VL/Qwen3-VL image processors).
 
@@ -85,8 +86,10 @@ def qwen_smart_resize(height: int, width: int, factor: int = 28, min_pixels: int
     if height <= 0 or width <= 0:
         raise ValueError(f"image size must be positive, got {height}x{width}")
     if max(height, width) / min(height, width) > QWEN_MAX_RATIO:
-        raise ValueError(f"absolute aspect ratio must be smaller than {QWEN_MAX_RATIO}, "
-                         f"got {max(height, width) / min(height, width)}")
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than {QWEN_MAX_RATIO}, "
+            f"got {max(height, width) / min(height, width)}"
+        )
     # transformers' Qwen2-VL image processor (what actually resizes in training and in vLLM);
     # qwen_vl_utils additionally floors these at `factor`, which differs only for sides < factor/2.
     h_bar = _round_by_factor(height, factor)
@@ -102,8 +105,9 @@ def qwen_smart_resize(height: int, width: int, factor: int = 28, min_pixels: int
     return h_bar, w_bar
 
 
-def claude_scaled_size(width: int, height: int, max_long_edge: int = CLAUDE_MAX_LONG_EDGE,
-                       max_pixels: int = CLAUDE_MAX_PIXELS) -> tuple[int, int]:
+def claude_scaled_size(
+    width: int, height: int, max_long_edge: int = CLAUDE_MAX_LONG_EDGE, max_pixels: int = CLAUDE_MAX_PIXELS
+) -> tuple[int, int]:
     """(width, height) of a screenshot downscaled by one factor to fit Claude's image limits."""
     if width <= 0 or height <= 0:
         raise ValueError(f"image size must be positive, got {width}x{height}")
@@ -145,8 +149,15 @@ class CoordTransform:
         return cls(CoordSpace.SCREEN, screen_w, screen_h)
 
     @classmethod
-    def for_qwen25(cls, screen_w: int, screen_h: int, *, min_pixels: int = QWEN_MIN_PIXELS,
-                   max_pixels: int = QWEN25_MAX_PIXELS, factor: int = 28) -> CoordTransform:
+    def for_qwen25(
+        cls,
+        screen_w: int,
+        screen_h: int,
+        *,
+        min_pixels: int = QWEN_MIN_PIXELS,
+        max_pixels: int = QWEN25_MAX_PIXELS,
+        factor: int = 28,
+    ) -> CoordTransform:
         """Qwen2.5-VL: absolute pixels of the smart-resized screenshot.
 
         Pass the processor's actual `min_pixels`/`max_pixels` (the defaults are those of the

@@ -61,8 +61,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agents.actions import (Action, ActionType, Click, Done, DoubleClick, Drag, Fail, Key, Move, RightClick,
-                            Scroll, Type, Wait)
+from agents.actions import (
+    Action,
+    ActionType,
+    Click,
+    Done,
+    DoubleClick,
+    Drag,
+    Fail,
+    Key,
+    Move,
+    RightClick,
+    Scroll,
+    Type,
+    Wait,
+)
 from agents.coords import COORD_FIELDS, COORD_PAIRS, CoordTransform
 
 TOOL_NAME = "computer_use"
@@ -77,9 +90,19 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 # End-of-turn markers a backend may leave after the stop string.
 _END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 
-_MODELS = {ActionType.CLICK: Click, ActionType.DOUBLE_CLICK: DoubleClick, ActionType.RIGHT_CLICK: RightClick,
-           ActionType.MOVE: Move, ActionType.DRAG: Drag, ActionType.SCROLL: Scroll, ActionType.TYPE: Type,
-           ActionType.KEY: Key, ActionType.WAIT: Wait, ActionType.DONE: Done, ActionType.FAIL: Fail}
+_MODELS = {
+    ActionType.CLICK: Click,
+    ActionType.DOUBLE_CLICK: DoubleClick,
+    ActionType.RIGHT_CLICK: RightClick,
+    ActionType.MOVE: Move,
+    ActionType.DRAG: Drag,
+    ActionType.SCROLL: Scroll,
+    ActionType.TYPE: Type,
+    ActionType.KEY: Key,
+    ActionType.WAIT: Wait,
+    ActionType.DONE: Done,
+    ActionType.FAIL: Fail,
+}
 _FIELD_ORDER = {t: list(m.model_fields) for t, m in _MODELS.items()}
 
 # action name as written -> (canonical action, implied fields)
@@ -137,8 +160,9 @@ def _neutralise(s: str) -> str:
     return s
 
 
-def action_arguments(action: Action, transform: CoordTransform | None = None, *,
-                     round_coords: bool = True) -> dict[str, Any]:
+def action_arguments(
+    action: Action, transform: CoordTransform | None = None, *, round_coords: bool = True
+) -> dict[str, Any]:
     """The canonical `arguments` object of an action: coordinates in model space, defaults omitted."""
     t = ActionType(action.action)
     d = transform.action_to_model(action) if transform is not None else action.model_dump()
@@ -164,8 +188,14 @@ def format_tool_call(action: Action, transform: CoordTransform | None = None, *,
     return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
 
 
-def format_response(thought: str | None, action_desc: str, action: Action, transform: CoordTransform | None = None,
-                    *, round_coords: bool = True) -> str:
+def format_response(
+    thought: str | None,
+    action_desc: str,
+    action: Action,
+    transform: CoordTransform | None = None,
+    *,
+    round_coords: bool = True,
+) -> str:
     """The model-format text for one step.
 
     Coordinates are written in the model's space (`transform`; None = screen pixels) and, by
@@ -252,7 +282,9 @@ def _loads(s: str) -> Any:
         raise _ParseError("invalid JSON: nested too deeply") from None
     except ValueError as e:  # duplicate keys, NaN/Infinity, ints beyond the digit limit
         msg = str(e)
-        raise _ParseError("invalid JSON: integer too long" if "digits" in msg else f"invalid JSON: {msg[:80]}") from None
+        raise _ParseError(
+            "invalid JSON: integer too long" if "digits" in msg else f"invalid JSON: {msg[:80]}"
+        ) from None
     if s[end:].strip():
         raise _ParseError(f"invalid JSON: extra data at char {end}")
     return obj
@@ -419,11 +451,14 @@ def _validate(args: Any, transform: CoordTransform | None, clamped: list[bool] |
     if transform is not None:
         for fx, fy in COORD_PAIRS:
             if fx in canon and fy in canon and not transform.in_model_bounds(canon[fx], canon[fy]):
-                raise _ParseError(f"coordinates outside the image: ({canon[fx]:g}, {canon[fy]:g}) not in "
-                                  f"[0, {transform.model_w:g}] x [0, {transform.model_h:g}]")
+                raise _ParseError(
+                    f"coordinates outside the image: ({canon[fx]:g}, {canon[fy]:g}) not in "
+                    f"[0, {transform.model_w:g}] x [0, {transform.model_h:g}]"
+                )
         if clamped is not None:
-            clamped[0] = any(transform.would_clamp(canon[fx], canon[fy]) for fx, fy in COORD_PAIRS
-                             if fx in canon and fy in canon)
+            clamped[0] = any(
+                transform.would_clamp(canon[fx], canon[fy]) for fx, fy in COORD_PAIRS if fx in canon and fy in canon
+            )
         canon = transform.action_to_screen(canon)
     model = _MODELS[ActionType(canon["action"])]
     try:
@@ -500,12 +535,12 @@ def _fallback(text: str, transform: CoordTransform | None, clamped: list[bool]) 
     return None
 
 
-def parse_response(text: str, transform: CoordTransform | None = None, *,
-                   allow_fallback: bool = False) -> ParseResult:
+def parse_response(text: str, transform: CoordTransform | None = None, *, allow_fallback: bool = False) -> ParseResult:
     """Parse model text into a screen-space Action, or a `ParseResult` with `error` set. Never raises.
 
     >>> from agents.coords import CoordTransform
-    >>> text = 'Action: Click OK\\n<tool_call>\\n{"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [500, 500]}}'
+    >>> text = ('Action: Click OK\\n<tool_call>\\n'
+    ...         '{"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [500, 500]}}')
     >>> parse_response(text, CoordTransform.for_qwen3(1920, 1080)).action
     Click(action='click', x=960.0, y=540.0, button='left', clicks=1)
     >>> parse_response("I will click OK.").error
@@ -535,15 +570,15 @@ def _parse_into(res: ParseResult, text: Any, transform: CoordTransform | None, a
         j = text.find(THINK_CLOSE, i)
         if j < 0:
             raise _ParseError("unclosed <thinking> block")
-        res.thought = text[i + len(THINK_OPEN): j].strip()
-        body = text[j + len(THINK_CLOSE):]
+        res.thought = text[i + len(THINK_OPEN) : j].strip()
+        body = text[j + len(THINK_CLOSE) :]
 
     n_open = body.count(CALL_OPEN)
     start = body.find(CALL_OPEN)
     head = body if start < 0 else body[:start]
     for line in head.splitlines():
         if line.strip().startswith("Action:"):
-            res.action_desc = line.strip()[len("Action:"):].strip()
+            res.action_desc = line.strip()[len("Action:") :].strip()
             break
 
     if n_open == 0:
@@ -559,7 +594,7 @@ def _parse_into(res: ParseResult, text: Any, transform: CoordTransform | None, a
         raise _ParseError("no <tool_call> block")
     if n_open > 1:
         raise _ParseError(f"multiple <tool_call> blocks ({n_open})")
-    after = body[start + len(CALL_OPEN):]
+    after = body[start + len(CALL_OPEN) :]
     n_close = body.count(CALL_CLOSE)
     if n_close > 1:
         raise _ParseError(f"multiple </tool_call> tags ({n_close})")
@@ -567,7 +602,7 @@ def _parse_into(res: ParseResult, text: Any, transform: CoordTransform | None, a
         k = after.find(CALL_CLOSE)
         if k < 0:
             raise _ParseError("</tool_call> before <tool_call>")
-        payload, tail = after[:k], after[k + len(CALL_CLOSE):]
+        payload, tail = after[:k], after[k + len(CALL_CLOSE) :]
         if _strip_end(tail):
             raise _ParseError("unexpected text after </tool_call>")
     else:

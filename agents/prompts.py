@@ -37,8 +37,10 @@ _TOOL_DOC = """Tool computer_use(action, ...), one call per reply:
   drag(x1, y1, x2, y2) | scroll(x, y, dx, dy) | type(text) | key(keys: list, e.g. ["ctrl","a"])
   wait(seconds) | done() | fail()"""
 
-_FORMAT = ('Reply as:\n<thinking>\n...\n</thinking>\nAction: <short description>\n'
-           '<tool_call>\n{"name": "computer_use", "arguments": {"action": ..., ...}}\n</tool_call>')
+_FORMAT = (
+    "Reply as:\n<thinking>\n...\n</thinking>\nAction: <short description>\n"
+    '<tool_call>\n{"name": "computer_use", "arguments": {"action": ..., ...}}\n</tool_call>'
+)
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,7 @@ def transform_for(arch: str, screen_w: int, screen_h: int, image_size: tuple[int
 
 
 def system_prompt(opts: PromptOptions, transform: CoordTransform) -> str:
-    lines = ["You operate a computer through the computer_use tool to complete the task.",
-             _CONVENTION[transform.space]]
+    lines = ["You operate a computer through the computer_use tool to complete the task.", _CONVENTION[transform.space]]
     if opts.system == "full":
         lines += [_TOOL_DOC, _FORMAT]
     return "\n".join(lines)
@@ -87,6 +88,7 @@ def ui_text_in_model_space(ui_text: str, transform: CoordTransform) -> str:
             w, h = transform.to_model(float(m.group(3)), float(m.group(4)))
             out += f" [{round(w)}x{round(h)}]"
         return out
+
     return _POINT.sub(sub, ui_text)
 
 
@@ -103,10 +105,16 @@ class Prompt:
     context: dict[str, Any] = field(default_factory=dict)  # what went in (stored as steps.prompt_context)
 
 
-def build_prompt(instruction: str, screenshot_png: bytes, ui_text: str | None, history: list[StepRecord],
-                 opts: PromptOptions, transform: CoordTransform) -> Prompt:
+def build_prompt(
+    instruction: str,
+    screenshot_png: bytes,
+    ui_text: str | None,
+    history: list[StepRecord],
+    opts: PromptOptions,
+    transform: CoordTransform,
+) -> Prompt:
     content: list[dict[str, Any]] = [{"type": "text", "text": f"Task: {instruction}"}]
-    text_hist = history[-opts.max_text_history:] if opts.max_text_history else []
+    text_hist = history[-opts.max_text_history :] if opts.max_text_history else []
     if text_hist:
         lines = "\n".join(_history_line(r, transform) for r in text_hist)
         content.append({"type": "text", "text": f"\nPrevious steps:\n{lines}"})
@@ -122,10 +130,17 @@ def build_prompt(instruction: str, screenshot_png: bytes, ui_text: str | None, h
     if opts.use_ui_text and ui_text:
         ui = ui_text_in_model_space(ui_text, transform)[: opts.max_ui_chars]
         content.append({"type": "text", "text": f"\nUI elements:\n{ui}"})
-    messages = [{"role": "system", "content": [{"type": "text", "text": system_prompt(opts, transform)}]},
-                {"role": "user", "content": content}]
-    ctx = {"history_text_steps": len(text_hist), "history_images": len(images), "ui_text": bool(opts.use_ui_text and ui_text),
-           "coord_space": transform.space.value, "system": opts.system}
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": system_prompt(opts, transform)}]},
+        {"role": "user", "content": content},
+    ]
+    ctx = {
+        "history_text_steps": len(text_hist),
+        "history_images": len(images),
+        "ui_text": bool(opts.use_ui_text and ui_text),
+        "coord_space": transform.space.value,
+        "system": opts.system,
+    }
     return Prompt(messages, images, ctx)
 
 

@@ -22,8 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agents.actions import (Action, Click, Done, DoubleClick, Drag, Fail, Key, Move, RightClick, Scroll, Type,
-                            Wait)
+from agents.actions import Action, Click, Done, DoubleClick, Drag, Fail, Key, Move, RightClick, Scroll, Type, Wait
 from agents.compile import UnsupportedAction, normalize_keys
 
 MAX_CODE_CHARS = 5000
@@ -79,8 +78,9 @@ def _bind(fn: str, call: ast.Call) -> dict[str, Any]:
         if k.arg in out:
             raise PyAutoGUIError(f"{fn}: {k.arg} given twice")
         out[k.arg] = _literal(k.value)  # type: ignore[index]
-    if fn in ("click", "doubleClick", "tripleClick", "rightClick", "middleClick", "moveTo", "dragTo") \
-            and isinstance(out.get("x"), (tuple, list)):
+    if fn in ("click", "doubleClick", "tripleClick", "rightClick", "middleClick", "moveTo", "dragTo") and isinstance(
+        out.get("x"), (tuple, list)
+    ):
         if len(out["x"]) != 2 or "y" in out and out["y"] is not None:
             raise PyAutoGUIError(f"{fn}: a point must be (x, y)")
         out["x"], out["y"] = out["x"]
@@ -192,8 +192,9 @@ def _statement(st: ast.stmt, ptr: Pointer) -> list[Action]:
     return actions
 
 
-def parse_pyautogui(code: Any, screen_w: int, screen_h: int, pointer: Pointer | None = None
-                    ) -> tuple[list[Action], str | None]:
+def parse_pyautogui(
+    code: Any, screen_w: int, screen_h: int, pointer: Pointer | None = None
+) -> tuple[list[Action], str | None]:
     """OSWorld action text -> (actions in screen pixels, None) or ([], reason). Never raises, never executes."""
     ptr = pointer if pointer is not None else Pointer()
     if not isinstance(code, str):
@@ -214,8 +215,9 @@ def parse_pyautogui(code: Any, screen_w: int, screen_h: int, pointer: Pointer | 
         for a in actions:
             for fx, fy in (("x", "y"), ("x1", "y1"), ("x2", "y2")):
                 if hasattr(a, fx) and not (0 <= getattr(a, fx) < screen_w and 0 <= getattr(a, fy) < screen_h):
-                    raise PyAutoGUIError(f"point ({getattr(a, fx):g}, {getattr(a, fy):g}) is off the "
-                                         f"{screen_w}x{screen_h} screen")
+                    raise PyAutoGUIError(
+                        f"point ({getattr(a, fx):g}, {getattr(a, fy):g}) is off the {screen_w}x{screen_h} screen"
+                    )
         return actions, None
     except SyntaxError as e:
         ptr.x, ptr.y = saved

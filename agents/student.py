@@ -56,8 +56,10 @@ class StudentPolicy(Policy):
     def act_batch(self, observations: list[Observation], histories: list[list[StepRecord]]) -> list[Decision]:
         t0 = time.perf_counter()
         transforms = [transform_for(self.opts.arch, o.width, o.height) for o in observations]
-        prompts = [build_prompt(o.instruction, o.screenshot_png, o.ui_text, h, self.opts.prompt, t)
-                   for o, h, t in zip(observations, histories, transforms)]
+        prompts = [
+            build_prompt(o.instruction, o.screenshot_png, o.ui_text, h, self.opts.prompt, t)
+            for o, h, t in zip(observations, histories, transforms)
+        ]
         self._prompt_s += time.perf_counter() - t0
         gens = self.backend.generate(prompts, self._sampling(len(prompts)))
         self._step += 1
@@ -69,19 +71,32 @@ class StudentPolicy(Policy):
     @staticmethod
     def _decision(g: Generation, transform, context: dict[str, Any]) -> Decision:
         pr = parse_response(g.text, transform)
-        return Decision(response_text=g.text, action=pr.action, thought=pr.thought, action_desc=pr.action_desc,
-                        raw_action=pr.raw_args, parse_error=pr.error, fallback_parse=pr.fallback,
-                        prompt_tokens=g.prompt_tokens, completion_tokens=g.completion_tokens,
-                        token_ids=g.token_ids, logprobs=g.logprobs, latency_ms=g.latency_ms,
-                        extra={"prompt_context": {**context, "finish_reason": g.finish_reason}})
+        return Decision(
+            response_text=g.text,
+            action=pr.action,
+            thought=pr.thought,
+            action_desc=pr.action_desc,
+            raw_action=pr.raw_args,
+            parse_error=pr.error,
+            fallback_parse=pr.fallback,
+            prompt_tokens=g.prompt_tokens,
+            completion_tokens=g.completion_tokens,
+            token_ids=g.token_ids,
+            logprobs=g.logprobs,
+            latency_ms=g.latency_ms,
+            extra={"prompt_context": {**context, "finish_reason": g.finish_reason}},
+        )
 
     def reload(self, model_path: str) -> None:
         """New weights in place (RL rounds); backends that cannot (a remote server) say so in one line."""
         reload = getattr(self.backend, "reload", None)
         if reload is None:
             from agents.backends.base import BackendError
-            raise BackendError(f"the {self.backend.name} backend cannot load new weights in place; "
-                               "serve each round's checkpoint and point student.base_url at it")
+
+            raise BackendError(
+                f"the {self.backend.name} backend cannot load new weights in place; "
+                "serve each round's checkpoint and point student.base_url at it"
+            )
         reload(model_path)
         self.version = str(model_path)
 
@@ -92,15 +107,18 @@ class StudentPolicy(Policy):
 def build_student_policy(model: str, config: dict[str, Any] | None = None, seed: int | None = None) -> StudentPolicy:
     """Build from a StudentConfig dict (configs.models.StudentConfig): picks the backend and options."""
     from configs.models import StudentConfig
+
     cfg = StudentConfig.model_validate(config or {"model": model})
     prompt = PromptOptions(history_images=cfg.history_images, use_ui_text=cfg.use_ui_text)
     sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=seed)
     if cfg.backend == "openai":
         from agents.backends.openai import OpenAIBackend
+
         backend: Backend = OpenAIBackend(cfg.base_url, model)  # type: ignore[arg-type]
         arch = cfg.arch
     else:
         from agents.backends.hf import HFBackend
+
         backend = HFBackend(model, lean=cfg.lean_decode)
         arch = backend.arch  # type: ignore[attr-defined]
     return StudentPolicy(backend, StudentOptions(arch=arch, prompt=prompt, sampling=sampling), version=str(model))

@@ -56,8 +56,9 @@ class ScriptedTeacher(Policy):
 
     def reset(self, task_id: str, seed: int) -> None:
         if task_id not in RECIPES:
-            raise UnknownTask(f"ScriptedTeacher has no recipe for task {task_id!r}; "
-                              f"supported: {', '.join(supported_tasks())}")
+            raise UnknownTask(
+                f"ScriptedTeacher has no recipe for task {task_id!r}; supported: {', '.join(supported_tasks())}"
+            )
         self.task_id, self._gen, self._ctx = task_id, None, None
 
     def act(self, obs: Observation, history: list[StepRecord]) -> Decision:
@@ -88,12 +89,19 @@ def points_in_model_space(text: str, transform: "CoordTransform | None") -> str:
     def sub(m: re.Match) -> str:
         x, y = transform.to_model(float(m.group(2)), float(m.group(3)))
         return f"{m.group(1)} ({round(x)},{round(y)})"
+
     return _AT.sub(sub, text)
 
 
 def _decision(step: Step, transform: "CoordTransform | None" = None) -> Decision:
     from agents.parsing import action_arguments, format_response
+
     thought = points_in_model_space(step.thought, transform)
     desc = points_in_model_space(step.desc, transform)  # a cited UI line's point
-    return Decision(response_text=format_response(thought, desc, step.action, transform), action=step.action,
-                    thought=thought, action_desc=desc, raw_action=action_arguments(step.action, transform))
+    return Decision(
+        response_text=format_response(thought, desc, step.action, transform),
+        action=step.action,
+        thought=thought,
+        action_desc=desc,
+        raw_action=action_arguments(step.action, transform),
+    )

@@ -58,8 +58,14 @@ class Ctx:
         self.index = {e["ref"]: i for i, e in enumerate(self.elems)}
 
     # ---------------------------------------------------------------- queries
-    def find(self, tag: str | None = None, text: str | None = None, id: str | None = None,
-             cls: str | None = None, pred: Callable[[El], bool] | None = None) -> list[El]:
+    def find(
+        self,
+        tag: str | None = None,
+        text: str | None = None,
+        id: str | None = None,
+        cls: str | None = None,
+        pred: Callable[[El], bool] | None = None,
+    ) -> list[El]:
         out = []
         for e in self.elems:
             if tag is not None and e["tag"] != tag:
@@ -110,23 +116,29 @@ class Ctx:
     def point(self, e: El, dx: float | None = None) -> tuple[int, int]:
         """Screen point inside e: the centre (or left + dx), else the most central point no later
         element covers (overlapping buttons, dialogs), clipped to the visible task area."""
-        l, t = max(e["left"], 0.0), max(e["top"], 0.0)
-        r, b = min(e["left"] + e["width"], TASK_W - 1), min(e["top"] + e["height"], TASK_H - 1)
-        if r <= l or b <= t:
+        left, top = max(e["left"], 0.0), max(e["top"], 0.0)
+        right, bottom = min(e["left"] + e["width"], TASK_W - 1), min(e["top"] + e["height"], TASK_H - 1)
+        if right <= left or bottom <= top:
             raise TeacherError(f"{self.task_id}: element {e['tag']} {e['text']!r} is outside the visible area")
-        cx = l + dx if dx is not None else (l + r) / 2
-        cy = (t + b) / 2
+        cx = left + dx if dx is not None else (left + right) / 2
+        cy = (top + bottom) / 2
         sub = self.subtree(e)
-        later = self.elems[self.index[e["ref"]] + len(sub):]
+        later = self.elems[self.index[e["ref"]] + len(sub) :]
         covers = [o for o in later if o["leaf"] or o["tag"] in _COVER_TAGS or o["tag"].startswith("input_")]
 
         def covered(x: float, y: float) -> bool:
-            return any(o["left"] <= x <= o["left"] + o["width"] and o["top"] <= y <= o["top"] + o["height"]
-                       for o in covers)
+            return any(
+                o["left"] <= x <= o["left"] + o["width"] and o["top"] <= y <= o["top"] + o["height"] for o in covers
+            )
 
         cands = [(cx, cy)] + sorted(
-            ((l + (r - l) * (i + 0.5) / 8, t + (b - t) * (j + 0.5) / 8) for i in range(8) for j in range(8)),
-            key=lambda p: (p[0] - cx) ** 2 + (p[1] - cy) ** 2)
+            (
+                (left + (right - left) * (i + 0.5) / 8, top + (bottom - top) * (j + 0.5) / 8)
+                for i in range(8)
+                for j in range(8)
+            ),
+            key=lambda p: (p[0] - cx) ** 2 + (p[1] - cy) ** 2,
+        )
         x, y = next((p for p in cands if not covered(*p)), (cx, cy))
         return int(round(x * self.scale)), int(round(y * self.scale))
 

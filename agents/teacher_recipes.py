@@ -14,7 +14,6 @@ from typing import Callable, Iterator
 from agents.teacher_ctx import TASK_H, Ctx, El, Step, TeacherError, cap, norm
 from agents.teacher_synth import SYNTH_RECIPES
 
-
 # -------------------------------------------------------------------- shared pieces
 _SUBMIT_TEXTS = ("submit", "login", "log in", "go!", "search", "ok")
 
@@ -89,6 +88,7 @@ def click_tab(ctx: Ctx) -> Iterator[Step]:
 
 def click_color(ctx: Ctx) -> Iterator[Step]:
     from PIL import ImageColor
+
     target = ctx.fields["target"].strip().lower()
     want = ImageColor.getrgb(target)[:3]
     for e in ctx.find(cls="color", pred=lambda e: ctx.visible(e)):
@@ -99,8 +99,13 @@ def click_color(ctx: Ctx) -> Iterator[Step]:
     raise TeacherError(f"click-color: no {target} box")
 
 
-_WIDGET_TAGS = {"radio": "input_radio", "checkbox": "input_checkbox", "text": "input_text",
-                "textarea": "textarea", "button": "button"}
+_WIDGET_TAGS = {
+    "radio": "input_radio",
+    "checkbox": "input_checkbox",
+    "text": "input_text",
+    "textarea": "textarea",
+    "button": "button",
+}
 
 
 def click_widget(ctx: Ctx) -> Iterator[Step]:
@@ -154,7 +159,7 @@ def click_checkboxes(ctx: Ctx) -> Iterator[Step]:
     targets = [v for k, v in ctx.fields.items() if k.startswith("target")]
     boxes = dict(_option_inputs(ctx, "input_checkbox"))
     for i, t in enumerate(targets):
-        why = f'The list to select is {", ".join(targets)}; ' + ("first" if i == 0 else "next") + f' "{t}".'
+        why = f"The list to select is {', '.join(targets)}; " + ("first" if i == 0 else "next") + f' "{t}".'
         yield ctx.click(boxes[t], f'the checkbox of "{t}"', why)
     done = "All listed boxes are checked" if targets else "Nothing is to be selected"
     yield click_submit(ctx, f"{done}; now I submit.")
@@ -175,8 +180,11 @@ def click_tab_2(ctx: Ctx) -> Iterator[Step]:
         if links:
             yield ctx.click(links[0], f'the link "{target}"', f'The link "{target}" is on this tab.')
             return
-        active = {norm(a["text"]) for a in ctx.find(tag="a", cls="ui-tabs-anchor")
-                  if "ui-tabs-active" in (ctx.parent(a) or {"classes": ""})["classes"].split()}
+        active = {
+            norm(a["text"])
+            for a in ctx.find(tag="a", cls="ui-tabs-anchor")
+            if "ui-tabs-active" in (ctx.parent(a) or {"classes": ""})["classes"].split()
+        }
         tried |= active
         nxt = [a for a in ctx.find(tag="a", cls="ui-tabs-anchor") if norm(a["text"]) not in tried]
         if not nxt:
@@ -213,8 +221,9 @@ def navigate_tree(ctx: Ctx) -> Iterator[Step]:
             raise TeacherError(f"navigate-tree: {target!r} not found and nothing left to expand")
         folder = next((c for c in ctx.children(ctx.parent(closed[0])) if c["tag"] == "span"), None)
         name = norm(folder["text"]) if folder else "folder"
-        yield ctx.click(closed[0], f'the expander of folder "{name}"',
-                        f'"{target}" is not visible; I open folder "{name}".')
+        yield ctx.click(
+            closed[0], f'the expander of folder "{name}"', f'"{target}" is not visible; I open folder "{name}".'
+        )
     raise TeacherError("navigate-tree: too many folders")
 
 
@@ -240,8 +249,9 @@ def enter_text(ctx: Ctx) -> Iterator[Step]:
 def enter_text_2(ctx: Ctx) -> Iterator[Step]:
     text = ctx.fields["text"]
     text = text.lower() if ctx.fields["case"] == "lower" else text.upper()
-    yield from fill(ctx, _first_input(ctx), text, "the text field",
-                    f'In {ctx.fields["case"]} case the text is "{text}".')
+    yield from fill(
+        ctx, _first_input(ctx), text, "the text field", f'In {ctx.fields["case"]} case the text is "{text}".'
+    )
     yield click_submit(ctx, f'"{text}" is typed; now I submit.')
 
 
@@ -307,8 +317,9 @@ def enter_date(ctx: Ctx) -> Iterator[Step]:
     mm, dd, yyyy = ctx.fields["target"].split("/")
     digits = f"{int(mm):02d}{int(dd):02d}{yyyy}"
     field = ctx.one("date field", tag="input_date")
-    yield ctx.click(field, "the month part of the date field", "Typing starts in the month part of the date field.",
-                    dx=10)
+    yield ctx.click(
+        field, "the month part of the date field", "Typing starts in the month part of the date field.", dx=10
+    )
     yield ctx.type(digits, f"The date is {ctx.fields['target']}; I type month, day and year: {digits}.")
     yield click_submit(ctx)
 
@@ -319,8 +330,9 @@ def enter_time(ctx: Ctx) -> Iterator[Step]:
         raise TeacherError(f"enter-time: cannot parse {ctx.fields['target']!r}")
     keys = f"{int(m.group(1)):02d}{m.group(2)}{m.group(3)}"
     field = ctx.one("time field", tag="input_time")
-    yield ctx.click(field, "the hour part of the time field", "Typing starts in the hour part of the time field.",
-                    dx=10)
+    yield ctx.click(
+        field, "the hour part of the time field", "Typing starts in the hour part of the time field.", dx=10
+    )
     yield ctx.type(keys, f"The time is {ctx.fields['target']}; I type hours, minutes and A/P: {keys}.")
     yield click_submit(ctx)
 
@@ -349,7 +361,7 @@ def use_autocomplete(ctx: Ctx) -> Iterator[Step]:
         raise TeacherError("use-autocomplete: no suggestion appeared")
     name = norm(items[0]["text"])
     if items[0]["top"] + items[0]["height"] > TASK_H:  # below the screen: type more to narrow the list
-        yield ctx.type(name[len(start):], f'"{name}" {fits}; I type the rest of it to narrow the list.')
+        yield ctx.type(name[len(start) :], f'"{name}" {fits}; I type the rest of it to narrow the list.')
         for _ in range(10):
             items = _menu_items(ctx, lambda t: t == name)
             if items and all(norm(e["text"]).startswith(name) for e in _menu_items(ctx, lambda t: True)):
@@ -367,8 +379,11 @@ _FORM_KEYS = {"genre": ("genre",), "director": ("director",), "year": ("year", "
 def _field_of(ctx: Ctx, inp: El) -> str | None:
     """The form field an input belongs to: the closest ancestor holding exactly one label word."""
     for anc in ctx.ancestors(inp):
-        texts = [norm(e["text"]).lower() for e in ctx.subtree(anc) if e["leaf"] and e["text"]
-                 and not e["tag"].startswith("input_")]
+        texts = [
+            norm(e["text"]).lower()
+            for e in ctx.subtree(anc)
+            if e["leaf"] and e["text"] and not e["tag"].startswith("input_")
+        ]
         kinds = {k for k, words in _FORM_KEYS.items() for t in texts if any(w in t for w in words)}
         if len(kinds) == 1:
             return kinds.pop()
@@ -394,16 +409,25 @@ def guess_number(ctx: Ctx) -> Iterator[Step]:
     while lo <= hi:
         guess = (lo + hi) // 2
         if first:
-            yield ctx.click(field, "the number field", f"The number is between {lo} and {hi}; I guess {guess}.",
-                            dx=8)  # the left part: the centre of a number input is near its spin arrows
+            yield ctx.click(
+                field, "the number field", f"The number is between {lo} and {hi}; I guess {guess}.", dx=8
+            )  # the left part: the centre of a number input is near its spin arrows
             first = False
         else:
-            yield ctx.key(["ctrl", "a"], "Select the old guess", f"The number is between {lo} and {hi}; "
-                          f"I replace the old guess with {guess}.")
+            yield ctx.key(
+                ["ctrl", "a"],
+                "Select the old guess",
+                f"The number is between {lo} and {hi}; I replace the old guess with {guess}.",
+            )
         yield ctx.type(str(guess), f"I type the guess {guess}.")
         yield ctx.key(["enter"], "Press Enter to submit the guess", "Enter submits the guess.")
-        fb = "higher" if ctx.find(id="higher", pred=ctx.visible) else \
-            "lower" if ctx.find(id="lower", pred=ctx.visible) else ""
+        fb = (
+            "higher"
+            if ctx.find(id="higher", pred=ctx.visible)
+            else "lower"
+            if ctx.find(id="lower", pred=ctx.visible)
+            else ""
+        )
         if "higher" in fb:
             lo = guess + 1
         elif "lower" in fb:

@@ -84,7 +84,7 @@ def synth_option(ctx: Ctx) -> Iterator[Step]:
         if len(targets) == 1:
             why = f'I need to select "{t}".'
         else:
-            why = f'The options to select are {", ".join(targets)}; ' + ("first" if i == 0 else "next") + f' "{t}".'
+            why = f"The options to select are {', '.join(targets)}; " + ("first" if i == 0 else "next") + f' "{t}".'
         yield ctx.click(opts[t], f'the {widget} of "{t}"', why)
     what = "The option is selected" if len(targets) == 1 else "The options are selected"
     yield _press(ctx, f'{what}; now I press "{ctx.fields["button"]}".')

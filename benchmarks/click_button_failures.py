@@ -35,18 +35,28 @@ def _classify(ok: bool, want: str, ui: str, act: str | None, w: int, h: int) -> 
     line = re.search(r'button "%s" @ \((\d+),(\d+)\)' % re.escape(want), ui)
     bad_x = abs(int(m.group(2)) - round(int(line.group(1)) * 1000 / w)) > 3
     bad_y = abs(int(m.group(3)) - round(int(line.group(2)) * 1000 / h)) > 3
-    return {(True, True): "right label, both wrong", (True, False): "right label, x wrong",
-            (False, True): "right label, y wrong"}.get((bad_x, bad_y), "right label, coordinates right")
+    return {
+        (True, True): "right label, both wrong",
+        (True, False): "right label, x wrong",
+        (False, True): "right label, y wrong",
+    }.get((bad_x, bad_y), "right label, coordinates right")
 
 
 def main() -> None:
     con = connect(sys.argv[1], write_catalog_file=False)  # the lake's views (local or s3://)
-    key = sys.argv[2] if len(sys.argv) > 2 else con.execute(
-        "SELECT run_key FROM episodes WHERE stage = 'evaluate' GROUP BY run_key "
-        "ORDER BY max(ended_at) DESC LIMIT 1").fetchone()[0]
-    rows = con.execute("SELECT e.success, e.instruction, s.ui_text, s.action_desc, s.screen_w, s.screen_h "
-                       "FROM steps s JOIN episodes e USING (episode_id) WHERE e.run_key = ? "
-                       "AND e.task_id LIKE '%click-button%' AND s.step_idx = 0 ORDER BY e.seed", [key]).fetchall()
+    key = (
+        sys.argv[2]
+        if len(sys.argv) > 2
+        else con.execute(
+            "SELECT run_key FROM episodes WHERE stage = 'evaluate' GROUP BY run_key ORDER BY max(ended_at) DESC LIMIT 1"
+        ).fetchone()[0]
+    )
+    rows = con.execute(
+        "SELECT e.success, e.instruction, s.ui_text, s.action_desc, s.screen_w, s.screen_h "
+        "FROM steps s JOIN episodes e USING (episode_id) WHERE e.run_key = ? "
+        "AND e.task_id LIKE '%click-button%' AND s.step_idx = 0 ORDER BY e.seed",
+        [key],
+    ).fetchall()
     replies, where = collections.Counter(), collections.defaultdict(lambda: [0, 0])
     for ok, instr, ui, act, w, h in rows:
         want = re.search(r'"([^"]+)"', instr or "")
@@ -57,12 +67,21 @@ def main() -> None:
             continue
         want = want.group(1)
         replies[_classify(ok, want, ui, act, w, h)] += 1
-        x, width = int(re.search(r'@ \((\d+),', lines[i]).group(1)), int(re.search(r'\[(\d+)x', lines[i]).group(1))
+        x, width = int(re.search(r"@ \((\d+),", lines[i]).group(1)), int(re.search(r"\[(\d+)x", lines[i]).group(1))
         pos = ("first line" if i == 0 else "later line") + (", left edge" if 2 * x - width <= 6 else ", not left")
         where[pos][0] += bool(ok)
         where[pos][1] += 1
-    print(json.dumps({"run_key": key, "episodes": len(rows), "replies": dict(replies),
-                      "by_position": {k: f"{s}/{n}" for k, (s, n) in sorted(where.items())}}, indent=1))
+    print(
+        json.dumps(
+            {
+                "run_key": key,
+                "episodes": len(rows),
+                "replies": dict(replies),
+                "by_position": {k: f"{s}/{n}" for k, (s, n) in sorted(where.items())},
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

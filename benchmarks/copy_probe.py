@@ -27,8 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SYSTEM = ("You operate a computer through the computer_use tool to complete the task.\n"
-          "x, y are relative positions from 0 to 1000 (0,0 top-left; 1000,1000 bottom-right).")
+SYSTEM = (
+    "You operate a computer through the computer_use tool to complete the task.\n"
+    "x, y are relative positions from 0 to 1000 (0,0 top-left; 1000,1000 bottom-right)."
+)
 ROLES = (("button", "button"), ("a", "link"), ("span", "text"))
 SYLL = ["ba", "ko", "mi", "tu", "re", "sa", "lo", "ve", "qu", "dri", "pla", "sto", "nex", "ur", "ai", "zo"]
 
@@ -86,29 +88,31 @@ def encode(tok, msgs: list[dict], reply: str) -> tuple[list[int], int]:
 
 def batch_tensors(rows: list[tuple[list[int], int]], pad: int):
     import torch
+
     n = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), n), pad, dtype=torch.long)
     lab = torch.full((len(rows), n), -100, dtype=torch.long)
     att = torch.zeros((len(rows), n), dtype=torch.long)
     for i, (x, start) in enumerate(rows):
-        ids[i, :len(x)] = torch.tensor(x)
-        att[i, :len(x)] = 1
-        lab[i, start:len(x)] = torch.tensor(x[start:])
+        ids[i, : len(x)] = torch.tensor(x)
+        att[i, : len(x)] = 1
+        lab[i, start : len(x)] = torch.tensor(x[start:])
     return ids, att, lab
 
 
 def exact(model, rows, kinds, pad: int, bs: int = 64) -> dict[str, float]:
     import torch
+
     right = {"point": [0, 0], "copy": [0, 0]}
     model.eval()
     with torch.no_grad():
         for i in range(0, len(rows), bs):
-            ids, att, lab = (t.to(model.device) for t in batch_tensors(rows[i:i + bs], pad))
+            ids, att, lab = (t.to(model.device) for t in batch_tensors(rows[i : i + bs], pad))
             logits = model(input_ids=ids, attention_mask=att).logits
             pred = logits[:, :-1].argmax(-1)
             tgt = lab[:, 1:]
             ok = ((pred == tgt) | (tgt == -100)).all(-1)
-            for k, o in zip(kinds[i:i + bs], ok.tolist()):
+            for k, o in zip(kinds[i : i + bs], ok.tolist()):
                 right[k][0] += int(o)
                 right[k][1] += 1
     model.train()
@@ -117,7 +121,9 @@ def exact(model, rows, kinds, pad: int, bs: int = 64) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-config", required=True, help="a model folder (its config and tokenizer; weights are re-initialised)")
+    ap.add_argument(
+        "--model-config", required=True, help="a model folder (its config and tokenizer; weights are re-initialised)"
+    )
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -133,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
+
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -152,7 +159,9 @@ def main(argv: list[str] | None = None) -> None:
     pool = [encode(tok, *sample(rng)) for _ in range(a.pool)] if a.pool else None
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warm = 30
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, a.steps) / a.steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, a.steps) / a.steps))
+    )
     curve, t0, loss_ema = [], time.monotonic(), None
     for step in range(1, a.steps + 1):
         rows = rng.sample(pool, a.batch) if pool else [encode(tok, *sample(rng)) for _ in range(a.batch)]

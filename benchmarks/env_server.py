@@ -36,10 +36,16 @@ TASKS = ["click-test", "click-button", "focus-text", "enter-text", "login-user",
 def start_server(slots: int, token: str) -> tuple[subprocess.Popen, str]:
     """A `flywheel env serve` process in its own process group; returns once every slot is ready."""
     import httpx
+
     env = dict(os.environ, FLYWHEEL_ENV_TOKEN=token)
-    proc = subprocess.Popen([sys.executable, "-m", "flywheel", "env", "serve", "--slots", str(slots), "--port", "0"],
-                            stdout=subprocess.PIPE, env=env, text=True, start_new_session=True,
-                            cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flywheel", "env", "serve", "--slots", str(slots), "--port", "0"],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+        start_new_session=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     url = re.search(r"http://[0-9.]+:\d+", proc.stdout.readline() or "")
     if not url:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -59,10 +65,17 @@ def start_server(slots: int, token: str) -> tuple[subprocess.Popen, str]:
 
 def measure(spec, pool, seeds: list[int], tag: str) -> dict:
     from flywheel.rollout import make_jobs, run_rollouts
+
     jobs = make_jobs(tag, TASKS, seeds, policy_tag="scripted:0")
     s = run_rollouts(replace(spec, run_key=tag, jobs=jobs), progress=False, pool=pool)
-    return {"steps": s.steps, "episodes": s.ran, "successes": s.successes, "errors": s.errors,
-            "seconds": round(s.duration_s, 2), "steps_per_s": round(s.steps_per_s, 2)}
+    return {
+        "steps": s.steps,
+        "episodes": s.ran,
+        "successes": s.successes,
+        "errors": s.errors,
+        "seconds": round(s.duration_s, 2),
+        "steps_per_s": round(s.steps_per_s, 2),
+    }
 
 
 def main() -> None:
@@ -86,18 +99,29 @@ def main() -> None:
     results: dict[str, list[dict]] = {"local": [], "remote": []}
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            base = dict(iteration=0, stage="bench", lake_root=tmp, jobs=[], policy=PolicySpec("scripted"),
-                        n_envs=a.envs, max_steps=12, episode_timeout_s=120)
-            specs = {"local": RolloutSpec(run_key="x", env={"name": "miniwob"}, **base),
-                     "remote": RolloutSpec(run_key="x", env={"name": "remote", "servers": urls},
-                                           env_error_retries=1, **base)}
+            base = dict(
+                iteration=0,
+                stage="bench",
+                lake_root=tmp,
+                jobs=[],
+                policy=PolicySpec("scripted"),
+                n_envs=a.envs,
+                max_steps=12,
+                episode_timeout_s=120,
+            )
+            specs = {
+                "local": RolloutSpec(run_key="x", env={"name": "miniwob"}, **base),
+                "remote": RolloutSpec(
+                    run_key="x", env={"name": "remote", "servers": urls}, env_error_retries=1, **base
+                ),
+            }
             pools = {k: RolloutPool(v) for k, v in specs.items()}
             try:
                 for side in specs:  # start workers and browsers, one warm-up episode per env
                     measure(specs[side], pools[side], list(range(9000, 9000 + a.envs)), f"warm-{side}")
                 for r in range(a.repeats):
                     seeds = list(range(r * seeds_per_task, (r + 1) * seeds_per_task))
-                    for side in (["local", "remote"] if r % 2 == 0 else ["remote", "local"]):
+                    for side in ["local", "remote"] if r % 2 == 0 else ["remote", "local"]:
                         results[side].append(measure(specs[side], pools[side], seeds, f"{side}-{r}"))
             finally:
                 for p in pools.values():
@@ -107,12 +131,23 @@ def main() -> None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
     med = {k: round(statistics.median(x["steps_per_s"] for x in v), 2) for k, v in results.items()}
-    out = {"benchmark": "env_server", "envs": a.envs, "servers": a.servers, "tasks": TASKS, "seeds_per_task": seeds_per_task,
-           "repeats": a.repeats, "local_steps_per_s": med["local"], "remote_steps_per_s": med["remote"],
-           "remote_over_local": round(med["remote"] / med["local"], 3) if med["local"] else None, "target": 0.9,
-           "runs": results, "cpus": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
-           "command": f"PYTHONPATH=. .venv/bin/python benchmarks/env_server.py --envs {a.envs} "
-                      f"--steps-per-env {a.steps_per_env} --repeats {a.repeats} --servers {a.servers}"}
+    out = {
+        "benchmark": "env_server",
+        "envs": a.envs,
+        "servers": a.servers,
+        "tasks": TASKS,
+        "seeds_per_task": seeds_per_task,
+        "repeats": a.repeats,
+        "local_steps_per_s": med["local"],
+        "remote_steps_per_s": med["remote"],
+        "remote_over_local": round(med["remote"] / med["local"], 3) if med["local"] else None,
+        "target": 0.9,
+        "runs": results,
+        "cpus": os.cpu_count(),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+        "command": f"PYTHONPATH=. .venv/bin/python benchmarks/env_server.py --envs {a.envs} "
+        f"--steps-per-env {a.steps_per_env} --repeats {a.repeats} --servers {a.servers}",
+    }
     text = json.dumps(out, indent=2)
     print(text)
     if a.out:

@@ -22,7 +22,7 @@ rl_metrics, curriculum, the curated exports); nothing is timed into the verdict.
 Prints JSON (also --json) with held-out success per iteration and task (95% Wilson CIs), the control, the
 dataset's growth split into teacher and student samples, teacher demos spent, and the targets:
 iteration N >= iteration 1 + 15 points, iteration N >= control + 10 points, on every seed. --png draws success
-vs iteration (and vs teacher demos spent) for the README.
+vs iteration (and vs teacher demos spent) for docs/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -50,15 +50,24 @@ COPY_TASKS = ("enter-text", "login-user")  # the tasks that need text copied fro
 
 
 def seed_config(base: dict[str, Any], seed: int, demos_per_task: int) -> dict[str, Any]:
-    return apply_overrides(copy.deepcopy(base), {"sft.seed": seed, "rl.seed": seed,
-                                                 "bootstrap.selection.seed_offset": demos_per_task * seed})
+    return apply_overrides(
+        copy.deepcopy(base),
+        {"sft.seed": seed, "rl.seed": seed, "bootstrap.selection.seed_offset": demos_per_task * seed},
+    )
 
 
 def control_config(cfg: dict[str, Any], steps: int) -> dict[str, Any]:
-    return apply_overrides(copy.deepcopy(cfg), {
-        "name": f"{cfg.get('name', 'flywheel')}-control", "iterations": 1, "curriculum.enabled": False,
-        "rl.enabled": False, "sft.max_steps": int(steps),
-        "sft.max_minutes": max(float(cfg["sft"].get("max_minutes") or 0), 90.0)})  # the minutes: a cap only
+    return apply_overrides(
+        copy.deepcopy(cfg),
+        {
+            "name": f"{cfg.get('name', 'flywheel')}-control",
+            "iterations": 1,
+            "curriculum.enabled": False,
+            "rl.enabled": False,
+            "sft.max_steps": int(steps),
+            "sft.max_minutes": max(float(cfg["sft"].get("max_minutes") or 0), 90.0),
+        },
+    )  # the minutes: a cap only
 
 
 def write_yaml(path: Path, data: dict[str, Any]) -> Path:
@@ -83,6 +92,7 @@ def run(cmd: list[str], log: Path) -> float:
 def query(lake: Path, sql: str, params: list | None = None) -> list[dict[str, Any]]:
     from storage.catalog import connect
     from storage.lake import Lake
+
     lk = Lake(lake, create=False)
     con = connect(lk, write_catalog_file=False)
     try:
@@ -101,19 +111,25 @@ def evaluated_iterations(lake: Path) -> int:
     """Iterations of this lake with a finished evaluation (where `flywheel run` would continue)."""
     from flows.flywheel import next_iteration_of
     from storage.lake import Lake
+
     return next_iteration_of(Lake(lake, create=False)) if lake.exists() else 0
 
 
 def evals_by_iteration(lake: Path) -> dict[int, dict[str, dict[str, float]]]:
-    rows = query(lake, """
+    rows = query(
+        lake,
+        """
         SELECT iteration, task_id, n_episodes, successes, success_rate, ci_low, ci_high FROM (
           SELECT *, row_number() OVER (PARTITION BY iteration, task_id ORDER BY created_at DESC) AS rn
-          FROM evals WHERE stage = 'evaluate') WHERE rn = 1 ORDER BY iteration, task_id""")
+          FROM evals WHERE stage = 'evaluate') WHERE rn = 1 ORDER BY iteration, task_id""",
+    )
     out: dict[int, dict[str, dict[str, float]]] = {}
     for r in rows:
         out.setdefault(int(r["iteration"]), {})[r["task_id"]] = {
-            "success": round(r["success_rate"], 4), "ci": [round(r["ci_low"], 4), round(r["ci_high"], 4)],
-            "n": int(r["n_episodes"])}
+            "success": round(r["success_rate"], 4),
+            "ci": [round(r["ci_low"], 4), round(r["ci_high"], 4)],
+            "n": int(r["n_episodes"]),
+        }
     return out
 
 
@@ -125,7 +141,11 @@ def training_steps(lake: Path) -> dict[str, Any]:
         m = json.loads(r["metrics"] or "{}")
         it = per_it.setdefault(int(r["iteration"]), {"sft": 0, "rl": 0})
         it["sft"], it["sft_stopped"] = int(m.get("steps") or 0), m.get("stopped")  # 'budget' = the minutes cap hit
-    rl = query(lake, "SELECT iteration, count(*) AS n FROM rl_metrics GROUP BY iteration") if (lake / "rl_metrics").exists() else []
+    rl = (
+        query(lake, "SELECT iteration, count(*) AS n FROM rl_metrics GROUP BY iteration")
+        if (lake / "rl_metrics").exists()
+        else []
+    )
     for r in rl:
         per_it.setdefault(int(r["iteration"]), {"sft": 0, "rl": 0})["rl"] = int(r["n"])
     total = sum(v["sft"] + v["rl"] for v in per_it.values())
@@ -134,29 +154,40 @@ def training_steps(lake: Path) -> dict[str, Any]:
 
 def dataset_growth(lake: Path) -> dict[str, dict[str, int]]:
     """Training samples (step rows) of each iteration's curated export, split into teacher and student."""
-    rows = query(lake, """
+    rows = query(
+        lake,
+        """
         SELECT iteration, path FROM (
           SELECT *, row_number() OVER (PARTITION BY iteration ORDER BY created_at DESC) AS rn FROM datasets
           WHERE stage = 'curate') WHERE rn = 1
-        ORDER BY iteration""")
+        ORDER BY iteration""",
+    )
     import duckdb
+
     out = {}
     for r in rows:
         f = lake / r["path"] / "train.parquet"
         if not f.exists():
             continue
-        counts = duckdb.sql(f"SELECT policy, count(*) AS n, count(DISTINCT episode_id) AS e FROM read_parquet('{f}') "
-                            "GROUP BY policy").fetchall()
+        counts = duckdb.sql(
+            f"SELECT policy, count(*) AS n, count(DISTINCT episode_id) AS e FROM read_parquet('{f}') GROUP BY policy"
+        ).fetchall()
         student = sum(n for p, n, _ in counts if p == "student")  # curate's own rule (storage/queries.py)
         teacher = sum(n for _, n, _ in counts) - student
-        out[str(r["iteration"])] = {"teacher_samples": teacher, "student_samples": student,
-                                    "student_share": round(student / max(student + teacher, 1), 4),
-                                    "episodes": sum(e for _, _, e in counts)}
+        out[str(r["iteration"])] = {
+            "teacher_samples": teacher,
+            "student_samples": student,
+            "student_share": round(student / max(student + teacher, 1), 4),
+            "episodes": sum(e for _, _, e in counts),
+        }
     return out
 
 
 def teacher_demos(lake: Path) -> dict[str, int]:
-    rows = query(lake, "SELECT iteration, count(*) AS n FROM episodes WHERE stage = 'bootstrap' GROUP BY iteration ORDER BY iteration")
+    rows = query(
+        lake,
+        "SELECT iteration, count(*) AS n FROM episodes WHERE stage = 'bootstrap' GROUP BY iteration ORDER BY iteration",
+    )
     out, total = {}, 0
     for r in rows:
         total += int(r["n"])
@@ -166,26 +197,39 @@ def teacher_demos(lake: Path) -> dict[str, int]:
 
 def teacher_episodes(lake: Path) -> dict[str, dict[str, int]]:
     """Teacher episodes per stage (every policy but the student's; the mid-training oracle is not a teacher)."""
-    rows = query(lake, "SELECT stage, count(*) AS n FROM episodes WHERE policy <> 'student' AND stage NOT LIKE 'midtrain%' "
-                       "GROUP BY stage ORDER BY stage")
+    rows = query(
+        lake,
+        "SELECT stage, count(*) AS n FROM episodes WHERE policy <> 'student' AND stage NOT LIKE 'midtrain%' "
+        "GROUP BY stage ORDER BY stage",
+    )
     return {r["stage"]: int(r["n"]) for r in rows}
 
 
 def base_skills(lake: Path) -> dict[str, Any] | None:
     """The mid-trained base's held-out synthetic-page success (evals, stage 'midtrain')."""
-    rows = query(lake, "SELECT checkpoint_id, task_id, success_rate, n_episodes FROM evals WHERE stage = 'midtrain' "
-                       "ORDER BY created_at")
+    rows = query(
+        lake,
+        "SELECT checkpoint_id, task_id, success_rate, n_episodes FROM evals WHERE stage = 'midtrain' "
+        "ORDER BY created_at",
+    )
     if not rows:
         return None
-    return {"checkpoint": rows[-1]["checkpoint_id"],
-            "per_task": {r["task_id"]: round(r["success_rate"], 4) for r in rows if r["checkpoint_id"] == rows[-1]["checkpoint_id"]}}
+    return {
+        "checkpoint": rows[-1]["checkpoint_id"],
+        "per_task": {
+            r["task_id"]: round(r["success_rate"], 4) for r in rows if r["checkpoint_id"] == rows[-1]["checkpoint_id"]
+        },
+    }
 
 
 def curriculum(lake: Path) -> list[dict[str, Any]]:
     if not (lake / "curriculum").exists():
         return []
-    return query(lake, "SELECT iteration, task_id, decision, success_rate, rollout_seeds, rl, teacher_demos FROM curriculum "
-                       "ORDER BY iteration, task_id")
+    return query(
+        lake,
+        "SELECT iteration, task_id, decision, success_rate, rollout_seeds, rl, teacher_demos FROM curriculum "
+        "ORDER BY iteration, task_id",
+    )
 
 
 def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> dict[str, Any]:
@@ -193,22 +237,30 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
     for s in seeds:
         lake = root / f"s{s}"
         ev = evals_by_iteration(lake) if lake.exists() else {}
-        run = {"lake": str(lake.relative_to(ROOT) if lake.is_relative_to(ROOT) else lake),
-               "success": {str(k): v.get(OVERALL, {}).get("success") for k, v in ev.items()},
-               "per_task": {str(k): {t: v["success"] for t, v in tasks.items() if t != OVERALL} for k, tasks in ev.items()},
-               "ci": {str(k): v.get(OVERALL, {}).get("ci") for k, v in ev.items()},
-               "steps": training_steps(lake) if lake.exists() else {},
-               "dataset": dataset_growth(lake) if lake.exists() else {},
-               "teacher_demos": teacher_demos(lake) if lake.exists() else {},
-               "teacher_episodes_by_stage": teacher_episodes(lake) if lake.exists() else {},
-               "base": base_skills(lake) if lake.exists() else None,
-               "curriculum": curriculum(lake) if lake.exists() else []}
+        run = {
+            "lake": str(lake.relative_to(ROOT) if lake.is_relative_to(ROOT) else lake),
+            "success": {str(k): v.get(OVERALL, {}).get("success") for k, v in ev.items()},
+            "per_task": {
+                str(k): {t: v["success"] for t, v in tasks.items() if t != OVERALL} for k, tasks in ev.items()
+            },
+            "ci": {str(k): v.get(OVERALL, {}).get("ci") for k, v in ev.items()},
+            "steps": training_steps(lake) if lake.exists() else {},
+            "dataset": dataset_growth(lake) if lake.exists() else {},
+            "teacher_demos": teacher_demos(lake) if lake.exists() else {},
+            "teacher_episodes_by_stage": teacher_episodes(lake) if lake.exists() else {},
+            "base": base_skills(lake) if lake.exists() else None,
+            "curriculum": curriculum(lake) if lake.exists() else [],
+        }
         c = root / f"c{s}"
         if control and c.exists():
             cev = evals_by_iteration(c).get(0, {})
-            run["control"] = {"success": cev.get(OVERALL, {}).get("success"), "ci": cev.get(OVERALL, {}).get("ci"),
-                              "per_task": {t: v["success"] for t, v in cev.items() if t != OVERALL},
-                              "steps": training_steps(c)["total"], "dataset": dataset_growth(c).get("0")}
+            run["control"] = {
+                "success": cev.get(OVERALL, {}).get("success"),
+                "ci": cev.get(OVERALL, {}).get("ci"),
+                "per_task": {t: v["success"] for t, v in cev.items() if t != OVERALL},
+                "steps": training_steps(c)["total"],
+                "dataset": dataset_growth(c).get("0"),
+            }
         runs[str(s)] = run
     last, first = str(iterations - 1), "0"
     verdict = {}
@@ -217,10 +269,12 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
         cs = (r.get("control") or {}).get("success")
         share = (r["dataset"].get(last) or {}).get("student_share")
         last_tasks = r["per_task"].get(last, {})
-        verdict[s] = {"gain_points": None if a is None or b is None else round(100 * (b - a), 1),
-                      "vs_control_points": None if cs is None or b is None else round(100 * (b - cs), 1),
-                      "student_share_last": share,
-                      "copy_tasks_last": {t: last_tasks.get(t) for t in COPY_TASKS}}
+        verdict[s] = {
+            "gain_points": None if a is None or b is None else round(100 * (b - a), 1),
+            "vs_control_points": None if cs is None or b is None else round(100 * (b - cs), 1),
+            "student_share_last": share,
+            "copy_tasks_last": {t: last_tasks.get(t) for t in COPY_TASKS},
+        }
     met_gain = all(v["gain_points"] is not None and v["gain_points"] >= 15 for v in verdict.values())
     met_ctrl = all(v["vs_control_points"] is not None and v["vs_control_points"] >= 10 for v in verdict.values())
     met_share = all((v["student_share_last"] or 0) >= 0.5 for v in verdict.values())
@@ -228,21 +282,37 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
 
     def stats(vals: list[float]) -> dict[str, float] | None:
         vals = [v for v in vals if v is not None]
-        return None if not vals else {"mean": round(sum(vals) / len(vals), 4), "min": min(vals), "max": max(vals), "n": len(vals)}
+        return (
+            None
+            if not vals
+            else {"mean": round(sum(vals) / len(vals), 4), "min": min(vals), "max": max(vals), "n": len(vals)}
+        )
+
     per_iteration = {str(i): stats([r["success"].get(str(i)) for r in runs.values()]) for i in range(iterations)}
-    return {"root": str(root), "seeds": seeds, "iterations": iterations, "runs": runs,
-            "per_iteration": per_iteration,
-            "control": stats([(r.get("control") or {}).get("success") for r in runs.values()]),
-            "student_share": stats([(r["dataset"].get(last) or {}).get("student_share") for r in runs.values()]),
-            "verdict": verdict,
-            "targets": {"iteration_last_vs_first_plus_15": met_gain, "iteration_last_vs_control_plus_10": met_ctrl,
-                        "student_share_last_at_least_half": met_share, "enter_text_and_login_user_above_0": met_copy}}
+    return {
+        "root": str(root),
+        "seeds": seeds,
+        "iterations": iterations,
+        "runs": runs,
+        "per_iteration": per_iteration,
+        "control": stats([(r.get("control") or {}).get("success") for r in runs.values()]),
+        "student_share": stats([(r["dataset"].get(last) or {}).get("student_share") for r in runs.values()]),
+        "verdict": verdict,
+        "targets": {
+            "iteration_last_vs_first_plus_15": met_gain,
+            "iteration_last_vs_control_plus_10": met_ctrl,
+            "student_share_last_at_least_half": met_share,
+            "enter_text_and_login_user_above_0": met_copy,
+        },
+    }
 
 
 def plot(summary: dict[str, Any], png: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     n = summary["iterations"]
     colors = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown"]
@@ -252,11 +322,23 @@ def plot(summary: dict[str, Any], png: Path) -> None:
         lo = [100 * (r["success"][str(i)] - r["ci"][str(i)][0]) for i in its]
         hi = [100 * (r["ci"][str(i)][1] - r["success"][str(i)]) for i in its]
         col = colors[k % len(colors)]
-        ax.errorbar([i + 1 + 0.05 * (k - 1) for i in its], ys, yerr=[lo, hi], marker="o", color=col, capsize=3,
-                    label=f"flywheel seed {s}")
+        ax.errorbar(
+            [i + 1 + 0.05 * (k - 1) for i in its],
+            ys,
+            yerr=[lo, hi],
+            marker="o",
+            color=col,
+            capsize=3,
+            label=f"flywheel seed {s}",
+        )
         if r.get("control") and r["control"].get("success") is not None:
-            ax.axhline(100 * r["control"]["success"], color=col, ls="--", lw=1,
-                       label=f"control seed {s} ({r['control']['steps']} SFT steps)")
+            ax.axhline(
+                100 * r["control"]["success"],
+                color=col,
+                ls="--",
+                lw=1,
+                label=f"control seed {s} ({r['control']['steps']} SFT steps)",
+            )
         demos = [r["teacher_demos"].get(str(i), max([0, *r["teacher_demos"].values()])) for i in its]
         ax2.plot(demos, ys, marker="o", color=col, label=f"seed {s}")
     ax.set_xlabel("iteration")
@@ -285,8 +367,14 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=None, help="default: the config's")
     ap.add_argument("--no-control", action="store_true")
     ap.add_argument("--report-only", action="store_true")
-    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a config key for every run (dotted, YAML value), e.g. rollouts.temperature=0.3")
+    ap.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key for every run (dotted, YAML value), e.g. rollouts.temperature=0.3",
+    )
     ap.add_argument("--json", default="docs/bench_flywheel8.json")
     ap.add_argument("--png", default="docs/img/flywheel8.png")
     a = ap.parse_args()
@@ -303,8 +391,9 @@ def main() -> None:
             if not (start / "checkpoints").exists():
                 print(f"mid-training the shared base -> {start}", file=sys.stderr)
                 bcfg = write_yaml(root / "configs" / "base.yaml", base)
-                walls["base"] = run([*FLYWHEEL, "stage", "midtrain", "-c", str(bcfg), "--lake", str(start)],
-                                    root / "base.log")
+                walls["base"] = run(
+                    [*FLYWHEEL, "stage", "midtrain", "-c", str(bcfg), "--lake", str(start)], root / "base.log"
+                )
         for s in a.seeds:
             lake, log = root / f"s{s}", root / f"s{s}.log"
             for arm in (lake, root / f"c{s}"):
@@ -314,7 +403,9 @@ def main() -> None:
             left = n - evaluated_iterations(lake)
             if left > 0:
                 print(f"seed {s}: flywheel, {left} iteration(s) left -> {lake}", file=sys.stderr)
-                walls[f"s{s}"] = run([*FLYWHEEL, "run", "-c", str(cfg_path), "--lake", str(lake), "--iterations", str(left)], log)
+                walls[f"s{s}"] = run(
+                    [*FLYWHEEL, "run", "-c", str(cfg_path), "--lake", str(lake), "--iterations", str(left)], log
+                )
             if a.no_control:
                 continue
             clake, clog = root / f"c{s}", root / f"c{s}.log"
@@ -327,8 +418,10 @@ def main() -> None:
             common = ["-c", str(ccfg), "--lake", str(clake)]
             for stage in ("bootstrap", "curate", "sft"):
                 run([*FLYWHEEL, "stage", stage, "-i", "0", *common], clog)
-            ck = query(clake, "SELECT path FROM checkpoints WHERE iteration = 0 AND method = 'sft' "
-                            "ORDER BY created_at DESC LIMIT 1")[0]["path"]
+            ck = query(
+                clake,
+                "SELECT path FROM checkpoints WHERE iteration = 0 AND method = 'sft' ORDER BY created_at DESC LIMIT 1",
+            )[0]["path"]
             run([*FLYWHEEL, "stage", "evaluate", "-i", "0", "--checkpoint", str(clake / ck), *common], clog)
             walls[f"c{s}"] = time.monotonic() - t0
     summary = summarize(root, a.seeds, n, not a.no_control)

@@ -50,26 +50,43 @@ TASKS = np.array(["click-test", "click-button", "focus-text", "enter-text", "cli
 def build_part(rng: np.random.Generator, n_eps: int, ep_offset: int, pngs: list[bytes], run_key: str):
     ids = np.char.add("ep-", np.arange(ep_offset, ep_offset + n_eps).astype(str))
     success = rng.random(n_eps) < 0.6
-    episodes = pa.table({
-        "episode_id": ids, "task_id": TASKS[rng.integers(0, len(TASKS), n_eps)],
-        "seed": np.arange(ep_offset, ep_offset + n_eps), "policy": np.where(rng.random(n_eps) < 0.5, "scripted", "student"),
-        "task_reward": success.astype(float), "success": success, "n_steps": np.full(n_eps, STEPS_PER_EPISODE, np.int32),
-        "status": np.where(rng.random(n_eps) < 0.98, "ok", "error"), "run_key": np.full(n_eps, run_key),
-        "instruction": np.full(n_eps, "Click the button labelled OK."),
-    })
+    episodes = pa.table(
+        {
+            "episode_id": ids,
+            "task_id": TASKS[rng.integers(0, len(TASKS), n_eps)],
+            "seed": np.arange(ep_offset, ep_offset + n_eps),
+            "policy": np.where(rng.random(n_eps) < 0.5, "scripted", "student"),
+            "task_reward": success.astype(float),
+            "success": success,
+            "n_steps": np.full(n_eps, STEPS_PER_EPISODE, np.int32),
+            "status": np.where(rng.random(n_eps) < 0.98, "ok", "error"),
+            "run_key": np.full(n_eps, run_key),
+            "instruction": np.full(n_eps, "Click the button labelled OK."),
+        }
+    )
     n = n_eps * STEPS_PER_EPISODE
     xs, ys = rng.integers(0, 160, n), rng.integers(50, 210, n)
-    action = np.char.add(np.char.add(np.char.add('{"action":"click","x":', xs.astype(str)), ',"y":'),
-                         np.char.add(ys.astype(str), "}"))
+    action = np.char.add(
+        np.char.add(np.char.add('{"action":"click","x":', xs.astype(str)), ',"y":'), np.char.add(ys.astype(str), "}")
+    )
     shots = pa.array([pngs[i] for i in rng.integers(0, len(pngs), n)], pa.binary())
-    steps = pa.table({
-        "episode_id": np.repeat(ids, STEPS_PER_EPISODE), "step_idx": np.tile(np.arange(STEPS_PER_EPISODE, dtype=np.int32), n_eps),
-        "is_final": np.zeros(n, bool), "screenshot": shots, "screen_w": np.full(n, 160, np.int32),
-        "screen_h": np.full(n, 210, np.int32), "ui_text": np.char.add('button "OK" @ (80,', ys.astype(str)),
-        "thought": np.full(n, "The OK button is the target."), "action_desc": np.full(n, "Click OK"),
-        "action": action, "parse_ok": rng.random(n) < 0.97, "fallback_parse": rng.random(n) < 0.01,
-        "run_key": np.full(n, run_key),
-    })
+    steps = pa.table(
+        {
+            "episode_id": np.repeat(ids, STEPS_PER_EPISODE),
+            "step_idx": np.tile(np.arange(STEPS_PER_EPISODE, dtype=np.int32), n_eps),
+            "is_final": np.zeros(n, bool),
+            "screenshot": shots,
+            "screen_w": np.full(n, 160, np.int32),
+            "screen_h": np.full(n, 210, np.int32),
+            "ui_text": np.char.add('button "OK" @ (80,', ys.astype(str)),
+            "thought": np.full(n, "The OK button is the target."),
+            "action_desc": np.full(n, "Click OK"),
+            "action": action,
+            "parse_ok": rng.random(n) < 0.97,
+            "fallback_parse": rng.random(n) < 0.01,
+            "run_key": np.full(n, run_key),
+        }
+    )
     return episodes, steps
 
 
@@ -78,6 +95,7 @@ def build_lake(root: Path, rows: int, iterations: int, stages: list[str], files:
     if lake_stats(lake)["steps"].rows == rows:
         return {"built": False}
     import shutil
+
     shutil.rmtree(root)
     lake = Lake(root)
     t0 = time.time()
@@ -101,8 +119,12 @@ def build_lake(root: Path, rows: int, iterations: int, stages: list[str], files:
 def hand_sql(root: Path, threshold: float = 1.0) -> str:
     def src(t):
         return f"read_parquet('{root}/{t}/*/*/*.parquet', hive_partitioning=true, union_by_name=true)"
-    return curate_steps_sql(threshold).replace("FROM steps AS s", f"FROM {src('steps')} AS s") \
+
+    return (
+        curate_steps_sql(threshold)
+        .replace("FROM steps AS s", f"FROM {src('steps')} AS s")
         .replace("JOIN episodes AS e", f"JOIN {src('episodes')} AS e")
+    )
 
 
 def start_s3(root: Path) -> tuple[subprocess.Popen, str, dict]:
@@ -112,8 +134,12 @@ def start_s3(root: Path) -> tuple[subprocess.Popen, str, dict]:
         port = sk.getsockname()[1]
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -122,6 +148,7 @@ def start_s3(root: Path) -> tuple[subprocess.Popen, str, dict]:
         except OSError:
             time.sleep(0.1)
     import s3fs
+
     fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
     fs.mkdir("bench")
     t0 = time.time()
@@ -170,7 +197,7 @@ def main() -> None:
         times: dict[str, list[float]] = {k: [] for k in sides}
         counts = {}
         for r in range(a.reps):
-            for name, fn in (sides.items() if r % 2 == 0 else reversed(sides.items())):
+            for name, fn in sides.items() if r % 2 == 0 else reversed(sides.items()):
                 t0 = time.perf_counter()
                 counts[name] = fn()
                 times[name].append(time.perf_counter() - t0)
@@ -182,14 +209,29 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     if a.s3:
         s3_info.update(s3_api_s=round(med["s3"], 3), s3_vs_disk=round(med["s3"] / med["api"], 2))
-    print(json.dumps({
-        "benchmark": "lake_curate_query", "step_rows": stats["steps"].rows, "episode_rows": stats["episodes"].rows,
-        "steps_files": stats["steps"].files, "partitions": len(stats["steps"].partitions),
-        "lake_gb": round((stats["steps"].bytes + stats["episodes"].bytes) / 2**30, 2), "result_rows": counts["api"],
-        "api_s": round(med["api"], 3), "hand_duckdb_s": round(med["hand"], 3), "ratio": round(med["api"] / med["hand"], 3),
-        "api_connect_s": round(connect_s, 3),
-        "target": {"api_s": 1.0, "ratio": 1.2}, "reps": a.reps, "duckdb": duckdb.__version__, **build, **s3_info,
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "benchmark": "lake_curate_query",
+                "step_rows": stats["steps"].rows,
+                "episode_rows": stats["episodes"].rows,
+                "steps_files": stats["steps"].files,
+                "partitions": len(stats["steps"].partitions),
+                "lake_gb": round((stats["steps"].bytes + stats["episodes"].bytes) / 2**30, 2),
+                "result_rows": counts["api"],
+                "api_s": round(med["api"], 3),
+                "hand_duckdb_s": round(med["hand"], 3),
+                "ratio": round(med["api"] / med["hand"], 3),
+                "api_connect_s": round(connect_s, 3),
+                "target": {"api_s": 1.0, "ratio": 1.2},
+                "reps": a.reps,
+                "duckdb": duckdb.__version__,
+                **build,
+                **s3_info,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/local.yaml")
-    ap.add_argument("--workdir", default="bench-out", help="its learn-lake/, learn-checkpoints/ and student are replaced")
+    ap.add_argument(
+        "--workdir", default="bench-out", help="its learn-lake/, learn-checkpoints/ and student are replaced"
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--skip-baseline", action="store_true", help="skip evaluating the untrained model")
     ap.add_argument("--baseline-seeds", type=int, default=5, help="eval seeds per task for the untrained model")
@@ -41,12 +43,25 @@ def main() -> None:
         key, _, value = item.partition("=")
         overrides[key] = yaml.safe_load(value)
     t0 = time.time()
-    out = learning_bar(a.config, Path(a.workdir), overrides, baseline=not a.skip_baseline,
-                       baseline_seeds=a.baseline_seeds, progress=not a.no_progress)
-    out["bar"] = {"success_rate": 0.6, "wall_s": 900,
-                  "met": out["after"]["success_rate"] >= 0.6 and out["wall_s_bootstrap_to_eval"] <= 900}
-    out.update(total_wall_s=round(time.time() - t0, 1), cpus=os.cpu_count(), load_avg_end=os.getloadavg(),
-               date=time.strftime("%Y-%m-%d %H:%M"))
+    out = learning_bar(
+        a.config,
+        Path(a.workdir),
+        overrides,
+        baseline=not a.skip_baseline,
+        baseline_seeds=a.baseline_seeds,
+        progress=not a.no_progress,
+    )
+    out["bar"] = {
+        "success_rate": 0.6,
+        "wall_s": 900,
+        "met": out["after"]["success_rate"] >= 0.6 and out["wall_s_bootstrap_to_eval"] <= 900,
+    }
+    out.update(
+        total_wall_s=round(time.time() - t0, 1),
+        cpus=os.cpu_count(),
+        load_avg_end=os.getloadavg(),
+        date=time.strftime("%Y-%m-%d %H:%M"),
+    )
     text = json.dumps(out, indent=1)
     print(text)
     if a.out:

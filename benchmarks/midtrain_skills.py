@@ -54,6 +54,7 @@ def step_skills(cfg: Any, student_key: str, oracle_key: str) -> dict[str, Any]:
     (a proxy for inside the element; the page's own verifier decides success), a typed text equal to the oracle's."""
     from flywheel.stages import lake_for
     from storage.catalog import connect
+
     rows = connect(lake_for(cfg)).execute(_STEP_SKILLS, [student_key, oracle_key]).fetchall()
     out: dict[str, dict[str, list[int]]] = {}
     for task, got, want in rows:
@@ -73,6 +74,7 @@ def step_skills(cfg: Any, student_key: str, oracle_key: str) -> dict[str, Any]:
 def oracle_eval(cfg: Any) -> str:
     """The oracle on the same held-out pages (the ceiling, and the reference actions for step_skills)."""
     from flywheel.midtrain import skill_report
+
     return skill_report(cfg, "scripted", progress=False)["run_key"]
 
 
@@ -82,10 +84,14 @@ def export_held_out(cfg: Any, oracle_key: str) -> Path:
     from storage.catalog import connect
     from storage.curate import export_sft
     from training.data import prompt_options
+
     lake = lake_for(cfg)
     con = connect(lake)
-    eps = con.execute("SELECT episode_id, task_id, seed, instruction, policy, iteration FROM episodes "
-                      "WHERE run_key = ? AND success ORDER BY task_id, seed", [oracle_key]).fetchall()
+    eps = con.execute(
+        "SELECT episode_id, task_id, seed, instruction, policy, iteration FROM episodes "
+        "WHERE run_key = ? AND success ORDER BY task_id, seed",
+        [oracle_key],
+    ).fetchall()
     cols = ("episode_id", "task_id", "seed", "instruction", "policy", "iteration")
     out = lake.root / "_datasets" / f"held-{oracle_key}" / "train.parquet"
     export_sft(con, [dict(zip(cols, e)) for e in eps], out, cfg.student.arch, prompt_options(cfg.student))
@@ -94,17 +100,25 @@ def export_held_out(cfg: Any, oracle_key: str) -> Path:
 
 def skills(cfg: Any, model: str, oracle_key: str) -> dict[str, Any]:
     from flywheel.midtrain import skill_report
+
     t0 = time.monotonic()
     res = skill_report(cfg, model, progress=False)
-    return {"model": model, "success": round(res["success_rate"], 4), "ci": [round(res["ci_low"], 4), round(res["ci_high"], 4)],
-            "n": res["n_episodes"], "per_task": res["per_task"], "steps": step_skills(cfg, res["run_key"], oracle_key),
-            "wall_s": round(time.monotonic() - t0, 1)}
+    return {
+        "model": model,
+        "success": round(res["success_rate"], 4),
+        "ci": [round(res["ci_low"], 4), round(res["ci_high"], 4)],
+        "n": res["n_episodes"],
+        "per_task": res["per_task"],
+        "steps": step_skills(cfg, res["run_key"], oracle_key),
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
 
 
 def main() -> None:
     from configs.models import load_config
     from flywheel import midtrain as mt
     from flywheel.stages import ensure_student, register_tasks
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/local.yaml")
     ap.add_argument("--lake", default="runs/midtrain/lake")
@@ -114,22 +128,34 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import yaml
+
     over = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in a.sets)}
     cfg = load_config(ROOT / a.config, {"lake.root": a.lake, "midtrain.enabled": True, **over})
     if not cfg.midtrain.base:
         ensure_student(cfg)
     register_tasks(cfg)
-    out: dict[str, Any] = {"benchmark": "midtrain_skills", "config": a.config, "overrides": a.sets, "lake": a.lake,
-                           "student": {"size": cfg.student.size, "model": cfg.student.model},
-                           "midtrain": cfg.midtrain.model_dump(mode="json")}
+    out: dict[str, Any] = {
+        "benchmark": "midtrain_skills",
+        "config": a.config,
+        "overrides": a.sets,
+        "lake": a.lake,
+        "student": {"size": cfg.student.size, "model": cfg.student.model},
+        "midtrain": cfg.midtrain.model_dump(mode="json"),
+    }
     t0 = time.monotonic()
     cor = mt.corpus(cfg, progress=False)
     t1 = time.monotonic()
     ds = mt.build_dataset(cfg, cor["run_key"])
     t2 = time.monotonic()
-    out["corpus"] = {"run_key": cor["run_key"], "episodes_ran": cor["ran"], "episodes": ds["n_episodes"],
-                     "samples": ds["n_steps"], "dataset_id": ds["dataset_id"], "corpus_s": round(t1 - t0, 1),
-                     "dataset_s": round(t2 - t1, 1)}
+    out["corpus"] = {
+        "run_key": cor["run_key"],
+        "episodes_ran": cor["ran"],
+        "episodes": ds["n_episodes"],
+        "samples": ds["n_steps"],
+        "dataset_id": ds["dataset_id"],
+        "corpus_s": round(t1 - t0, 1),
+        "dataset_s": round(t2 - t1, 1),
+    }
     oracle = oracle_eval(cfg) if cfg.midtrain.eval_seeds_per_task else None
     if oracle:
         out["held_out_export"] = str(export_held_out(cfg, oracle))

@@ -52,6 +52,7 @@ stages.evaluate(cfg, 0, ck, progress=False)
 def ensure_student(config: str) -> None:
     from configs.models import load_config
     from training.models import init_model
+
     s = load_config(config).student
     if s.backend == "hf" and s.model.startswith(("models/", "./", "/")) and not Path(s.model).exists():
         print(f"building the student {s.model} ({s.arch}, {s.size}) first", file=sys.stderr)
@@ -61,8 +62,12 @@ def ensure_student(config: str) -> None:
 def run_side(side: str, config: str, work: Path) -> dict:
     (work / side).mkdir(parents=True)  # Prefect creates PREFECT_HOME but not its missing parents
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(FLYWHEEL_LAKE=str(work / side / "lake"), FLYWHEEL_RESULTS=str(work / side / "results"),
-               PREFECT_HOME=str(work / side / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.update(
+        FLYWHEEL_LAKE=str(work / side / "lake"),
+        FLYWHEEL_RESULTS=str(work / side / "results"),
+        PREFECT_HOME=str(work / side / "prefect-home"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    )
     if side == "prefect":
         cmd = [sys.executable, "-m", "flywheel", "run", "-c", config]
     else:
@@ -86,7 +91,7 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         for i in range(a.repeats):
-            for side in (("plain", "prefect") if i % 2 == 0 else ("prefect", "plain")):
+            for side in ("plain", "prefect") if i % 2 == 0 else ("prefect", "plain"):
                 r = run_side(side, a.config, Path(tmp) / f"r{i}")
                 print(json.dumps(r), file=sys.stderr)
                 runs.append(r)
@@ -94,11 +99,22 @@ def main() -> None:
     pref = sorted(r["wall_s"] for r in runs if r["side"] == "prefect")
     med = lambda xs: xs[len(xs) // 2]  # noqa: E731
     from flywheel.orchestrate import running_api_url
-    out = {"benchmark": "orchestration_overhead", "config": a.config, "repeats": a.repeats,
-           "prefect_api": running_api_url() or "ephemeral",
-           "plain_s": med(plain), "prefect_s": med(pref), "overhead_pct": round(100 * (med(pref) / med(plain) - 1), 2),
-           "target_pct": 5.0, "runs": runs, "host": platform.node(), "cpus": os.cpu_count(),
-           "load_avg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+    out = {
+        "benchmark": "orchestration_overhead",
+        "config": a.config,
+        "repeats": a.repeats,
+        "prefect_api": running_api_url() or "ephemeral",
+        "plain_s": med(plain),
+        "prefect_s": med(pref),
+        "overhead_pct": round(100 * (med(pref) / med(plain) - 1), 2),
+        "target_pct": 5.0,
+        "runs": runs,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     text = json.dumps(out, indent=2)
     print(text)
     if a.out:

@@ -40,33 +40,51 @@ BAR = {"focus_task": FOCUS, "focus_min": 0.60, "others_min": 0.90, "overall_min"
 
 def _eval(cfg, checkpoint: str) -> dict[str, Any]:
     from flywheel import stages
+
     r = stages.evaluate(cfg, 0, checkpoint, progress=False)
     per = {t: v["success_rate"] if isinstance(v, dict) else v for t, v in r["per_task"].items()}
-    return {"success_rate": round(r["success_rate"], 3), "ci": [round(r["ci_low"], 3), round(r["ci_high"], 3)],
-            "n": r["n_episodes"], "per_task": per}
+    return {
+        "success_rate": round(r["success_rate"], 3),
+        "ci": [round(r["ci_low"], 3), round(r["ci_high"], 3)],
+        "n": r["n_episodes"],
+        "per_task": per,
+    }
 
 
 def _rounds(lake, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per round: episodes sampled, success overall and per task (from the lake's episodes of its rollout run)."""
     from storage.catalog import connect
+
     con = connect(lake, write_catalog_file=False)
     out, total = [], 0
     for h in history:
-        rows = con.execute("SELECT task_id, count(*), avg(success::INT) FROM episodes WHERE run_key = ? "
-                           "GROUP BY 1 ORDER BY 1", [h["rollout_run_key"]]).fetchall()
+        rows = con.execute(
+            "SELECT task_id, count(*), avg(success::INT) FROM episodes WHERE run_key = ? GROUP BY 1 ORDER BY 1",
+            [h["rollout_run_key"]],
+        ).fetchall()
         n = sum(r[1] for r in rows)
         total += n
-        out.append({"round": h["round"], "episodes": n, "episodes_cum": total,
-                    "success": round(sum(r[1] * r[2] for r in rows) / max(n, 1), 4),
-                    "per_task": {r[0]: round(r[2], 4) for r in rows},
-                    **({"clone_nll": round(m["clone_nll"], 4)} if (m := h.get("metrics") or {}).get("clone_nll") else {})})
+        out.append(
+            {
+                "round": h["round"],
+                "episodes": n,
+                "episodes_cum": total,
+                "success": round(sum(r[1] * r[2] for r in rows) / max(n, 1), 4),
+                "per_task": {r[0]: round(r[2], 4) for r in rows},
+                **({"clone_nll": round(m["clone_nll"], 4)} if (m := h.get("metrics") or {}).get("clone_nll") else {}),
+            }
+        )
     return out
 
 
 def meets(after: dict[str, Any], wall_s: float) -> bool:
     per = after["per_task"]
-    return (per.get(FOCUS, 0) >= BAR["focus_min"] and all(v >= BAR["others_min"] for t, v in per.items() if t != FOCUS)
-            and after["success_rate"] >= BAR["overall_min"] and wall_s <= BAR["rl_wall_s_max"])
+    return (
+        per.get(FOCUS, 0) >= BAR["focus_min"]
+        and all(v >= BAR["others_min"] for t, v in per.items() if t != FOCUS)
+        and after["success_rate"] >= BAR["overall_min"]
+        and wall_s <= BAR["rl_wall_s_max"]
+    )
 
 
 def _curve(runs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
@@ -86,17 +104,23 @@ def efficiency(by_algo: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | Non
     # round 0 samples with the start weights: only rounds after an update count as "reached"
     first = {a: next((x for x, y in list(zip(*c))[1:] if y >= target), None) for a, c in curves.items()}
     ratio = first["sdpo"] / first["grpo"] if first["sdpo"] and first["grpo"] else None
-    return {"grpo_final_sampled_success": round(target, 4), "episodes_to_reach (after round 0)": first,
-            "sdpo_over_grpo": round(ratio, 3) if ratio else None, "target_ratio": 0.5,
-            "met": bool(ratio is not None and ratio <= 0.5)}
+    return {
+        "grpo_final_sampled_success": round(target, 4),
+        "episodes_to_reach (after round 0)": first,
+        "sdpo_over_grpo": round(ratio, 3) if ratio else None,
+        "target_ratio": 0.5,
+        "met": bool(ratio is not None and ratio <= 0.5),
+    }
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from flywheel.evaluate import save_png
+
     colors = {"grpo": "tab:blue", "sdpo": "tab:orange", "gspo": "tab:green", "dr_grpo": "tab:purple"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=90)
     for algo, runs in res["runs_by_algo"].items():
@@ -109,8 +133,16 @@ def plot(res: dict[str, Any], path: Path) -> None:
         axes[0].plot(xs, ys, color=c, lw=2.5, label=f"{algo} (mean of {len(runs)} seeds, 2-round avg)")
         ev = [r["after"]["per_task"].get(FOCUS, 0) for r in runs]
         x_end = max(p["episodes_cum"] for r in runs for p in r["rounds"])
-        axes[1].errorbar([x_end], [sum(ev) / len(ev)], yerr=[[sum(ev) / len(ev) - min(ev)], [max(ev) - sum(ev) / len(ev)]],
-                         fmt="s", color=c, ms=8, capsize=4, label=f"{algo}: held-out after RL (mean, min-max)")
+        axes[1].errorbar(
+            [x_end],
+            [sum(ev) / len(ev)],
+            yerr=[[sum(ev) / len(ev) - min(ev)], [max(ev) - sum(ev) / len(ev)]],
+            fmt="s",
+            color=c,
+            ms=8,
+            capsize=4,
+            label=f"{algo}: held-out after RL (mean, min-max)",
+        )
     start = res["start"]["per_task"].get(FOCUS)
     if start is not None:
         axes[1].axhline(start, color="gray", ls="--", lw=1, label=f"SFT start, held-out ({start:.0%})")
@@ -130,12 +162,25 @@ def plot(res: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/local.yaml")
-    ap.add_argument("--lake", help="lake with a finished SFT stage; the start's eval is added to it, each run gets a copy")
-    ap.add_argument("--shared-lake", action="store_true", help="run every (algo, seed) in LAKE itself (later runs then "
-                    "see the earlier runs' episodes as stored successes)")
-    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="summarise and plot these earlier outputs' "
-                    "runs (same start) instead of running")
-    ap.add_argument("--checkpoint", default=None, help="start weights (default: the lake's newest sft checkpoint, iteration 0)")
+    ap.add_argument(
+        "--lake", help="lake with a finished SFT stage; the start's eval is added to it, each run gets a copy"
+    )
+    ap.add_argument(
+        "--shared-lake",
+        action="store_true",
+        help="run every (algo, seed) in LAKE itself (later runs then "
+        "see the earlier runs' episodes as stored successes)",
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="summarise and plot these earlier outputs' runs (same start) instead of running",
+    )
+    ap.add_argument(
+        "--checkpoint", default=None, help="start weights (default: the lake's newest sft checkpoint, iteration 0)"
+    )
     ap.add_argument("--algos", nargs="+", default=["grpo", "sdpo"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--skip", nargs="*", default=[], metavar="ALGO:SEED", help="leave these runs out (e.g. sdpo:2)")
@@ -156,14 +201,16 @@ def merged(paths: list[str]) -> dict[str, Any]:
     """The runs of earlier outputs as one result (the first file's start, config and bar)."""
     docs = [json.loads(Path(p).read_text()) for p in paths]
     res = {k: docs[0][k] for k in ("benchmark", "config", "checkpoint", "rl", "bar", "start")}
-    res.update(merged_from=list(paths), overrides=[d["overrides"] for d in docs],
-               runs=[r for d in docs for r in d["runs"]])
+    res.update(
+        merged_from=list(paths), overrides=[d["overrides"] for d in docs], runs=[r for d in docs for r in d["runs"]]
+    )
     return res
 
 
 def _run_lake(lake_root: Path, algo: str, seed: int, shared: bool) -> Path:
     """Where one run trains: a copy of the start lake (made once; a rerun resumes in it), or the lake itself."""
     import shutil
+
     if shared:
         return lake_root
     root = lake_root.parent / f"{lake_root.name}.{algo}-s{seed}"
@@ -191,15 +238,29 @@ def measure(a) -> dict[str, Any]:
     ckpt = a.checkpoint
     if ckpt is None:
         from storage.catalog import connect
-        row = connect(lake).execute("SELECT path FROM checkpoints WHERE iteration = 0 AND method LIKE 'sft%' "
-                                    "ORDER BY created_at DESC LIMIT 1").fetchone()
+
+        row = (
+            connect(lake)
+            .execute(
+                "SELECT path FROM checkpoints WHERE iteration = 0 AND method LIKE 'sft%' "
+                "ORDER BY created_at DESC LIMIT 1"
+            )
+            .fetchone()
+        )
         if row is None:
             sys.exit(f"{lake_root}: no sft checkpoint in iteration 0; run `flywheel run --lake {a.lake}` first")
         ckpt = row[0]
     start_path = str(lake.resolve(ckpt))
     t_all = time.time()
-    res: dict[str, Any] = {"benchmark": "rl_bar", "config": a.config, "overrides": over, "checkpoint": lake.rel(start_path),
-                           "rl": cfg.rl.model_dump(mode="json"), "bar": BAR, "runs": []}
+    res: dict[str, Any] = {
+        "benchmark": "rl_bar",
+        "config": a.config,
+        "overrides": over,
+        "checkpoint": lake.rel(start_path),
+        "rl": cfg.rl.model_dump(mode="json"),
+        "bar": BAR,
+        "runs": [],
+    }
     res["start"] = _eval(cfg, start_path)
     print(json.dumps({"start": res["start"]}), file=sys.stderr, flush=True)
     for algo in a.algos:
@@ -215,15 +276,27 @@ def measure(a) -> dict[str, Any]:
             wall = time.time() - t0
             after = _eval(rcfg, out["model_path"])
             # every round's record from its folder (a rerun that found the run finished returns no history)
-            done = sorted(Path(out["model_path"]).parent.glob("round-*/rl_round.json"), key=lambda q: int(q.parent.name[6:]))
+            done = sorted(
+                Path(out["model_path"]).parent.glob("round-*/rl_round.json"), key=lambda q: int(q.parent.name[6:])
+            )
             history = [json.loads(q.read_text()) for q in done]
-            run = {"algo": algo, "seed": seed, "lake": str(root), "checkpoint": run_lake.rel(out["model_path"]),
-                   "rl_wall_s": round(wall, 1), "resumed_from_round": out["resumed_from_round"],
-                   "rounds": _rounds(run_lake, history), "after": after}
+            run = {
+                "algo": algo,
+                "seed": seed,
+                "lake": str(root),
+                "checkpoint": run_lake.rel(out["model_path"]),
+                "rl_wall_s": round(wall, 1),
+                "resumed_from_round": out["resumed_from_round"],
+                "rounds": _rounds(run_lake, history),
+                "after": after,
+            }
             run["bar_met"] = meets(after, wall)
             res["runs"].append(run)
-            print(json.dumps({k: run[k] for k in ("algo", "seed", "rl_wall_s", "after", "bar_met")}), file=sys.stderr,
-                  flush=True)
+            print(
+                json.dumps({k: run[k] for k in ("algo", "seed", "rl_wall_s", "after", "bar_met")}),
+                file=sys.stderr,
+                flush=True,
+            )
     res["total_wall_s"] = round(time.time() - t_all, 1)
     return res
 
@@ -237,14 +310,18 @@ def finish(res: dict[str, Any], a) -> None:
     res["summary"] = {}
     for algo, runs in by_algo.items():
         s: dict[str, Any] = {"bar_met_all_seeds": all(r["bar_met"] for r in runs), "seeds": [r["seed"] for r in runs]}
-        for name, get in (("overall", lambda r: r["after"]["success_rate"]),
-                          (FOCUS, lambda r: r["after"]["per_task"].get(FOCUS, 0.0)),
-                          ("rl_wall_s", lambda r: r["rl_wall_s"]),
-                          ("episodes", lambda r: r["rounds"][-1]["episodes_cum"] if r["rounds"] else 0)):
+        for name, get in (
+            ("overall", lambda r: r["after"]["success_rate"]),
+            (FOCUS, lambda r: r["after"]["per_task"].get(FOCUS, 0.0)),
+            ("rl_wall_s", lambda r: r["rl_wall_s"]),
+            ("episodes", lambda r: r["rounds"][-1]["episodes_cum"] if r["rounds"] else 0),
+        ):
             v = [get(r) for r in runs]
             s[name] = {"mean": round(sum(v) / len(v), 3), "min": min(v), "max": max(v)}
         tasks = sorted({t for r in runs for t in r["after"]["per_task"]})
-        s["per_task_mean"] = {t: round(sum(r["after"]["per_task"].get(t, 0) for r in runs) / len(runs), 3) for t in tasks}
+        s["per_task_mean"] = {
+            t: round(sum(r["after"]["per_task"].get(t, 0) for r in runs) / len(runs), 3) for t in tasks
+        }
         res["summary"][algo] = s
     res["sdpo_efficiency"] = efficiency(by_algo)
     if a.plot:

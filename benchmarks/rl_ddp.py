@@ -30,31 +30,66 @@ sys.path.insert(0, str(HERE))
 
 
 def worker(a: argparse.Namespace) -> None:
-    from rl_gpu import time_update, batch_shape, build, calibrate_ui, make_rows
+    from rl_gpu import batch_shape, build, calibrate_ui, make_rows, time_update
+
     from training.distributed import setup, teardown
     from training.rl import RLSettings, RLTrainer
 
     ctx = setup()
     model, proc, n_params = build(a.size, a.mode)
     screen = (1280, 704)
-    rows = make_rows(proc, a.rows, group=4, screen=screen, ui_elems=calibrate_ui(proc, a.text_tokens, screen),
-                     resp=(64, 96), seed=0)
+    rows = make_rows(
+        proc, a.rows, group=4, screen=screen, ui_elems=calibrate_ui(proc, a.text_tokens, screen), resp=(64, 96), seed=0
+    )
     shape = batch_shape(proc, rows)
-    s = RLSettings(algorithm=a.algo, lr=1e-5, batch_size=len(rows), micro_batch=a.micro, epochs=a.warmup + a.steps,
-                   warmup_steps=0, seed=0)
+    s = RLSettings(
+        algorithm=a.algo,
+        lr=1e-5,
+        batch_size=len(rows),
+        micro_batch=a.micro,
+        epochs=a.warmup + a.steps,
+        warmup_steps=0,
+        seed=0,
+    )
     out = time_update(RLTrainer(model, proc, s, ctx=ctx), rows, s, a.steps, a.warmup, shape, n_params["total"], False)
     if ctx.main:  # rl_gpu's timing: each step between CUDA syncs, the median after the warmup steps
-        Path(a.out).write_text(json.dumps({**out, "world_size": ctx.world, "rows": len(rows), "tokens": shape["tokens"],
-                                           "params": n_params}))
+        Path(a.out).write_text(
+            json.dumps(
+                {**out, "world_size": ctx.world, "rows": len(rows), "tokens": shape["tokens"], "params": n_params}
+            )
+        )
     teardown(ctx)
 
 
 def side(a: argparse.Namespace, mode: str, algo: str, n: int) -> dict:
     out = a.work / f"{mode}-{algo}-{n}gpu.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", __file__,
-           "--worker", "--mode", mode, "--algo", algo, "--out", str(out), "--size", a.size, "--rows", str(a.rows),
-           "--micro", str(a.micro), "--steps", str(a.steps), "--warmup", str(a.warmup),
-           "--text-tokens", str(a.text_tokens)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        __file__,
+        "--worker",
+        "--mode",
+        mode,
+        "--algo",
+        algo,
+        "--out",
+        str(out),
+        "--size",
+        a.size,
+        "--rows",
+        str(a.rows),
+        "--micro",
+        str(a.micro),
+        "--steps",
+        str(a.steps),
+        "--warmup",
+        str(a.warmup),
+        "--text-tokens",
+        str(a.text_tokens),
+    ]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(n))), "OMP_NUM_THREADS": "4"}
     t0 = time.time()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -84,18 +119,32 @@ def main() -> None:
     if a.worker:
         return worker(a)
     import torch
+
     a.work.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    res = {"benchmark": "rl_ddp", "gpus": torch.cuda.device_count(), "device": device,
-           "size": a.size, "rows": a.rows, "micro_batch": a.micro, "steps": a.steps, "warmup": a.warmup, "runs": {}}
+    res = {
+        "benchmark": "rl_ddp",
+        "gpus": torch.cuda.device_count(),
+        "device": device,
+        "size": a.size,
+        "rows": a.rows,
+        "micro_batch": a.micro,
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "runs": {},
+    }
     for mode in a.modes:
         for algo in a.algos:
             sides = {f"{n}gpu": side(a, mode, algo, n) for n in a.gpus}
             if len(sides) == 2:
                 sides["speedup"] = round(sides["2gpu"]["tokens_per_s"] / sides["1gpu"]["tokens_per_s"], 3)
             res["runs"][f"{mode}/{algo}"] = sides
-            print(json.dumps({f"{mode}/{algo}": {k: v if k == "speedup" else v["tokens_per_s"]
-                                                  for k, v in sides.items()}}), file=sys.stderr)
+            print(
+                json.dumps(
+                    {f"{mode}/{algo}": {k: v if k == "speedup" else v["tokens_per_s"] for k, v in sides.items()}}
+                ),
+                file=sys.stderr,
+            )
             if a.json:
                 a.json.write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))

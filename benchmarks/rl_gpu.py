@@ -83,13 +83,16 @@ def _ui_text(n: int, rng, w: int, h: int) -> str:
     out = []
     for i in range(n):
         x, y = int(rng.integers(10, w - 10)), int(rng.integers(10, h - 10))
-        out.append(f'{kinds[i % len(kinds)]} "Item {int(rng.integers(0, 999))}" @ ({x},{y}) '
-                   f'[{int(rng.integers(20, 200))}x{int(rng.integers(12, 40))}]')
+        out.append(
+            f'{kinds[i % len(kinds)]} "Item {int(rng.integers(0, 999))}" @ ({x},{y}) '
+            f"[{int(rng.integers(20, 200))}x{int(rng.integers(12, 40))}]"
+        )
     return "\n".join(out)
 
 
-def make_rows(proc, n: int, *, group: int, screen: tuple[int, int], ui_elems: int, resp: tuple[int, int],
-              seed: int = 0) -> list[dict]:
+def make_rows(
+    proc, n: int, *, group: int, screen: tuple[int, int], ui_elems: int, resp: tuple[int, int], seed: int = 0
+) -> list[dict]:
     """n step rows through training.rl_data.episode_rows (as tests/test_rl.py builds them): n one-step episodes
     in groups of `group`, the first half of each group successful, each with its own sampled response."""
     import numpy as np
@@ -109,15 +112,41 @@ def make_rows(proc, n: int, *, group: int, screen: tuple[int, int], ui_elems: in
         a = Click(x=int(rng.integers(0, w)), y=int(rng.integers(0, h)))
         k = int(rng.integers(resp[0], resp[1] + 1))
         ids = rng.integers(100, tok.vocab_size, k).tolist()
-        episode = dict(episode_id=eid, task_id="click-button", seed=i // group, split="train",
-                       instruction=f"Click the button labelled Item {i}.", policy="student", group_id=f"g{i // group}",
-                       sample_idx=i % group, task_reward=float(ok), success=ok, status="ok", n_steps=1, run_key="bench")
-        step = dict(episode_id=eid, step_idx=0, is_final=False, screenshot=pngs[i % len(pngs)], screen_w=w, screen_h=h,
-                    ui_text=_ui_text(ui_elems, rng, w, h), thought=f"The button is at ({a.x},{a.y}).",
-                    action_desc="Click the button", raw_action=json.dumps({"action": "click", "x": a.x, "y": a.y}),
-                    action=json.dumps({"action": "click", "x": a.x, "y": a.y}), parse_ok=True, parse_error=None,
-                    exec_error=None, token_ids=ids, logprobs=(-12.0 + rng.normal(0, 0.5, k)).tolist(),
-                    feedback=None if ok else "The click landed on no button.", run_key="bench")
+        episode = dict(
+            episode_id=eid,
+            task_id="click-button",
+            seed=i // group,
+            split="train",
+            instruction=f"Click the button labelled Item {i}.",
+            policy="student",
+            group_id=f"g{i // group}",
+            sample_idx=i % group,
+            task_reward=float(ok),
+            success=ok,
+            status="ok",
+            n_steps=1,
+            run_key="bench",
+        )
+        step = dict(
+            episode_id=eid,
+            step_idx=0,
+            is_final=False,
+            screenshot=pngs[i % len(pngs)],
+            screen_w=w,
+            screen_h=h,
+            ui_text=_ui_text(ui_elems, rng, w, h),
+            thought=f"The button is at ({a.x},{a.y}).",
+            action_desc="Click the button",
+            raw_action=json.dumps({"action": "click", "x": a.x, "y": a.y}),
+            action=json.dumps({"action": "click", "x": a.x, "y": a.y}),
+            parse_ok=True,
+            parse_error=None,
+            exec_error=None,
+            token_ids=ids,
+            logprobs=(-12.0 + rng.normal(0, 0.5, k)).tolist(),
+            feedback=None if ok else "The click landed on no button.",
+            run_key="bench",
+        )
         rows += episode_rows(episode, [step], arch="qwen3-vl", opts=PromptOptions())
     return rows
 
@@ -158,20 +187,29 @@ def batch_shape(proc, rows: list[dict]) -> dict:
         r_.append(len(ids))
         img.append(_image_tokens(proc, e))
         if r.get("sdpo"):
-            te = enc.encode(teacher_messages(r["messages"], r.get("sdpo_solution"), r.get("sdpo_feedback")),
-                            r["images"], ids)
+            te = enc.encode(
+                teacher_messages(r["messages"], r.get("sdpo_solution"), r.get("sdpo_feedback")), r["images"], ids
+            )
             t.append(te["input_ids"].shape[1])
             extra.append(t[-1] - n)
-    return {"rows": len(rows), "tokens": sum(p) + sum(r_), "response_tokens": sum(r_),
-            "prompt_tokens_mean": sum(p) / len(p),
-            "image_tokens_mean": sum(img) / len(img), "text_prompt_tokens_mean": (sum(p) - sum(img)) / len(p),
-            "response_tokens_mean": sum(r_) / len(r_), "teacher_rows": len(t), "teacher_tokens": sum(t),
-            "teacher_extra_prompt_tokens_mean": sum(extra) / max(len(extra), 1)}
+    return {
+        "rows": len(rows),
+        "tokens": sum(p) + sum(r_),
+        "response_tokens": sum(r_),
+        "prompt_tokens_mean": sum(p) / len(p),
+        "image_tokens_mean": sum(img) / len(img),
+        "text_prompt_tokens_mean": (sum(p) - sum(img)) / len(p),
+        "response_tokens_mean": sum(r_) / len(r_),
+        "teacher_rows": len(t),
+        "teacher_tokens": sum(t),
+        "teacher_extra_prompt_tokens_mean": sum(extra) / max(len(extra), 1),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ models
 def build(size: str, mode: str):
     from training.models import apply_lora, build_model, count_parameters, freeze_vision
+
     model, proc = build_model("qwen3-vl", size, seed=0, dtype="auto", device="auto")
     model.config.use_cache = False
     if mode == "lora":
@@ -183,10 +221,15 @@ def build(size: str, mode: str):
 
 def _stats(times: list[float], shape: dict, n_params: int, batch: int, teacher: bool = False) -> dict:
     t = sorted(times)[len(times) // 2]
-    out = {"batch": batch, "step_s": round(t, 4), "tokens_per_s": round(shape["tokens"] / t, 1),
-           "response_tokens_per_s": round(shape["response_tokens"] / t, 1), "peak_mem_gib": _peak_gib(),
-           "mfu": round(6 * n_params * shape["tokens"] / t / PEAK_BF16, 3) if _cuda() else None,
-           "steps_timed": len(times)}
+    out = {
+        "batch": batch,
+        "step_s": round(t, 4),
+        "tokens_per_s": round(shape["tokens"] / t, 1),
+        "response_tokens_per_s": round(shape["response_tokens"] / t, 1),
+        "peak_mem_gib": _peak_gib(),
+        "mfu": round(6 * n_params * shape["tokens"] / t / PEAK_BF16, 3) if _cuda() else None,
+        "steps_timed": len(times),
+    }
     if teacher and _cuda():
         flops = (6 * shape["tokens"] + 2 * shape["teacher_tokens"]) * n_params
         out["mfu_with_teacher"] = round(flops / t / PEAK_BF16, 3)
@@ -194,14 +237,33 @@ def _stats(times: list[float], shape: dict, n_params: int, batch: int, teacher: 
 
 
 # ------------------------------------------------------------------------------------------------ ours
-def run_ours(model, proc, rows, algo: str, steps: int, warmup: int, shape: dict, n_params: int, lr: float,
-             breakdown: bool = False, sdpo_mode: str = "sampled", kernels: bool = True) -> dict:
+def run_ours(
+    model,
+    proc,
+    rows,
+    algo: str,
+    steps: int,
+    warmup: int,
+    shape: dict,
+    n_params: int,
+    lr: float,
+    breakdown: bool = False,
+    sdpo_mode: str = "sampled",
+    kernels: bool = True,
+) -> dict:
     """One RLTrainer.update over the batch with epochs = warmup + steps (one optimizer step per epoch)."""
     from training.kernels import unfuse_model
     from training.rl import RLSettings, RLTrainer
 
-    s = RLSettings(algorithm=algo, lr=lr, batch_size=len(rows), epochs=warmup + steps, seed=0, sdpo_mode=sdpo_mode,
-                   fused_kernels=kernels)
+    s = RLSettings(
+        algorithm=algo,
+        lr=lr,
+        batch_size=len(rows),
+        epochs=warmup + steps,
+        seed=0,
+        sdpo_mode=sdpo_mode,
+        fused_kernels=kernels,
+    )
     try:
         trainer = RLTrainer(model, proc, s)
         return time_update(trainer, rows, s, steps, warmup, shape, n_params, breakdown)
@@ -230,10 +292,15 @@ def time_update(trainer, rows, s, steps: int, warmup: int, shape: dict, n_params
     total = time.perf_counter() - t0
     out = _stats(times[warmup:], shape, n_params, len(rows), teacher=s.distill_weight > 0)
     last = res["steps"][-1]
-    out.update(kernels=trainer.kernels, sdpo_mode=s.sdpo_mode if s.distill_weight > 0 else None,
-               prep_s=round(total - sum(times), 3), first_step_s=round(times[0], 3), n_rows=last["n_rows"],
-               n_sdpo_rows=last["n_sdpo_rows"], loss_finite=all(torch.isfinite(torch.tensor(m["loss"])).item()
-                                                                  for m in res["steps"]))
+    out.update(
+        kernels=trainer.kernels,
+        sdpo_mode=s.sdpo_mode if s.distill_weight > 0 else None,
+        prep_s=round(total - sum(times), 3),
+        first_step_s=round(times[0], 3),
+        n_rows=last["n_rows"],
+        n_sdpo_rows=last["n_sdpo_rows"],
+        loss_finite=all(torch.isfinite(torch.tensor(m["loss"])).item() for m in res["steps"]),
+    )
     if breakdown:
         out["breakdown"] = _breakdown(trainer, urows)
     del trainer, res
@@ -264,12 +331,19 @@ def _breakdown(trainer, rows: list[dict], reps: int = 5) -> dict:
     enc, dev, model, dt = trainer.encoder, trainer.device, trainer.model, trainer.pixel_dtype
     encs = [enc.encode(r["messages"], r["images"], enc.response_ids(r)) for r in rows]
     sd = [i for i, r in enumerate(rows) if r.get("sdpo")] if trainer.teacher is not None else []
-    tencs = {i: enc.encode(teacher_messages(rows[i]["messages"], rows[i].get("sdpo_solution"),
-                                            rows[i].get("sdpo_feedback")), rows[i]["images"],
-                           enc.response_ids(rows[i])) for i in sd}
-    out = {"collate_cpu_s": _median_time(lambda: enc.collator.pad(encs), reps),
-           "pad_from_host_fp32_s": _median_time(lambda: enc.pad(encs, dev), reps),
-           "place_rows_once_s": _median_time(lambda: trainer._resident(encs, dict(tencs)), reps)}
+    tencs = {
+        i: enc.encode(
+            teacher_messages(rows[i]["messages"], rows[i].get("sdpo_solution"), rows[i].get("sdpo_feedback")),
+            rows[i]["images"],
+            enc.response_ids(rows[i]),
+        )
+        for i in sd
+    }
+    out = {
+        "collate_cpu_s": _median_time(lambda: enc.collator.pad(encs), reps),
+        "pad_from_host_fp32_s": _median_time(lambda: enc.pad(encs, dev), reps),
+        "place_rows_once_s": _median_time(lambda: trainer._resident(encs, dict(tencs)), reps),
+    }
     res, tres = trainer._resident(encs, dict(tencs))
     out["pad_resident_s"] = _median_time(lambda: enc.pad(res, dev, dt), reps)
     batch, pos, mask = enc.pad(res, dev, dt)
@@ -296,7 +370,7 @@ def _breakdown(trainer, rows: list[dict], reps: int = 5) -> dict:
         tl = [tres[i] for i in sd]
         out["teacher_pad_resident_s"] = _median_time(lambda: enc.pad(tl, dev, dt), reps)
         tb, tpos, tmask = enc.pad(tl, dev, dt)
-        at = top[0][1][:, :tpos.shape[1]] if topk else None
+        at = top[0][1][:, : tpos.shape[1]] if topk else None
 
         def teacher_fwd():
             with torch.no_grad():
@@ -333,21 +407,26 @@ def trl_inputs(model, proc, rows: list[dict], device) -> dict:
     mm = torch.zeros((B, P + R), dtype=torch.long) if "mm_token_type_ids" in encs[0] else None
     for i, (e, p, r) in enumerate(zip(encs, n_p, n_r)):
         ids = e["input_ids"][0]
-        prompt_ids[i, P - p:], prompt_mask[i, P - p:] = ids[:p], 1
+        prompt_ids[i, P - p :], prompt_mask[i, P - p :] = ids[:p], 1
         completion_ids[i, :r], completion_mask[i, :r] = ids[p:], 1
         if mm is not None:
-            mm[i, P - p:P] = e["mm_token_type_ids"][0][:p]
+            mm[i, P - p : P] = e["mm_token_type_ids"][0][:p]
     with torch.no_grad():
         batch, pos, mask = enc.pad(encs, device)
         old, _ = response_logprobs(model.eval(), batch, pos, mask)
     old_t = torch.zeros((B, R), dtype=torch.float32)
-    old_t[:, :old.shape[1]] = old.float().cpu()
-    inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-              "completion_mask": completion_mask,
-              "advantages": torch.tensor([r["advantage"] for r in rows], dtype=torch.float32),
-              "old_per_token_logps": old_t, "num_items_in_batch": completion_mask.sum().float(),
-              "pixel_values": torch.cat([e["pixel_values"] for e in encs]),
-              "image_grid_thw": torch.cat([e["image_grid_thw"] for e in encs])}
+    old_t[:, : old.shape[1]] = old.float().cpu()
+    inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([r["advantage"] for r in rows], dtype=torch.float32),
+        "old_per_token_logps": old_t,
+        "num_items_in_batch": completion_mask.sum().float(),
+        "pixel_values": torch.cat([e["pixel_values"] for e in encs]),
+        "image_grid_thw": torch.cat([e["image_grid_thw"] for e in encs]),
+    }
     if mm is not None:
         inputs["mm_token_type_ids"] = mm
     inputs = {k: v.to(device) for k, v in inputs.items()}
@@ -356,8 +435,19 @@ def trl_inputs(model, proc, rows: list[dict], device) -> dict:
     return inputs
 
 
-def run_trl(model, proc, rows, steps: int, warmup: int, shape: dict, n_params: int, lr: float, group: int,
-            max_completion: int, out_dir: str) -> dict:
+def run_trl(
+    model,
+    proc,
+    rows,
+    steps: int,
+    warmup: int,
+    shape: dict,
+    n_params: int,
+    lr: float,
+    group: int,
+    max_completion: int,
+    out_dir: str,
+) -> dict:
     """GRPOTrainer built normally around `model`, then its compute_loss + backward + clip + AdamW per step."""
     import trl
     from datasets import Dataset
@@ -367,12 +457,30 @@ def run_trl(model, proc, rows, steps: int, warmup: int, shape: dict, n_params: i
 
     eps_low, eps_high = RLSettings().clip
     B = len(rows)
-    args = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=B, num_generations=min(group, B),
-                      gradient_checkpointing=False, bf16=_cuda(), loss_type="dr_grpo", epsilon=eps_low,
-                      epsilon_high=eps_high, beta=0.0, max_completion_length=max_completion, learning_rate=lr,
-                      optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.98, weight_decay=0.0, max_grad_norm=1.0,
-                      report_to="none", save_strategy="no", logging_strategy="no", use_cpu=not _cuda(),
-                      dataloader_num_workers=0, seed=0)
+    args = GRPOConfig(
+        output_dir=out_dir,
+        per_device_train_batch_size=B,
+        num_generations=min(group, B),
+        gradient_checkpointing=False,
+        bf16=_cuda(),
+        loss_type="dr_grpo",
+        epsilon=eps_low,
+        epsilon_high=eps_high,
+        beta=0.0,
+        max_completion_length=max_completion,
+        learning_rate=lr,
+        optim="adamw_torch",
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=not _cuda(),
+        dataloader_num_workers=0,
+        seed=0,
+    )
     ds = Dataset.from_dict({"prompt": [[{"role": "user", "content": "x"}]] * B})
     tr = GRPOTrainer(model=model, reward_funcs=_no_reward, args=args, train_dataset=ds, processing_class=proc)
     tr.current_gradient_accumulation_steps = 1  # set by Trainer's train loop, which is not run here
@@ -382,7 +490,7 @@ def run_trl(model, proc, rows, steps: int, warmup: int, shape: dict, n_params: i
     model.train()  # as Trainer.training_step does (dropout is 0 in this model)
     times, losses, fb, fw = [], [], [], []
     _reset_peak()
-    for i in range(warmup + steps):
+    for _ in range(warmup + steps):
         _sync()
         t0 = time.perf_counter()
         with tr.compute_loss_context_manager():
@@ -401,12 +509,18 @@ def run_trl(model, proc, rows, steps: int, warmup: int, shape: dict, n_params: i
         losses.append(float(loss.detach()))
     out = _stats(times[warmup:], shape, n_params, B)
     med = lambda v: round(sorted(v)[len(v) // 2], 4)  # noqa: E731
-    out["breakdown"] = {"fwd_s": med(fw[warmup:]), "bwd_s": med([b - f for b, f in zip(fb[warmup:], fw[warmup:])]),
-                        "fwd_bwd_s": round(sorted(fb[warmup:])[len(fb[warmup:]) // 2], 4),
-                        "optimizer_s": round(sorted(t - f for t, f in zip(times[warmup:], fb[warmup:]))[steps // 2], 4)}
-    out.update(first_step_s=round(times[0], 3), loss_finite=all(torch.isfinite(torch.tensor(losses)).tolist()),
-               trl_version=trl.__version__, padded_tokens=int(B * (inputs["prompt_ids"].shape[1]
-                                                                   + inputs["completion_ids"].shape[1])))
+    out["breakdown"] = {
+        "fwd_s": med(fw[warmup:]),
+        "bwd_s": med([b - f for b, f in zip(fb[warmup:], fw[warmup:])]),
+        "fwd_bwd_s": round(sorted(fb[warmup:])[len(fb[warmup:]) // 2], 4),
+        "optimizer_s": round(sorted(t - f for t, f in zip(times[warmup:], fb[warmup:]))[steps // 2], 4),
+    }
+    out.update(
+        first_step_s=round(times[0], 3),
+        loss_finite=all(torch.isfinite(torch.tensor(losses)).tolist()),
+        trl_version=trl.__version__,
+        padded_tokens=int(B * (inputs["prompt_ids"].shape[1] + inputs["completion_ids"].shape[1])),
+    )
     model.eval()
     del tr, opt, inputs, params
     return out
@@ -434,10 +548,19 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4, help="episodes per group (half of each succeeded)")
     ap.add_argument("--modes", nargs="+", default=["lora", "full"])
     ap.add_argument("--algos", nargs="+", default=["grpo", "sdpo"])
-    ap.add_argument("--sdpo-modes", nargs="+", default=["sampled", "topk"], choices=["sampled", "topk"],
-                    help="rl.sdpo_mode values to time SDPO with (sampled -> 'sdpo', topk -> 'sdpo_topk')")
-    ap.add_argument("--ablate-kernels", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time our GRPO step with rl.fused_kernels off ('grpo_no_kernels')")
+    ap.add_argument(
+        "--sdpo-modes",
+        nargs="+",
+        default=["sampled", "topk"],
+        choices=["sampled", "topk"],
+        help="rl.sdpo_mode values to time SDPO with (sampled -> 'sdpo', topk -> 'sdpo_topk')",
+    )
+    ap.add_argument(
+        "--ablate-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time our GRPO step with rl.fused_kernels off ('grpo_no_kernels')",
+    )
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--text-tokens", type=int, default=600, help="prompt text tokens per row (approximate)")
@@ -445,23 +568,41 @@ def main() -> None:
     ap.add_argument("--resp-max", type=int, default=96, help="<= RLSettings.max_new_tokens (96)")
     ap.add_argument("--screen", default="1280x704", help="screenshot WxH")
     ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time TRL's GRPOTrainer loss on the same batch")
-    ap.add_argument("--breakdown", action=argparse.BooleanOptionalAction, default=True,
-                    help="ours: also time the pieces of a step (collate, copy, fwd+bwd, optimizer, teacher)")
+    ap.add_argument(
+        "--trl",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time TRL's GRPOTrainer loss on the same batch",
+    )
+    ap.add_argument(
+        "--breakdown",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ours: also time the pieces of a step (collate, copy, fwd+bwd, optimizer, teacher)",
+    )
     ap.add_argument("--out", default=None, help="also write the JSON here")
     a = ap.parse_args()
     screen = tuple(int(x) for x in a.screen.lower().split("x"))
     from training.rl import ALGORITHMS, RLSettings
+
     for algo in a.algos:
         if algo not in ALGORITHMS:
             ap.error(f"unknown algo {algo!r}: use {', '.join(ALGORITHMS)}")
     max_new = RLSettings().max_new_tokens
-    out = {"benchmark": "rl_gpu_step", "size": a.size,
-           "gpu": torch.cuda.get_device_name(0) if _cuda() else "cpu", "torch": torch.__version__,
-           "batch": a.batch, "group": a.group, "screen": list(screen), "steps": a.steps, "warmup": a.warmup,
-           "results": {}}
+    out = {
+        "benchmark": "rl_gpu_step",
+        "size": a.size,
+        "gpu": torch.cuda.get_device_name(0) if _cuda() else "cpu",
+        "torch": torch.__version__,
+        "batch": a.batch,
+        "group": a.group,
+        "screen": list(screen),
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "results": {},
+    }
     import transformers
+
     out["transformers"] = transformers.__version__
     rows, shape = None, None
     for mode in a.modes:
@@ -472,8 +613,9 @@ def main() -> None:
             shape = batch_shape(proc, rows)
             out["batch_shape"] = dict(shape, ui_elements=ui)
             print(json.dumps({"batch_shape": out["batch_shape"]}), file=sys.stderr)
-        res = out["results"].setdefault(mode, {"params": counts["total"], "trainable_params": counts["trainable"],
-                                               "ours": {}})
+        res = out["results"].setdefault(
+            mode, {"params": counts["total"], "trainable_params": counts["trainable"], "ours": {}}
+        )
         runs = []  # (result key, algo, sdpo_mode, fused kernels)
         for algo in a.algos:
             if algo == "sdpo":
@@ -483,15 +625,45 @@ def main() -> None:
                 if algo == "grpo" and a.ablate_kernels and _cuda():
                     runs.append(("grpo_no_kernels", algo, "sampled", False))
         for key, algo, sdpo_mode, kern in runs:
-            res["ours"][key] = _guard(lambda: run_ours(model, proc, rows, algo, a.steps, a.warmup, shape,
-                                                       counts["total"], a.lr, a.breakdown, sdpo_mode, kern), a.batch)
+            res["ours"][key] = _guard(
+                lambda: run_ours(
+                    model,
+                    proc,
+                    rows,
+                    algo,
+                    a.steps,
+                    a.warmup,
+                    shape,
+                    counts["total"],
+                    a.lr,
+                    a.breakdown,
+                    sdpo_mode,
+                    kern,
+                ),
+                a.batch,
+            )
             print(json.dumps({mode: {"ours": {key: res["ours"][key]}}}), file=sys.stderr)
             _reset_peak()
         if a.trl:
             try:
-                res["trl"] = {"grpo": _guard(lambda: run_trl(model, proc, rows, a.steps, a.warmup, shape,
-                                                             counts["total"], a.lr, a.group, max_new,
-                                                             f"/tmp/rl_bench_trl_{mode}"), a.batch)}
+                res["trl"] = {
+                    "grpo": _guard(
+                        lambda: run_trl(
+                            model,
+                            proc,
+                            rows,
+                            a.steps,
+                            a.warmup,
+                            shape,
+                            counts["total"],
+                            a.lr,
+                            a.group,
+                            max_new,
+                            f"/tmp/rl_bench_trl_{mode}",
+                        ),
+                        a.batch,
+                    )
+                }
             except Exception as e:  # report, keep the other numbers
                 res["trl"] = {"grpo": {"error": f"{type(e).__name__}: {e}"[:500]}}
             print(json.dumps({mode: {"trl": res["trl"]}}), file=sys.stderr)
@@ -505,7 +677,7 @@ def main() -> None:
                 res["speedup_vs_trl_grpo"] = round(trl_s / ours["grpo"]["step_s"], 3)
                 if "step_s" in ours.get("grpo_no_kernels", {}):
                     res["speedup_vs_trl_grpo_no_kernels"] = round(trl_s / ours["grpo_no_kernels"]["step_s"], 3)
-        del model
+        model = None  # drop the reference before the next mode's build
         _reset_peak()
     text = json.dumps(out, indent=1)
     print(text)

@@ -25,7 +25,7 @@ from benchmarks._rl_common import add_model_args, load_for_rl  # noqa: E402
 def _grad(model, params, enc, rows, response_logprobs, torch):
     model.zero_grad()
     for i in range(0, len(rows), 16):
-        mb = rows[i:i + 16]
+        mb = rows[i : i + 16]
         ids = [enc.response_ids(r) for r in mb]
         batch, pos, mask = enc.pad([enc.encode(r["messages"], r["images"], x) for r, x in zip(mb, ids)], "cpu")
         lp, _ = response_logprobs(model, batch, pos, mask)
@@ -67,11 +67,20 @@ def main() -> None:
         n_rows[key] = len(rows)
         gs.append(_grad(model, params, enc, rows, response_logprobs, torch))
     cos, mean = _cos(gs, torch)
-    mbs = [_grad(model, params, enc, first[i:i + 16], response_logprobs, torch) for i in range(0, len(first) - 15, 16)]
-    print(json.dumps({"rows": n_rows, "round_cosines": [[round(float(x), 3) for x in row] for row in cos],
-                      "round_pairwise_mean": round(mean, 3),
-                      "minibatch16_pairwise_mean_first_round": round(_cos(mbs, torch)[1], 3) if len(mbs) > 1 else None},
-                     indent=1))
+    mbs = [
+        _grad(model, params, enc, first[i : i + 16], response_logprobs, torch) for i in range(0, len(first) - 15, 16)
+    ]
+    print(
+        json.dumps(
+            {
+                "rows": n_rows,
+                "round_cosines": [[round(float(x), 3) for x in row] for row in cos],
+                "round_pairwise_mean": round(mean, 3),
+                "minibatch16_pairwise_mean_first_round": round(_cos(mbs, torch)[1], 3) if len(mbs) > 1 else None,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

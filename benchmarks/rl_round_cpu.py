@@ -42,19 +42,34 @@ def _compare_loads(a, lake, model) -> tuple[list[dict], dict[str, list[float]]]:
 
     def load(with_lake: bool, index=None):
         con = connect(lake, write_catalog_file=False)
-        return load_rl_rows(con, [a.run_key], arch=model_arch(model), opts=PromptOptions(), targets=a.targets,
-                            replay=True, lake=lake if with_lake else None, index=index)
+        return load_rl_rows(
+            con,
+            [a.run_key],
+            arch=model_arch(model),
+            opts=PromptOptions(),
+            targets=a.targets,
+            replay=True,
+            lake=lake if with_lake else None,
+            index=index,
+        )
 
     # the stage keeps one index of stored successes per run: built on its first round, then each later round
     # opens only the episode files added since (here: none), so the warm index is what rounds 1+ see
     index = stored_index(lake)
     build, _ = _timed(lambda: index.rows(connect(lake, write_catalog_file=False)))
-    loads: dict[str, list[float]] = {"views": [], "run_files": [], "run_files_warm_index": [],
-                                     "index_first_build": [build]}
+    loads: dict[str, list[float]] = {
+        "views": [],
+        "run_files": [],
+        "run_files_warm_index": [],
+        "index_first_build": [build],
+    }
     got = {}
     for _ in range(a.repeats):
-        for name, flag, idx in (("views", False, None), ("run_files", True, None),
-                                ("run_files_warm_index", True, index)):
+        for name, flag, idx in (
+            ("views", False, None),
+            ("run_files", True, None),
+            ("run_files_warm_index", True, index),
+        ):
             dt, got[name] = _timed(lambda: load(flag, idx))
             loads[name].append(dt)
     if not got["views"] == got["run_files"] == got["run_files_warm_index"]:
@@ -85,11 +100,15 @@ def _compare_steps(a, model, enc, encoded) -> tuple[dict[str, list[float]], list
 
     n = min(a.rows, len(encoded))
     random_order = np.random.default_rng(0).permutation(len(encoded))[:n].tolist()
-    ways = {"random": [random_order[k:k + a.micro] for k in range(0, n, a.micro)],
-            "length": length_batches(random_order, encoded, a.micro)}
+    ways = {
+        "random": [random_order[k : k + a.micro] for k in range(0, n, a.micro)],
+        "length": length_batches(random_order, encoded, a.micro),
+    }
     lens = [e["input_ids"].shape[-1] for e in encoded]
-    pads = {k: 1 - sum(lens[i] for b in v for i in b) / sum(max(lens[i] for i in b) * len(b) for b in v)
-            for k, v in ways.items()}
+    pads = {
+        k: 1 - sum(lens[i] for b in v for i in b) / sum(max(lens[i] for i in b) * len(b) for b in v)
+        for k, v in ways.items()
+    }
     steps: dict[str, list[float]] = {"random": [], "length": []}
     scores = []
     for _ in range(a.repeats):
@@ -114,19 +133,34 @@ def main() -> None:
     rows, loads = _compare_loads(a, lake, model)
     encoded = [enc.encode(r["messages"], r["images"], enc.response_ids(r)) for r in rows]
     steps, scores, pads, n = _compare_steps(a, model, enc, encoded)
-    med = {k: statistics.median(v) for k, v in {**{f"load_{k}": v for k, v in loads.items()},
-                                                 **{f"fwd_bwd_{k}": v for k, v in steps.items()}}.items()}
-    print(json.dumps({
-        "benchmark": "rl_round_cpu", "run_key": a.run_key, "rows": len(rows), "rows_fwd_bwd": n, "micro": a.micro,
-        "threads": torch.get_num_threads(), "repeats": a.repeats,
-        "seconds": {k: round(v, 2) for k, v in med.items()},
-        "score_old_logp_s": round(statistics.median(scores), 2),
-        "load_speedup": round(med["load_views"] / med["load_run_files"], 2),
-        "load_index_speedup": round(med["load_run_files"] / med["load_run_files_warm_index"], 2),
-        "pad_fraction": {k: round(v, 3) for k, v in pads.items()},
-        "fwd_bwd_speedup": round(med["fwd_bwd_random"] / med["fwd_bwd_length"], 2),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-    }, indent=1))
+    med = {
+        k: statistics.median(v)
+        for k, v in {
+            **{f"load_{k}": v for k, v in loads.items()},
+            **{f"fwd_bwd_{k}": v for k, v in steps.items()},
+        }.items()
+    }
+    print(
+        json.dumps(
+            {
+                "benchmark": "rl_round_cpu",
+                "run_key": a.run_key,
+                "rows": len(rows),
+                "rows_fwd_bwd": n,
+                "micro": a.micro,
+                "threads": torch.get_num_threads(),
+                "repeats": a.repeats,
+                "seconds": {k: round(v, 2) for k, v in med.items()},
+                "score_old_logp_s": round(statistics.median(scores), 2),
+                "load_speedup": round(med["load_views"] / med["load_run_files"], 2),
+                "load_index_speedup": round(med["load_run_files"] / med["load_run_files_warm_index"], 2),
+                "pad_fraction": {k: round(v, 3) for k, v in pads.items()},
+                "fwd_bwd_speedup": round(med["fwd_bwd_random"] / med["fwd_bwd_length"], 2),
+                "date": time.strftime("%Y-%m-%d %H:%M"),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

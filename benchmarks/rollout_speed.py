@@ -35,8 +35,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DEFAULT_TASKS = ["click-test", "click-button", "focus-text", "click-tab", "enter-text", "click-link",
-                 "click-checkboxes", "login-user"]
+DEFAULT_TASKS = [
+    "click-test",
+    "click-button",
+    "focus-text",
+    "click-tab",
+    "enter-text",
+    "click-link",
+    "click-checkboxes",
+    "login-user",
+]
 
 
 def _bare_worker(episodes: list[tuple[str, int, list[dict]]]) -> int:
@@ -68,7 +76,9 @@ def _bare_worker(episodes: list[tuple[str, int, list[dict]]]) -> int:
                 elif kind == "type":
                     act = u.create_action(A.TYPE_TEXT, text=a["text"])
                 elif kind == "key":
-                    act = u.create_action(A.PRESS_KEY, key=u.action_space_config.allowed_keys.index(miniwob_key(a["keys"])))
+                    act = u.create_action(
+                        A.PRESS_KEY, key=u.action_space_config.allowed_keys.index(miniwob_key(a["keys"]))
+                    )
                 else:
                     act = u.create_action(A.NONE)
                 env.step(act)
@@ -93,10 +103,20 @@ def run_bare(episodes: list[tuple[str, int, list[dict]]], n: int) -> tuple[int, 
 def run_stage(lake_root: Path, tasks: list[str], seeds: list[int], n: int):
     from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from storage.catalog import connect
+
     key = f"bench-n{n}"
     jobs = make_jobs(key, tasks, seeds, policy_tag="scripted:0")
-    spec = RolloutSpec(run_key=key, iteration=0, stage="bench", lake_root=str(lake_root), jobs=jobs,
-                       policy=PolicySpec("scripted"), n_envs=n, max_steps=10, episode_timeout_s=120)
+    spec = RolloutSpec(
+        run_key=key,
+        iteration=0,
+        stage="bench",
+        lake_root=str(lake_root),
+        jobs=jobs,
+        policy=PolicySpec("scripted"),
+        n_envs=n,
+        max_steps=10,
+        episode_timeout_s=120,
+    )
     t0 = time.perf_counter()
     s = run_rollouts(spec, progress=False)
     wall = time.perf_counter() - t0
@@ -108,38 +128,65 @@ def run_stage(lake_root: Path, tasks: list[str], seeds: list[int], n: int):
     return s, wall, episodes
 
 
-def run_student(lake_root: Path, tasks: list[str], seeds: list[int], n_envs: int, workers: int, model: str,
-                before: bool = False) -> tuple[dict, list]:
+def run_student(
+    lake_root: Path, tasks: list[str], seeds: list[int], n_envs: int, workers: int, model: str, before: bool = False
+) -> tuple[dict, list]:
     from envs import registry
     from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+
     workers = max(1, min(workers, n_envs))
     per = max(1, n_envs // workers)
     key = f"student-{'before' if before else 'now'}-e{n_envs}"
     cfg = {"model": model, "temperature": 1.0, "max_new_tokens": 64, "lean_decode": not before}
     caps = {t.task_id: t.max_steps for t in registry.TASKS if t.task_id in tasks}
     jobs = make_jobs(key, tasks, seeds, policy_tag="student:bench", max_steps=caps)
-    spec = RolloutSpec(run_key=key, iteration=0, stage="bench", lake_root=str(lake_root), jobs=jobs,
-                       policy=PolicySpec("student", {"model": model, "config": cfg}), n_envs=workers,
-                       envs_per_worker=per, episode_timeout_s=1800,
-                       policy_threads=(os.cpu_count() or 1) if before else None)
+    spec = RolloutSpec(
+        run_key=key,
+        iteration=0,
+        stage="bench",
+        lake_root=str(lake_root),
+        jobs=jobs,
+        policy=PolicySpec("student", {"model": model, "config": cfg}),
+        n_envs=workers,
+        envs_per_worker=per,
+        episode_timeout_s=1800,
+        policy_threads=(os.cpu_count() or 1) if before else None,
+    )
     t0 = time.perf_counter()
     s = run_rollouts(spec, progress=False)
     wall = time.perf_counter() - t0
     from storage.catalog import connect
-    rows = connect(lake_root).execute(f"""SELECT s.screenshot, s.ui_text, e.instruction FROM steps s
-        JOIN episodes e USING (episode_id) WHERE e.run_key = '{key}' AND NOT s.is_final LIMIT 64""").fetchall()
-    return ({"workers": workers, "envs_per_worker": per, "episodes": s.ran, "steps": s.steps,
-             "success_rate": round(s.successes / max(s.ran, 1), 3), "wall_s": round(wall, 2),
-             "steps_per_s": round(s.steps / wall, 3), "timings_s": s.timings}, rows)
+
+    rows = (
+        connect(lake_root)
+        .execute(f"""SELECT s.screenshot, s.ui_text, e.instruction FROM steps s
+        JOIN episodes e USING (episode_id) WHERE e.run_key = '{key}' AND NOT s.is_final LIMIT 64""")
+        .fetchall()
+    )
+    return (
+        {
+            "workers": workers,
+            "envs_per_worker": per,
+            "episodes": s.ran,
+            "steps": s.steps,
+            "success_rate": round(s.successes / max(s.ran, 1), 3),
+            "wall_s": round(wall, 2),
+            "steps_per_s": round(s.steps / wall, 3),
+            "timings_s": s.timings,
+        },
+        rows,
+    )
 
 
 def run_backend(model: str, rows: list, batch: int, calls: int = 6) -> dict:
     """Bare replies/s: the backend alone on prompts from the student's own steps (1 thread, one process)."""
     import torch
+
     torch.set_num_threads(1)
     from agents.backends.base import Sampling
     from agents.backends.hf import HFBackend
     from agents.prompts import PromptOptions, build_prompt, transform_for
+
     be = HFBackend(model)
     t = transform_for(be.arch, 160, 210)
     prompts = [build_prompt(instr, png, ui, [], PromptOptions(), t) for png, ui, instr in rows]
@@ -156,6 +203,7 @@ def run_backend(model: str, rows: list, batch: int, calls: int = 6) -> dict:
 
 def _random_mini(root: Path) -> str:
     from training.models import init_model
+
     return str(init_model("qwen3-vl", "mini", root / "mini-random", seed=0))
 
 
@@ -177,21 +225,31 @@ def main() -> None:
         for n in a.envs:
             s, wall, episodes = run_stage(Path(tmp) / "lake", a.tasks, list(range(a.seeds)), n)
             stage_sps = s.steps / wall
-            res = {"envs": n, "episodes": s.ran, "success_rate": round(s.successes / max(s.ran, 1), 3),
-                   "stage_steps": s.steps, "stage_wall_s": round(wall, 2), "stage_steps_per_s": round(stage_sps, 2)}
+            res = {
+                "envs": n,
+                "episodes": s.ran,
+                "success_rate": round(s.successes / max(s.ran, 1), 3),
+                "stage_steps": s.steps,
+                "stage_wall_s": round(wall, 2),
+                "stage_steps_per_s": round(stage_sps, 2),
+            }
             if not a.no_bare:
                 bare_steps, bare_wall = run_bare(episodes, n)
-                res.update(bare_steps=bare_steps, bare_wall_s=round(bare_wall, 2),
-                           bare_steps_per_s=round(bare_steps / bare_wall, 2),
-                           ratio=round(stage_sps / (bare_steps / bare_wall), 3))
+                res.update(
+                    bare_steps=bare_steps,
+                    bare_wall_s=round(bare_wall, 2),
+                    bare_steps_per_s=round(bare_steps / bare_wall, 2),
+                    ratio=round(stage_sps / (bare_steps / bare_wall), 3),
+                )
             if a.student:
                 st, rows = run_student(Path(tmp) / "lake", a.tasks, list(range(a.seeds)), n, a.student_workers, model)
                 res["student"] = st
                 res["student_vs_scripted"] = round(st["steps_per_s"] / stage_sps, 3)
                 res["backend"] = run_backend(model, rows, st["envs_per_worker"])
                 if a.before:
-                    bt, _ = run_student(Path(tmp) / "lake", a.tasks, list(range(a.seeds)), n, a.student_workers,
-                                        model, before=True)
+                    bt, _ = run_student(
+                        Path(tmp) / "lake", a.tasks, list(range(a.seeds)), n, a.student_workers, model, before=True
+                    )
                     res["student_before"] = bt
                     res["speedup_vs_before"] = round(st["steps_per_s"] / max(bt["steps_per_s"], 1e-9), 2)
             out["results"].append(res)

@@ -32,6 +32,7 @@ def upscaled(data: Path, out: Path, size: tuple[int, int], n: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from PIL import Image
+
     t = pq.read_table(data)
     rows = t.slice(0, n).to_pylist()
     for r in rows:
@@ -48,8 +49,25 @@ def run(base: Path, data: Path, out: Path, settings: dict, nproc: int) -> dict:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(nproc))}
     s = dict(settings, distributed="ddp" if nproc > 1 else "none", nproc=nproc if nproc > 1 else None)
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "training.sft", "--base", str(base), "--data", str(data), "--out",
-                        str(out), "--settings", json.dumps(s), "--no-progress"], env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training.sft",
+            "--base",
+            str(base),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--settings",
+            json.dumps(s),
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         raise SystemExit(f"{nproc}-GPU run failed: {r.stderr[-3000:]}")
     res = json.loads((out / "sft_result.json").read_text())
@@ -66,8 +84,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8, help="micro-batch (sft.batch_size)")
-    ap.add_argument("--accum", type=int, default=2, help="sft.grad_accum: the global batch is batch x accum; one GPU "
-                    "runs `accum` micro-batches a step, two GPUs split them")
+    ap.add_argument(
+        "--accum",
+        type=int,
+        default=2,
+        help="sft.grad_accum: the global batch is batch x accum; one GPU "
+        "runs `accum` micro-batches a step, two GPUs split them",
+    )
     ap.add_argument("--upscale", type=int, nargs=2, default=[1280, 704])
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--packing", action="store_true", help="sft.packing (the step's samples as packed rows)")
@@ -81,31 +104,58 @@ def main() -> None:
     import torch
 
     from training.models import init_model
+
     base = a.work / f"qwen3vl-{a.size}"
     if not (base / "config.json").exists():
         init_model("qwen3-vl", a.size, base, seed=0)
         import gc
+
         gc.collect()
         torch.cuda.empty_cache()  # the training processes need this GPU memory back (else 9.8 GiB stay reserved here)
     data = upscaled(a.data, a.work / "data.parquet", tuple(a.upscale), a.samples)
-    out = {"gpus": torch.cuda.device_count(), "size": a.size,
-           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-           "micro_batch": a.batch, "global_batch": a.batch * a.accum, "steps": a.steps, "warmup_steps": a.warmup,
-           "packing": a.packing, "pack_tokens": a.pack_tokens if a.packing else None, "modes": {}}
+    out = {
+        "gpus": torch.cuda.device_count(),
+        "size": a.size,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "micro_batch": a.batch,
+        "global_batch": a.batch * a.accum,
+        "steps": a.steps,
+        "warmup_steps": a.warmup,
+        "packing": a.packing,
+        "pack_tokens": a.pack_tokens if a.packing else None,
+        "modes": {},
+    }
     for mode in a.modes:
-        settings = {"method": mode, "batch_size": a.batch, "grad_accum": a.accum, "max_steps": a.steps, "epochs": 1000.0, "lr": 1e-4,
-                    "warmup_ratio": 0.0, "save_every": 10 ** 6, "merge": False, "record_step_times": True,
-                    "packing": a.packing, "pack_tokens": a.pack_tokens, "encode_cache_gib": a.cache_gib,
-                    "vision_cache": a.vision_cache, "encode_workers": a.encode_workers}
+        settings = {
+            "method": mode,
+            "batch_size": a.batch,
+            "grad_accum": a.accum,
+            "max_steps": a.steps,
+            "epochs": 1000.0,
+            "lr": 1e-4,
+            "warmup_ratio": 0.0,
+            "save_every": 10**6,
+            "merge": False,
+            "record_step_times": True,
+            "packing": a.packing,
+            "pack_tokens": a.pack_tokens,
+            "encode_cache_gib": a.cache_gib,
+            "vision_cache": a.vision_cache,
+            "encode_workers": a.encode_workers,
+        }
         sides = {}
         for n in a.gpus:
             res = run(base, data, a.work / f"{mode}-{n}gpu", settings, n)
-            times = res["step_times"][a.warmup:]
-            toks = res["step_tokens"][a.warmup:]
-            sides[f"{n}gpu"] = {"tokens_per_s": round(sum(toks) / sum(times), 1),
-                                "step_s": round(sum(times) / len(times), 4), "final_loss": res["final_loss"],
-                                "world_size": res.get("world_size"), "process_s": res["process_s"],
-                                "step_times": res["step_times"]}
+            times = res["step_times"][a.warmup :]
+            toks = res["step_tokens"][a.warmup :]
+            sides[f"{n}gpu"] = {
+                "tokens_per_s": round(sum(toks) / sum(times), 1),
+                "step_s": round(sum(times) / len(times), 4),
+                "final_loss": res["final_loss"],
+                "world_size": res.get("world_size"),
+                "process_s": res["process_s"],
+                "step_times": res["step_times"],
+            }
         if len(sides) == 2:
             sides["speedup"] = round(sides["2gpu"]["tokens_per_s"] / sides["1gpu"]["tokens_per_s"], 3)
         out["modes"][mode] = sides

@@ -33,9 +33,10 @@ PEAK_BF16 = 989e12  # H100 SXM dense bf16
 def make_samples(proc, n: int, text_tokens: int, label_tokens: int, seed: int = 0) -> list[dict]:
     import numpy as np
     from PIL import Image
+
     rng = np.random.default_rng(seed)
     out = []
-    for i in range(n):
+    for _ in range(n):
         img = Image.fromarray(rng.integers(0, 255, (704, 1280, 3), dtype=np.uint8))
         words = " ".join(f"w{int(x)}" for x in rng.integers(0, 500, text_tokens))
         msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": words}]}]
@@ -48,8 +49,13 @@ def make_samples(proc, n: int, text_tokens: int, label_tokens: int, seed: int = 
         ids = ids[: text_tokens + 880]
         labels = torch.full_like(ids, -100)
         labels[-label_tokens:] = ids[-label_tokens:]
-        s = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels,
-             "pixel_values": enc["pixel_values"], "image_grid_thw": enc["image_grid_thw"]}
+        s = {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "labels": labels,
+            "pixel_values": enc["pixel_values"],
+            "image_grid_thw": enc["image_grid_thw"],
+        }
         if "mm_token_type_ids" in enc:
             mm = torch.zeros_like(ids)
             mm[: enc["mm_token_type_ids"].shape[1]] = enc["mm_token_type_ids"][0][: ids.shape[0]]
@@ -71,8 +77,10 @@ def build(size: str, mode: str, fp32_adapters: bool = True, device: str = "cuda"
     """A random-init Qwen3-VL of `size` for a timed step: LoRA r16 (vision frozen by PEFT) or full with the vision
     tower frozen; bf16 on CUDA, fp32 on CPU (smoke runs). Shared with benchmarks/sft_packing.py."""
     from training.models import apply_lora, build_model, count_parameters, freeze_vision
-    model, proc = build_model("qwen3-vl", size, seed=0, dtype="bfloat16" if device == "cuda" else "float32",
-                              device=device)
+
+    model, proc = build_model(
+        "qwen3-vl", size, seed=0, dtype="bfloat16" if device == "cuda" else "float32", device=device
+    )
     model.config.use_cache = False
     if mode == "lora":
         model = apply_lora(model, r=16, alpha=32, dropout=0.0, fp32_adapters=fp32_adapters)
@@ -84,13 +92,18 @@ def build(size: str, mode: str, fp32_adapters: bool = True, device: str = "cuda"
 
 def _stats(times: list[float], tokens: int, n_params: int, batch: int) -> dict:
     t = sorted(times)[len(times) // 2]
-    return {"batch": batch, "step_s": round(t, 4), "tokens_per_s": round(tokens / t, 1),
-            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-            "mfu": round(6 * n_params * tokens / t / PEAK_BF16, 3)}
+    return {
+        "batch": batch,
+        "step_s": round(t, 4),
+        "tokens_per_s": round(tokens / t, 1),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "mfu": round(6 * n_params * tokens / t / PEAK_BF16, 3),
+    }
 
 
 def run_ours(model, samples, batch: int, steps: int, warmup: int, n_params: int) -> dict:
     from training.losses import labelled_token_loss
+
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
     times = []
     torch.cuda.reset_peak_memory_stats()
@@ -113,14 +126,26 @@ def run_trainer(model, samples, batch: int, steps: int, warmup: int, n_params: i
     from transformers import Trainer, TrainingArguments
 
     from benchmarks.trainer_timer import StepTimer
+
     timer = StepTimer()
-    args = TrainingArguments(output_dir="/tmp/sft_bench_trainer", per_device_train_batch_size=batch,
-                             max_steps=warmup + steps, bf16=True, optim="adamw_torch_fused", learning_rate=1e-5,
-                             report_to="none", save_strategy="no", logging_strategy="no",
-                             remove_unused_columns=False, dataloader_num_workers=0, lr_scheduler_type="constant")
+    args = TrainingArguments(
+        output_dir="/tmp/sft_bench_trainer",
+        per_device_train_batch_size=batch,
+        max_steps=warmup + steps,
+        bf16=True,
+        optim="adamw_torch_fused",
+        learning_rate=1e-5,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        lr_scheduler_type="constant",
+    )
     torch.cuda.reset_peak_memory_stats()
-    Trainer(model=model, args=args, train_dataset=samples * (warmup + steps), data_collator=collate,
-            callbacks=[timer]).train()
+    Trainer(
+        model=model, args=args, train_dataset=samples * (warmup + steps), data_collator=collate, callbacks=[timer]
+    ).train()
     return _stats(timer.times[warmup:], batch * samples[0]["input_ids"].shape[0], n_params, batch)
 
 
@@ -149,22 +174,34 @@ def main() -> None:
     ap.add_argument("--label-tokens", type=int, default=100)
     ap.add_argument("--liger", action="store_true", help="ours: fused RMSNorm/RoPE/SwiGLU kernels (training.kernels)")
     ap.add_argument("--compile", action="store_true", help="ours: torch.compile each decoder layer")
-    ap.add_argument("--bf16-adapters", action="store_true",
-                    help="ours, LoRA: adapters in bf16 (the Trainer side keeps PEFT's fp32 adapters)")
+    ap.add_argument(
+        "--bf16-adapters",
+        action="store_true",
+        help="ours, LoRA: adapters in bf16 (the Trainer side keeps PEFT's fp32 adapters)",
+    )
     a = ap.parse_args()
-    out = {"benchmark": "sft_gpu_step", "size": a.size, "gpu": torch.cuda.get_device_name(0),
-           "seq_len": a.text_tokens + 880, "labelled_tokens": a.label_tokens, "results": {}}
+    out = {
+        "benchmark": "sft_gpu_step",
+        "size": a.size,
+        "gpu": torch.cuda.get_device_name(0),
+        "seq_len": a.text_tokens + 880,
+        "labelled_tokens": a.label_tokens,
+        "results": {},
+    }
     # plain Trainer sides first: kernel patches are global to the transformers modules
     for mode in a.modes:
         res = out["results"].setdefault(mode, {})
         model, proc, counts = build(a.size, mode)
         samples = make_samples(proc, max(a.batch, a.max_batch), a.text_tokens, a.label_tokens)
-        res["trainer"] = _guard(lambda: run_trainer(model, samples, a.batch, a.steps, a.warmup, counts["total"]), a.batch)
+        res["trainer"] = _guard(
+            lambda: run_trainer(model, samples, a.batch, a.steps, a.warmup, counts["total"]), a.batch
+        )
         res["trainable_params"], res["params"] = counts["trainable"], counts["total"]
-        del model
+        model = None  # drop the reference so empty_cache can release its memory
         torch.cuda.empty_cache()
     if a.liger:
         from training.kernels import apply_fused_kernels
+
         out["ours_kernels"] = apply_fused_kernels("qwen3-vl")
     out["ours_compile"], out["ours_bf16_adapters"] = a.compile, a.bf16_adapters
     for mode in a.modes:
@@ -177,8 +214,9 @@ def main() -> None:
         res["ours"] = _guard(lambda: run_ours(model, samples, a.batch, a.steps, a.warmup, counts["total"]), a.batch)
         if a.max_batch > a.batch:
             res["ours_max_batch"] = _guard(
-                lambda: run_ours(model, samples, a.max_batch, a.steps, a.warmup, counts["total"]), a.max_batch)
-        del model
+                lambda: run_ours(model, samples, a.max_batch, a.steps, a.warmup, counts["total"]), a.max_batch
+            )
+        model = None  # drop the reference so empty_cache can release its memory
         torch.cuda.empty_cache()
         if "step_s" in res["trainer"] and "step_s" in res["ours"]:
             res["speedup"] = round(res["trainer"]["step_s"] / res["ours"]["step_s"], 3)

@@ -46,8 +46,15 @@ import torch  # noqa: E402
 PEAK_BF16 = 989e12  # H100 SXM dense bf16
 DEVICE = "cuda"  # --device cpu: a smoke run of this script (with --size tiny), no numbers worth reading
 TRAINER_SIDES = ("trainer", "trainer_liger")
-OURS_SIDES = ("ours_padded", "ours_packed", "ours_packed_epoch2", "ours_packed_sdpa", "ours_packed_big",
-              "ours_packed_big_epoch1", "ours_packed_big_epoch2")
+OURS_SIDES = (
+    "ours_padded",
+    "ours_packed",
+    "ours_packed_epoch2",
+    "ours_packed_sdpa",
+    "ours_packed_big",
+    "ours_packed_big_epoch1",
+    "ours_packed_big_epoch2",
+)
 OLD_SIDES = ("old_packed", "old_packed_big")  # the last commit's step (--old-code)
 
 
@@ -61,6 +68,7 @@ def _encode_one(args) -> tuple[dict, dict]:
     from PIL import Image
 
     from training.data import SFTCollator
+
     row, size, upscale = args
     if "col" not in _WORKER:
         _WORKER["col"] = SFTCollator(processor_for(size))
@@ -83,6 +91,7 @@ def encode_all(data: Path, size: str, upscale: tuple[int, int], workers: int = 1
     jobs = [(r, size, upscale) for r in rows]
     if workers > 1:
         import multiprocessing as mp
+
         with mp.get_context("fork").Pool(workers) as pool:
             done = pool.map(_encode_one, jobs, chunksize=4)
     else:
@@ -92,11 +101,13 @@ def encode_all(data: Path, size: str, upscale: tuple[int, int], workers: int = 1
 
 def stream(n: int, batch: int, steps: int, seed: int = 0) -> list[list[int]]:
     from training.core import sample_at
+
     return [[sample_at(k * batch + j, n, seed) for j in range(batch)] for k in range(steps)]
 
 
 def build(size: str, mode: str, peft_default: bool):
     from benchmarks.sft_gpu import build as build_model_for_step
+
     return build_model_for_step(size, mode, fp32_adapters=peft_default, device=DEVICE)
 
 
@@ -104,12 +115,16 @@ def _stats(times: list[float], tokens: list[int], n_params: int, **extra) -> dic
     order = sorted(range(len(times)), key=lambda i: times[i])
     med = order[len(order) // 2]
     tok_s = sum(tokens) / sum(times)
-    return {"step_s_median": round(times[med], 4), "tokens_per_s": round(tok_s, 1),
-            "tokens_per_s_median_step": round(sorted(t / d for t, d in zip(tokens, times))[len(times) // 2], 1),
-            "step_times": [round(t, 4) for t in times],
-            "real_tokens_per_step": round(sum(tokens) / len(tokens), 1),
-            "peak_mem_gib": round((torch.cuda.max_memory_allocated() if DEVICE == "cuda" else 0) / 2**30, 2),
-            "mfu": round(6 * n_params * tok_s / PEAK_BF16, 3), **extra}
+    return {
+        "step_s_median": round(times[med], 4),
+        "tokens_per_s": round(tok_s, 1),
+        "tokens_per_s_median_step": round(sorted(t / d for t, d in zip(tokens, times))[len(times) // 2], 1),
+        "step_times": [round(t, 4) for t in times],
+        "real_tokens_per_step": round(sum(tokens) / len(tokens), 1),
+        "peak_mem_gib": round((torch.cuda.max_memory_allocated() if DEVICE == "cuda" else 0) / 2**30, 2),
+        "mfu": round(6 * n_params * tok_s / PEAK_BF16, 3),
+        **extra,
+    }
 
 
 def run_trainer(mode: str, size: str, encoded: list[dict], batches: list[list[int]], warmup: int, liger: bool) -> dict:
@@ -131,12 +146,24 @@ def run_trainer(mode: str, size: str, encoded: list[dict], batches: list[list[in
             return encoded[order[k]]
 
     from benchmarks.trainer_timer import StepTimer
+
     timer = StepTimer()
-    kw = dict(output_dir="/tmp/sft_pack_trainer", per_device_train_batch_size=len(batches[0]),
-              max_steps=len(batches), bf16=True, optim="adamw_torch_fused", learning_rate=1e-5,
-              report_to="none", save_strategy="no", logging_strategy="no", remove_unused_columns=False,
-              dataloader_num_workers=0, lr_scheduler_type="constant", use_liger_kernel=liger,
-              train_sampling_strategy="sequential")  # the same sample stream as ours (older releases: random)
+    kw = dict(
+        output_dir="/tmp/sft_pack_trainer",
+        per_device_train_batch_size=len(batches[0]),
+        max_steps=len(batches),
+        bf16=True,
+        optim="adamw_torch_fused",
+        learning_rate=1e-5,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        lr_scheduler_type="constant",
+        use_liger_kernel=liger,
+        train_sampling_strategy="sequential",
+    )  # the same sample stream as ours (older releases: random)
     if DEVICE == "cpu":
         kw.update(bf16=False, use_cpu=True, optim="adamw_torch")
     names = {f.name for f in __import__("dataclasses").fields(TrainingArguments)}
@@ -145,8 +172,13 @@ def run_trainer(mode: str, size: str, encoded: list[dict], batches: list[list[in
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(model=model, args=args, train_dataset=Ordered(), data_collator=col.pad, callbacks=[timer])
     trainer.train()
-    out = _stats(timer.times[warmup:], real[warmup:], counts["total"], batch=len(batches[0]),
-                 pad_fraction=round(1 - sum(real) / sum(padded), 3))
+    out = _stats(
+        timer.times[warmup:],
+        real[warmup:],
+        counts["total"],
+        batch=len(batches[0]),
+        pad_fraction=round(1 - sum(real) / sum(padded), 3),
+    )
     del trainer, model
     torch.cuda.empty_cache()
     return out
@@ -156,11 +188,25 @@ def processor_for(size: str):
     """The processor build_model gives a model of `size` (image sizes differ between CPU and GPU sizes)."""
     from training.models import CPU_SIZES
     from training.tokenizer import build_processor, build_tokenizer, image_processor_settings
+
     return build_processor("qwen3-vl", build_tokenizer(), image_processor_settings("qwen3-vl", small=size in CPU_SIZES))
 
 
-def run_ours(model, proc, counts, mode: str, rows, encoded: list[dict], batches: list[list[int]], warmup: int,
-             packing: bool, pack_tokens: int, varlen: bool, vision: str = "off", impl: str = "training") -> dict:
+def run_ours(
+    model,
+    proc,
+    counts,
+    mode: str,
+    rows,
+    encoded: list[dict],
+    batches: list[list[int]],
+    warmup: int,
+    packing: bool,
+    pack_tokens: int,
+    varlen: bool,
+    vision: str = "off",
+    impl: str = "training",
+) -> dict:
     """Our step on `batches`. vision: "off" (the tower runs in every forward), "epoch1" (sft.vision_cache from
     empty: give it batches of samples not seen before) or "epoch2" (the cache filled by one untimed pass over
     every sample first, as after the first epoch). impl "old_training": the code of the last commit (a renamed
@@ -172,22 +218,40 @@ def run_ours(model, proc, counts, mode: str, rows, encoded: list[dict], batches:
     sft = importlib.import_module(f"{impl}.sft")
     from training.data import SFTCollator
 
-    s = sft.TrainSettings(method=mode, batch_size=len(batches[0]), grad_accum=1, packing=packing,
-                          pack_tokens=pack_tokens, lora_dropout=0.0)
+    s = sft.TrainSettings(
+        method=mode,
+        batch_size=len(batches[0]),
+        grad_accum=1,
+        packing=packing,
+        pack_tokens=pack_tokens,
+        lora_dropout=0.0,
+    )
     positions = packing_mod.rope_positions_fn(model) if packing else None
     # every sample encoded once, outside the timed steps (the stage caches the same way, up to sft.encode_cache_gib),
     # pixel_values in the vision tower's dtype as the stage keeps them (the old code kept fp32)
     dtype = next(p.dtype for n, p in model.named_parameters() if ".visual." in n) if impl == "training" else None
-    samples = sft.EncodedSamples(rows, SFTCollator(proc), positions=positions, max_bytes=1 << 40,
-                                 **({"pixel_dtype": dtype} if dtype is not None else {}))
-    samples.cache = {i: dict(e, pixel_values=e["pixel_values"].to(dtype or e["pixel_values"].dtype),
-                             **({"position_ids": positions(e)} if packing else {})) for i, e in enumerate(encoded)}
+    samples = sft.EncodedSamples(
+        rows,
+        SFTCollator(proc),
+        positions=positions,
+        max_bytes=1 << 40,
+        **({"pixel_dtype": dtype} if dtype is not None else {}),
+    )
+    samples.cache = {
+        i: dict(
+            e,
+            pixel_values=e["pixel_values"].to(dtype or e["pixel_values"].dtype),
+            **({"position_ids": positions(e)} if packing else {}),
+        )
+        for i, e in enumerate(encoded)
+    }
     samples.bytes = sum(t.numel() * t.element_size() for e in samples.cache.values() for t in e.values())
     weights = core.TrainableWeights(model, master=mode == "lora")
     if impl == "training":
         opt = sft._optimizer(weights, dataclasses.replace(s, lr=1e-5, weight_decay=0.01))
         if vision != "off":
             from training.vision_cache import VisionFeatures
+
             samples.vision = VisionFeatures(model, samples)
             if vision == "epoch2":
                 prefill(model, samples, s, len(rows))
@@ -265,10 +329,15 @@ def varlen_check(model, proc, rows, idx: list[int]) -> dict:
                 hidden = backbone(**p).last_hidden_state[0]
             got = []
             for a, b in zip(bounds, bounds[1:]):
-                lab = labels[0, a + 1:b].to(DEVICE)
+                lab = labels[0, a + 1 : b].to(DEVICE)
                 sel = lab != -100
-                got.append(float(torch.nn.functional.cross_entropy(head(hidden[a:b - 1][sel]).float(), lab[sel],
-                                                                    reduction="sum")))
+                got.append(
+                    float(
+                        torch.nn.functional.cross_entropy(
+                            head(hidden[a : b - 1][sel]).float(), lab[sel], reduction="sum"
+                        )
+                    )
+                )
             out[name] = got
             out[f"{name}_max_rel_diff"] = max(abs(g - a) / abs(a) for g, a in zip(got, alone))
     model.train()
@@ -301,18 +370,23 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4, help="samples per optimizer step (all sides)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--pack-tokens", type=int, default=0,
-                    help="ours_packed: tokens a pack (0 = batch x longest sample)")
+    ap.add_argument(
+        "--pack-tokens", type=int, default=0, help="ours_packed: tokens a pack (0 = batch x longest sample)"
+    )
     ap.add_argument("--big-batch", type=int, default=16)
     ap.add_argument("--big-pack", type=int, nargs="+", default=[8192, 16384], help="ours_packed_big: one side per size")
     ap.add_argument("--upscale", type=int, nargs=2, default=[1280, 704])
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (--size tiny)")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     ap.add_argument("--workers", type=int, default=8, help="processes that encode the samples")
-    ap.add_argument("--old-code", type=Path, default=None,
-                    help="folder holding `old_training`, the last commit's training/ package renamed, for the old_* "
-                         "sides: git archive HEAD training | tar -x -C DIR; mv DIR/training DIR/old_training; "
-                         "sed -i 's/\\btraining\\./old_training./g' DIR/old_training/*.py")
+    ap.add_argument(
+        "--old-code",
+        type=Path,
+        default=None,
+        help="folder holding `old_training`, the last commit's training/ package renamed, for the old_* "
+        "sides: git archive HEAD training | tar -x -C DIR; mv DIR/training DIR/old_training; "
+        "sed -i 's/\\btraining\\./old_training./g' DIR/old_training/*.py",
+    )
     a = ap.parse_args()
     global DEVICE
     DEVICE = a.device
@@ -325,14 +399,28 @@ def main() -> None:
     lengths = sorted(int(e["input_ids"].shape[1]) for e in encoded)
     n_images = [int(e["image_grid_thw"].shape[0]) for e in encoded]
     gpu = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu"
-    out = {"benchmark": "sft_packing", "size": a.size, "gpu": gpu,
-           "torch": torch.__version__, "transformers": transformers.__version__,
-           "data": {"samples": len(rows), "upscale": a.upscale, "tokens_min": lengths[0],
-                    "tokens_median": lengths[len(lengths) // 2], "tokens_max": lengths[-1],
-                    "tokens_mean": round(sum(lengths) / len(lengths), 1),
-                    "images_per_sample": {str(k): n_images.count(k) for k in sorted(set(n_images))}},
-           "batch": a.batch, "steps": a.steps, "warmup": a.warmup, "results": {}}
+    out = {
+        "benchmark": "sft_packing",
+        "size": a.size,
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "data": {
+            "samples": len(rows),
+            "upscale": a.upscale,
+            "tokens_min": lengths[0],
+            "tokens_median": lengths[len(lengths) // 2],
+            "tokens_max": lengths[-1],
+            "tokens_mean": round(sum(lengths) / len(lengths), 1),
+            "images_per_sample": {str(k): n_images.count(k) for k in sorted(set(n_images))},
+        },
+        "batch": a.batch,
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "results": {},
+    }
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         out["liger_kernel"] = version("liger-kernel")
     except PackageNotFoundError:
@@ -349,6 +437,7 @@ def main() -> None:
                 print(json.dumps({mode: {side: res[side]}})[:800], file=sys.stderr)
     if any(s in a.sides for s in OURS_SIDES + OLD_SIDES):
         from training.kernels import apply_fused_kernels, linear_patch_embed
+
         out["ours_kernels"] = apply_fused_kernels("qwen3-vl")
         if a.old_code:
             sys.path.insert(0, str(a.old_code.resolve()))
@@ -359,16 +448,25 @@ def main() -> None:
             res["params"], res["trainable_params"] = counts["total"], counts["trainable"]
             # side: (batches, packing, pack tokens, varlen, vision cache, code, warmup)
             plan = {"old_packed": (batches, True, pack_tokens, True, "off", "old_training", a.warmup)}
-            plan.update({f"old_packed_big_{n}": (big, True, n, True, "off", "old_training", a.warmup)
-                         for n in a.big_pack})
-            plan.update({"ours_padded": (batches, False, pack_tokens, False, "off", "training", a.warmup),
-                         "ours_packed": (batches, True, pack_tokens, True, "off", "training", a.warmup),
-                         "ours_packed_epoch2": (batches, True, pack_tokens, True, "epoch2", "training", a.warmup),
-                         "ours_packed_sdpa": (batches, True, pack_tokens, False, "off", "training", a.warmup)})
+            plan.update(
+                {f"old_packed_big_{n}": (big, True, n, True, "off", "old_training", a.warmup) for n in a.big_pack}
+            )
+            plan.update(
+                {
+                    "ours_padded": (batches, False, pack_tokens, False, "off", "training", a.warmup),
+                    "ours_packed": (batches, True, pack_tokens, True, "off", "training", a.warmup),
+                    "ours_packed_epoch2": (batches, True, pack_tokens, True, "epoch2", "training", a.warmup),
+                    "ours_packed_sdpa": (batches, True, pack_tokens, False, "off", "training", a.warmup),
+                }
+            )
             for n in a.big_pack:
-                plan.update({f"ours_packed_big_{n}": (big, True, n, True, "off", "training", a.warmup),
-                             f"ours_packed_big_{n}_epoch1": (big[:n_e1], True, n, True, "epoch1", "training", 1),
-                             f"ours_packed_big_{n}_epoch2": (big, True, n, True, "epoch2", "training", a.warmup)})
+                plan.update(
+                    {
+                        f"ours_packed_big_{n}": (big, True, n, True, "off", "training", a.warmup),
+                        f"ours_packed_big_{n}_epoch1": (big[:n_e1], True, n, True, "epoch1", "training", 1),
+                        f"ours_packed_big_{n}_epoch2": (big, True, n, True, "epoch2", "training", a.warmup),
+                    }
+                )
             for side, (bs, packing, pt, varlen, vision, impl, warm) in plan.items():
                 kind = side.replace(f"_{pt}", "") if "_big_" in side else side
                 if kind not in a.sides or (impl == "old_training" and not a.old_code):
@@ -377,8 +475,11 @@ def main() -> None:
                     linear_patch_embed(model)
                 if mode == a.modes[0] and impl == "training" and "varlen_check" not in out:
                     out["varlen_check"] = _guard(lambda: varlen_check(model, proc2, rows, batches[0]))
-                res[side] = _guard(lambda: run_ours(model, proc2, counts, mode, rows, encoded, bs, warm, packing, pt,
-                                                    varlen, vision, impl))
+                res[side] = _guard(
+                    lambda: run_ours(
+                        model, proc2, counts, mode, rows, encoded, bs, warm, packing, pt, varlen, vision, impl
+                    )
+                )
                 print(json.dumps({mode: {side: res[side]}})[:800], file=sys.stderr)
                 if a.out:  # so far: a run stopped at its time limit keeps what it measured
                     a.out.write_text(json.dumps(out, indent=1))
@@ -387,9 +488,11 @@ def main() -> None:
             for base in TRAINER_SIDES:
                 b = res.get(base, {})
                 if "tokens_per_s" in b:
-                    res[f"speedup_vs_{base}"] = {s: round(res[s]["tokens_per_s"] / b["tokens_per_s"], 3)
-                                                 for s in res if s.startswith(("ours", "old"))
-                                                 and "tokens_per_s" in res[s]}
+                    res[f"speedup_vs_{base}"] = {
+                        s: round(res[s]["tokens_per_s"] / b["tokens_per_s"], 3)
+                        for s in res
+                        if s.startswith(("ours", "old")) and "tokens_per_s" in res[s]
+                    }
     out["target"] = {"speedup_vs_trainer": 1.8, "mfu": 0.5}
     print(json.dumps(out, indent=1))
     if a.out:

@@ -103,9 +103,14 @@ def run_variant(model, samples, weights, opt, batches, s, n_params: int, phases:
     tok_s = sum(toks) / sum(times)
     mean_split = {key: round(sum(d.get(key, 0) for d in splits) / len(splits), 4) for key in splits[0]}
     mean_split["rest_of_step"] = round(mean_split["step"] - sum(v for k, v in mean_split.items() if k != "step"), 4)
-    out = {"tokens_per_s": round(tok_s, 1), "mfu": round(6 * n_params * tok_s / PEAK_BF16, 3),
-           "step_times": [round(t, 4) for t in times], "tokens_per_step": round(sum(toks) / len(toks), 1),
-           "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "split_s": mean_split}
+    out = {
+        "tokens_per_s": round(tok_s, 1),
+        "mfu": round(6 * n_params * tok_s / PEAK_BF16, 3),
+        "step_times": [round(t, 4) for t in times],
+        "tokens_per_step": round(sum(toks) / len(toks), 1),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "split_s": mean_split,
+    }
     if profile is not None:
         out["profile"] = profile_step(model, samples, weights, opt, batches[-1], s, profile)
     return out
@@ -127,8 +132,15 @@ def profile_step(model, samples, weights, opt, idx, s, trace: Path) -> dict:
     events = prof.key_averages()
     rows = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)
     kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-    top = [{"name": e.key[:110], "calls": e.count, "cuda_ms": round(e.self_device_time_total / 1e3, 2),
-            "cpu_ms": round(e.self_cpu_time_total / 1e3, 2)} for e in rows[:40]]
+    top = [
+        {
+            "name": e.key[:110],
+            "calls": e.count,
+            "cuda_ms": round(e.self_device_time_total / 1e3, 2),
+            "cpu_ms": round(e.self_cpu_time_total / 1e3, 2),
+        }
+        for e in rows[:40]
+    ]
     cpu_top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:25]
     try:
         raw = trace.with_suffix("")
@@ -138,10 +150,15 @@ def profile_step(model, samples, weights, opt, idx, s, trace: Path) -> dict:
         raw.unlink()
     except Exception as e:  # noqa: BLE001 - the trace is a bonus
         print(f"trace not written: {e}", file=sys.stderr)
-    return {"wall_s": round(wall, 4), "gpu_kernel_s": round(kernel_us / 1e6, 4),
-            "gpu_busy_fraction": round(kernel_us / 1e6 / wall, 3), "top_cuda": top,
-            "top_cpu": [{"name": e.key[:110], "calls": e.count, "cpu_ms": round(e.self_cpu_time_total / 1e3, 2)}
-                        for e in cpu_top]}
+    return {
+        "wall_s": round(wall, 4),
+        "gpu_kernel_s": round(kernel_us / 1e6, 4),
+        "gpu_busy_fraction": round(kernel_us / 1e6 / wall, 3),
+        "top_cuda": top,
+        "top_cpu": [
+            {"name": e.key[:110], "calls": e.count, "cpu_ms": round(e.self_cpu_time_total / 1e3, 2)} for e in cpu_top
+        ],
+    }
 
 
 def gqa_check() -> dict:
@@ -159,16 +176,26 @@ def gqa_check() -> dict:
     res = []
     for native in (True, False):
         packing_mod.GQA_NATIVE = native
-        out, _ = packing_mod.varlen_attention(None, q, k, v, None, scaling=128 ** -0.5, cu_seq_lens_q=cu,
-                                              cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
+        out, _ = packing_mod.varlen_attention(
+            None,
+            q,
+            k,
+            v,
+            None,
+            scaling=128**-0.5,
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+            max_length_q=max(lengths),
+            max_length_k=max(lengths),
+        )
         grads = torch.autograd.grad(out, (q, k, v), dout)
         res.append((out.float(), [x.float() for x in grads]))
     packing_mod.GQA_NATIVE = True
 
     def rel(a, b):
         return float((a - b).abs().max() / b.abs().max())
-    return {"out_max_rel": rel(res[0][0], res[1][0]),
-            "grad_max_rel": [rel(a, b) for a, b in zip(res[0][1], res[1][1])]}
+
+    return {"out_max_rel": rel(res[0][0], res[1][0]), "grad_max_rel": [rel(a, b) for a, b in zip(res[0][1], res[1][1])]}
 
 
 def main() -> None:
@@ -195,8 +222,15 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     rows, encoded = bench.encode_all(a.data, a.size, (1280, 704), 8)
-    out: dict = {"encode_s": round(time.time() - t0, 1), "samples": len(rows), "gpu": torch.cuda.get_device_name(0),
-                 "torch": torch.__version__, "mode": a.mode, "batch": a.batch, "pack": a.pack}
+    out: dict = {
+        "encode_s": round(time.time() - t0, 1),
+        "samples": len(rows),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "mode": a.mode,
+        "batch": a.batch,
+        "pack": a.pack,
+    }
     out["checks"] = {"gqa": gqa_check()}
     print(json.dumps(out["checks"]), file=sys.stderr)
     out["kernels"] = apply_fused_kernels("qwen3-vl")
@@ -219,10 +253,12 @@ def main() -> None:
     # one packed row's loss with each lever vs the stock step (no grad; bf16 rounding only)
     p_idx = batches[0][:8]
     losses = {}
-    for name, lv in (("before", (False, False, False, False, "fp32")),
-                     ("bf16_pixels", (False, False, False, False, "bf16")),
-                     ("gqa", (False, True, False, False, "fp32")),
-                     ("patch", (False, False, False, True, "fp32"))):
+    for name, lv in (
+        ("before", (False, False, False, False, "fp32")),
+        ("bf16_pixels", (False, False, False, False, "bf16")),
+        ("gqa", (False, True, False, False, "fp32")),
+        ("patch", (False, False, False, True, "fp32")),
+    ):
         set_levers(*lv)
         p = samples.packed(p_idx)
         labels = p.pop("labels")
@@ -230,15 +266,18 @@ def main() -> None:
         with torch.no_grad(), packing_mod.packed_attention(model, p, varlen=True):
             losses[name] = float(labelled_token_loss(model, p, labels)[0])
     out["checks"]["loss_one_pack"] = {k: v for k, v in losses.items()}
-    out["checks"]["loss_max_rel_vs_before"] = max(abs(v - losses["before"]) / abs(losses["before"])
-                                                  for v in losses.values())
+    out["checks"]["loss_max_rel_vs_before"] = max(
+        abs(v - losses["before"]) / abs(losses["before"]) for v in losses.values()
+    )
     print(json.dumps(out["checks"]), file=sys.stderr)
 
-    plan = [("before", (False, False, False, False, "fp32")),
-            ("+bf16_pixels", (False, False, False, False, "bf16")),
-            ("+pinned", (True, False, False, False, "bf16")),
-            ("+gqa_native", (True, True, False, False, "bf16")),
-            ("+linear_patch", (True, True, False, True, "bf16"))]
+    plan = [
+        ("before", (False, False, False, False, "fp32")),
+        ("+bf16_pixels", (False, False, False, False, "bf16")),
+        ("+pinned", (True, False, False, False, "bf16")),
+        ("+gqa_native", (True, True, False, False, "bf16")),
+        ("+linear_patch", (True, True, False, True, "bf16")),
+    ]
     out["variants"] = {}
     for name, lv in plan:
         set_levers(*lv)
@@ -249,25 +288,35 @@ def main() -> None:
             out["variants"][name] = {"error": f"{type(e).__name__}: {e}"[:800]}
         v = out["variants"][name]
         (a.out / "profile.json").write_text(json.dumps(out, indent=1))  # so far: a run stopped at its limit keeps it
-        print(name, json.dumps({k: v.get(k) for k in ("tokens_per_s", "mfu", "peak_mem_gib", "split_s", "error")}),
-              file=sys.stderr)
+        print(
+            name,
+            json.dumps({k: v.get(k) for k in ("tokens_per_s", "mfu", "peak_mem_gib", "split_s", "error")}),
+            file=sys.stderr,
+        )
     # fused AdamW (one kernel over all parameters) in place of the foreach default
     set_levers(True, True, False, True, "bf16")
     opt_f = torch.optim.AdamW(weights.opt_params, lr=1e-5, betas=(0.9, 0.98), weight_decay=0.01, fused=True)
     try:
-        out["variants"]["+fused_adamw"] = run_variant(model, samples, weights, opt_f, batches, s, counts["total"],
-                                                      phases)
+        out["variants"]["+fused_adamw"] = run_variant(
+            model, samples, weights, opt_f, batches, s, counts["total"], phases
+        )
     except Exception as e:  # noqa: BLE001
         out["variants"]["+fused_adamw"] = {"error": f"{type(e).__name__}: {e}"[:800]}
-    print("+fused_adamw", json.dumps(out["variants"]["+fused_adamw"].get("split_s")),
-          out["variants"]["+fused_adamw"].get("tokens_per_s"), file=sys.stderr)
+    print(
+        "+fused_adamw",
+        json.dumps(out["variants"]["+fused_adamw"].get("split_s")),
+        out["variants"]["+fused_adamw"].get("tokens_per_s"),
+        file=sys.stderr,
+    )
     # the vision cache after one epoch: every sample's features kept, the tower does not run
     from training.vision_cache import VisionFeatures
+
     samples.cache = {i: dict(e) for i, e in bf16.items()}
     samples.vision = VisionFeatures(model, samples)
     bench.prefill(model, samples, s, len(rows))
-    out["variants"]["+vision_cache_epoch2"] = run_variant(model, samples, weights, opt_f, batches, s, counts["total"],
-                                                          phases, a.out / "trace_vision_cache.json.gz")
+    out["variants"]["+vision_cache_epoch2"] = run_variant(
+        model, samples, weights, opt_f, batches, s, counts["total"], phases, a.out / "trace_vision_cache.json.gz"
+    )
     (a.out / "profile.json").write_text(json.dumps(out, indent=1))
     if a.compile:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -276,8 +325,9 @@ def main() -> None:
             layer.compile(dynamic=True)
         t1 = time.time()
         try:
-            out["variants"]["+compile_text_layers"] = run_variant(model, samples, weights, opt_f, batches, s,
-                                                                  counts["total"], phases)
+            out["variants"]["+compile_text_layers"] = run_variant(
+                model, samples, weights, opt_f, batches, s, counts["total"], phases
+            )
         except Exception as e:  # noqa: BLE001
             out["variants"]["+compile_text_layers"] = {"error": f"{type(e).__name__}: {e}"[:800]}
         out["variants"]["+compile_text_layers"]["wall_with_compile_s"] = round(time.time() - t1, 1)

@@ -45,6 +45,7 @@ def _target_box(boxes, x: float, y: float):
 def judge(reply: str, target: str, prompt_text: str) -> tuple[str, bool, bool]:
     """(skill, parsed, right) of one reply against its target, both read in the model's own coordinates."""
     from agents.parsing import parse_response
+
     want = parse_response(target).action
     got = parse_response(reply).action
     if want is None:
@@ -69,12 +70,13 @@ def evaluate(model: str, rows: list[dict[str, Any]], batch: int, max_new_tokens:
     from agents.backends.base import Sampling
     from agents.backends.hf import HFBackend
     from agents.prompts import Prompt
+
     be = HFBackend(model)
     t0 = time.monotonic()
     tally: dict[str, dict[str, list[int]]] = {}
     parse_fail = 0
     for i in range(0, len(rows), batch):
-        chunk = rows[i:i + batch]
+        chunk = rows[i : i + batch]
         prompts = [Prompt(r["messages"][:-1], [im["bytes"] for im in r["images"]]) for r in chunk]
         gens = be.generate(prompts, Sampling(temperature=0.0, max_new_tokens=max_new_tokens))
         for r, g in zip(chunk, gens):
@@ -83,17 +85,24 @@ def evaluate(model: str, rows: list[dict[str, Any]], batch: int, max_new_tokens:
             skill, parsed, right = judge(g.text, target, text)
             if show > 0:
                 show -= 1
-                print(f"--- {r['task_id']} [{skill}] right={right}\nwant: {target.splitlines()[-3:]}\ngot:  {g.text!r}",
-                      file=sys.stderr)
+                print(
+                    f"--- {r['task_id']} [{skill}] right={right}\nwant: {target.splitlines()[-3:]}\ngot:  {g.text!r}",
+                    file=sys.stderr,
+                )
             parse_fail += not parsed
             for key in (r["task_id"], f"skill:{skill}", "all"):
                 t = tally.setdefault(key, {"right": [0, 0]})
                 t["right"][0] += right
                 t["right"][1] += 1
     be.close()
-    return {"model": model, "n": len(rows), "parse_fail_rate": round(parse_fail / max(len(rows), 1), 4),
-            "accuracy": {k: round(v["right"][0] / v["right"][1], 4) for k, v in sorted(tally.items())},
-            "counts": {k: v["right"][1] for k, v in sorted(tally.items())}, "wall_s": round(time.monotonic() - t0, 1)}
+    return {
+        "model": model,
+        "n": len(rows),
+        "parse_fail_rate": round(parse_fail / max(len(rows), 1), 4),
+        "accuracy": {k: round(v["right"][0] / v["right"][1], 4) for k, v in sorted(tally.items())},
+        "counts": {k: v["right"][1] for k, v in sorted(tally.items())},
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
 
 
 def main() -> None:
@@ -107,11 +116,15 @@ def main() -> None:
     ap.add_argument("--show", type=int, default=0, help="print this many (target, reply) pairs to stderr")
     a = ap.parse_args()
     import pyarrow.parquet as pq
+
     rows = pq.read_table(a.data).to_pylist()
     step = max(1, len(rows) // a.max_samples)
     rows = rows[::step][: a.max_samples]  # spread over the file (it is ordered by task)
-    out = {"benchmark": "step_accuracy", "data": a.data, "results": [evaluate(m, rows, a.batch, a.max_new_tokens, a.show)
-                                                                     for m in a.model]}
+    out = {
+        "benchmark": "step_accuracy",
+        "data": a.data,
+        "results": [evaluate(m, rows, a.batch, a.max_new_tokens, a.show) for m in a.model],
+    }
     text = json.dumps(out, indent=1)
     if a.json:
         Path(a.json).write_text(text + "\n")

@@ -26,15 +26,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def _prompts(n: int, arch: str):
     from agents.prompts import PromptOptions, build_prompt, transform_for
     from storage.synthetic import png_pool
+
     pngs = png_pool(n)
     t = transform_for(arch, 160, 210)
-    ui = '\n'.join(f'button "Option {i}" @ ({20 + 15 * i},{60 + 12 * i}) [40x20]' for i in range(6))
-    return [build_prompt(f"Click the button labelled Option {i % 6}.", pngs[i], ui, [], PromptOptions(), t)
-            for i in range(n)]
+    ui = "\n".join(f'button "Option {i}" @ ({20 + 15 * i},{60 + 12 * i}) [40x20]' for i in range(6))
+    return [
+        build_prompt(f"Click the button labelled Option {i % 6}.", pngs[i], ui, [], PromptOptions(), t)
+        for i in range(n)
+    ]
 
 
 def bench_decode(backend, arch: str, n_prompts: int, batch: int, new_tokens: int) -> dict:
     from agents.backends.base import Sampling
+
     s = Sampling(temperature=1.0, max_new_tokens=new_tokens, seed=0, stop=())
     prompts = _prompts(n_prompts, arch)
     backend.generate(prompts[:batch], s)  # warm-up (kernels, allocator)
@@ -44,23 +48,30 @@ def bench_decode(backend, arch: str, n_prompts: int, batch: int, new_tokens: int
         t0 = time.perf_counter()
         toks = 0
         for i in range(0, n_prompts, bs):
-            toks += sum(g.completion_tokens for g in backend.generate(prompts[i:i + bs], s))
+            toks += sum(g.completion_tokens for g in backend.generate(prompts[i : i + bs], s))
         _sync()
         dt = time.perf_counter() - t0
-        out[name] = {"batch": bs, "tokens": toks, "seconds": round(dt, 2), "tokens_per_s": round(toks / dt, 1),
-                     "calls_per_s": round(n_prompts / dt, 2)}
+        out[name] = {
+            "batch": bs,
+            "tokens": toks,
+            "seconds": round(dt, 2),
+            "tokens_per_s": round(toks / dt, 1),
+            "calls_per_s": round(n_prompts / dt, 2),
+        }
     out["speedup"] = round(out["batched"]["tokens_per_s"] / out["unbatched"]["tokens_per_s"], 2)
     return out
 
 
 def _sync():
     import torch
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
 
 def bench_episodes(model_dir: Path, batch: int, episodes: int, max_new_tokens: int) -> dict:
     from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, per_worker in (("unbatched", 1), ("batched", batch)):
@@ -68,14 +79,28 @@ def bench_episodes(model_dir: Path, batch: int, episodes: int, max_new_tokens: i
             tasks = ["click-test", "focus-text"]
             jobs = make_jobs(key, tasks, list(range(episodes // len(tasks))), policy_tag="student")
             cfg = {"model": str(model_dir), "max_new_tokens": max_new_tokens}
-            spec = RolloutSpec(run_key=key, iteration=0, stage="bench", lake_root=f"{tmp}/lake", jobs=jobs,
-                               policy=PolicySpec("student", {"model": str(model_dir), "config": cfg}),
-                               n_envs=1, envs_per_worker=per_worker, max_steps=3, episode_timeout_s=600)
+            spec = RolloutSpec(
+                run_key=key,
+                iteration=0,
+                stage="bench",
+                lake_root=f"{tmp}/lake",
+                jobs=jobs,
+                policy=PolicySpec("student", {"model": str(model_dir), "config": cfg}),
+                n_envs=1,
+                envs_per_worker=per_worker,
+                max_steps=3,
+                episode_timeout_s=600,
+            )
             t0 = time.perf_counter()
             s = run_rollouts(spec, progress=False)
             dt = time.perf_counter() - t0
-            out[name] = {"envs_per_worker": per_worker, "episodes": s.ran, "steps": s.steps,
-                         "seconds": round(dt, 1), "steps_per_s": round(s.steps / dt, 2)}
+            out[name] = {
+                "envs_per_worker": per_worker,
+                "episodes": s.ran,
+                "steps": s.steps,
+                "seconds": round(dt, 1),
+                "steps_per_s": round(s.steps / dt, 2),
+            }
     out["speedup"] = round(out["batched"]["steps_per_s"] / out["unbatched"]["steps_per_s"], 2)
     return out
 
@@ -99,10 +124,16 @@ def main() -> None:
 
     model, proc = build_model(a.arch, a.size, seed=0, dtype=a.dtype, device=a.device)
     backend = HFBackend(model=model, processor=proc)
-    res = {"benchmark": "student_hf_backend", "arch": a.arch, "size": a.size,
-           "params": count_parameters(model)["total"], "device": str(backend.device),
-           "dtype": str(next(model.parameters()).dtype), "torch_threads": torch.get_num_threads(),
-           "decode": bench_decode(backend, a.arch, a.prompts, a.batch, a.new_tokens)}
+    res = {
+        "benchmark": "student_hf_backend",
+        "arch": a.arch,
+        "size": a.size,
+        "params": count_parameters(model)["total"],
+        "device": str(backend.device),
+        "dtype": str(next(model.parameters()).dtype),
+        "torch_threads": torch.get_num_threads(),
+        "decode": bench_decode(backend, a.arch, a.prompts, a.batch, a.new_tokens),
+    }
     if torch.cuda.is_available():
         res["gpu"] = torch.cuda.get_device_name(0)
         res["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)

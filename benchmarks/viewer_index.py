@@ -68,17 +68,31 @@ def main() -> None:
     shot_s = time.perf_counter() - t0
     med = {k: round(statistics.median(x), 3) for k, x in times.items()}
     shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps({
-        "benchmark": "viewer_index", "episodes": stats["episodes"].rows, "step_rows": stats["steps"].rows,
-        "files": stats["steps"].files + stats["episodes"].files,
-        "lake_gb": round((stats["steps"].bytes + stats["episodes"].bytes) / 2**30, 2),
-        "viewer_index_s": med["viewer_index"], "viewer_site_500_pages_s": med["viewer_site"],
-        "index_breakdown_s": {"open_and_index": results["viewer_index"]["index_s"]},
-        "server_episode_page_s": round(page_s, 4), "server_screenshot_s": round(shot_s, 4),
-        "spread_s": {k: [round(min(x), 3), round(max(x), 3)] for k, x in times.items()},
-        "checks": {"pages": results["viewer_site"]["pages"], "steps_on_page": len(ep["steps"]), "png_bytes": len(png)},
-        "reps": a.reps, **build,
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "benchmark": "viewer_index",
+                "episodes": stats["episodes"].rows,
+                "step_rows": stats["steps"].rows,
+                "files": stats["steps"].files + stats["episodes"].files,
+                "lake_gb": round((stats["steps"].bytes + stats["episodes"].bytes) / 2**30, 2),
+                "viewer_index_s": med["viewer_index"],
+                "viewer_site_500_pages_s": med["viewer_site"],
+                "index_breakdown_s": {"open_and_index": results["viewer_index"]["index_s"]},
+                "server_episode_page_s": round(page_s, 4),
+                "server_screenshot_s": round(shot_s, 4),
+                "spread_s": {k: [round(min(x), 3), round(max(x), 3)] for k, x in times.items()},
+                "checks": {
+                    "pages": results["viewer_site"]["pages"],
+                    "steps_on_page": len(ep["steps"]),
+                    "png_bytes": len(png),
+                },
+                "reps": a.reps,
+                **build,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

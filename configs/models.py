@@ -28,20 +28,44 @@ class _Cfg(BaseModel):
 
 
 class LakeConfig(_Cfg):
-    root: str = Field("lake", description="Lake root: a folder (relative to the working directory) or an object store, s3://bucket/prefix; $FLYWHEEL_LAKE and a command's --lake override it")
-    s3_endpoint: str | None = Field(None, description="S3-compatible endpoint URL of an s3:// root (MinIO, Ceph, moto...); null = AWS; $FLYWHEEL_S3_ENDPOINT overrides it. Credentials come from the AWS environment/profile, never from here")
-    cache_dir: str | None = Field(None, description="Local folder for an s3:// lake's side files (downloaded exports and checkpoints, reports); null = $FLYWHEEL_LAKE_CACHE/<bucket>/<prefix>, else ~/.cache/flywheel/lakes/...")
+    root: str = Field(
+        "lake",
+        description=(
+            "Lake root: a folder (relative to the working directory) or an object "
+            "store, s3://bucket/prefix; $FLYWHEEL_LAKE and a command's --lake "
+            "override it"
+        ),
+    )
+    s3_endpoint: str | None = Field(
+        None,
+        description=(
+            "S3-compatible endpoint URL of an s3:// root (MinIO, Ceph, moto...); "
+            "null = AWS; $FLYWHEEL_S3_ENDPOINT overrides it. Credentials come from "
+            "the AWS environment/profile, never from here"
+        ),
+    )
+    cache_dir: str | None = Field(
+        None,
+        description=(
+            "Local folder for an s3:// lake's side files (downloaded exports and "
+            "checkpoints, reports); null = $FLYWHEEL_LAKE_CACHE/<bucket>/<prefix>, "
+            "else ~/.cache/flywheel/lakes/..."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_root(self) -> "LakeConfig":
         from storage.objstore import LakeError, is_object_uri, parse_uri
+
         if is_object_uri(self.root):
             try:
                 parse_uri(self.root)
             except LakeError as e:
                 raise ValueError(str(e)) from None
         elif self.root.startswith(("gs://", "gcs://", "az://", "abfs://", "http://", "https://")):
-            raise ValueError(f"lake.root {self.root!r}: only folders and s3:// (any S3-compatible endpoint) are supported")
+            raise ValueError(
+                f"lake.root {self.root!r}: only folders and s3:// (any S3-compatible endpoint) are supported"
+            )
         if self.s3_endpoint and not self.s3_endpoint.startswith(("http://", "https://")):
             raise ValueError(f"lake.s3_endpoint {self.s3_endpoint!r} must be an http:// or https:// URL")
         return self
@@ -51,58 +75,162 @@ class EnvConfig(_Cfg):
     name: Literal["miniwob", "remote"] = Field("miniwob", description="Environment family")
     chrome_binary: str = Field("/usr/bin/chromium", description="Chromium binary for MiniWoB")
     chromedriver: str = Field("/usr/bin/chromedriver", description="ChromeDriver binary for MiniWoB")
-    screenshot_scale: int = Field(1, ge=1, le=8, description="Upscale factor of the MiniWoB screenshot the policy sees (8: 1280x1680, which Claude sees downscaled)")
-    max_steps: int | None = Field(None, ge=1, le=200, description="Step cap per episode (status 'truncated' when hit); null = each task's own cap from the registry")
-    servers: list[str] = Field(default_factory=list, description="Env server URLs (http://host:port) for env 'remote'; episodes go to the servers with free slots")
-    token_env: str = Field("FLYWHEEL_ENV_TOKEN", description="Name of the environment variable holding the env servers' API token (the token itself never goes in a config or the lake)")
-    error_retries: int = Field(2, ge=0, le=10, description="Env 'remote': reruns of an episode that ended in an env error (a dead server's episodes go to another server)")
-    acquire_timeout_s: float = Field(120.0, gt=0, description="Env 'remote': how long a reset waits for a free slot when all are busy")
+    screenshot_scale: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description=(
+            "Upscale factor of the MiniWoB screenshot the policy sees (8: 1280x1680, which Claude sees downscaled)"
+        ),
+    )
+    max_steps: int | None = Field(
+        None,
+        ge=1,
+        le=200,
+        description="Step cap per episode (status 'truncated' when hit); null = each task's own cap from the registry",
+    )
+    servers: list[str] = Field(
+        default_factory=list,
+        description="Env server URLs (http://host:port) for env 'remote'; episodes go to the servers with free slots",
+    )
+    token_env: str = Field(
+        "FLYWHEEL_ENV_TOKEN",
+        description=(
+            "Name of the environment variable holding the env servers' API token "
+            "(the token itself never goes in a config or the lake)"
+        ),
+    )
+    error_retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description=(
+            "Env 'remote': reruns of an episode that ended in an env error (a dead "
+            "server's episodes go to another server)"
+        ),
+    )
+    acquire_timeout_s: float = Field(
+        120.0, gt=0, description="Env 'remote': how long a reset waits for a free slot when all are busy"
+    )
 
     @field_validator("servers")
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
         from envs.remote import check_server_url
+
         return [check_server_url(u) for u in v]
 
     @field_validator("token_env")
     @classmethod
     def _env_var_name(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", v):
-            raise ValueError("token_env is the NAME of an environment variable (e.g. FLYWHEEL_ENV_TOKEN), not the token")
+            raise ValueError(
+                "token_env is the NAME of an environment variable (e.g. FLYWHEEL_ENV_TOKEN), not the token"
+            )
         return v
 
 
 class TaskSelection(_Cfg):
-    tasks: list[str] = Field(default_factory=lambda: ["click-test", "click-button", "focus-text", "click-tab"],
-                             description="Task ids, or ['all'] for every teacher-supported task")
+    tasks: list[str] = Field(
+        default_factory=lambda: ["click-test", "click-button", "focus-text", "click-tab"],
+        description="Task ids, or ['all'] for every teacher-supported task",
+    )
     seeds_per_task: int = Field(10, ge=1, description="Episodes (distinct seeds) per task")
     seed_offset: int = Field(0, ge=0, description="First seed index within the split's seed range")
 
 
 class RolloutConfig(_Cfg):
     envs: int = Field(2, ge=1, le=64, description="Parallel env worker processes")
-    envs_per_worker: int = Field(1, ge=1, le=64, description="Envs each worker steps in lockstep with one batched model call (student policies)")
+    envs_per_worker: int = Field(
+        1, ge=1, le=64, description="Envs each worker steps in lockstep with one batched model call (student policies)"
+    )
     group_size: int = Field(1, ge=1, le=64, description="Episodes per task instance (the GRPO group G)")
     episode_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit per episode (status 'timeout')")
     worker_start_timeout_s: float = Field(60.0, gt=0, description="Max time for a worker to start its browser")
-    policy_threads: int | None = Field(None, ge=1, le=256, description="Torch intra-op threads per rollout worker for the student (null = 1: on few cores, N workers x default threads next to Chromium made generate 10x slower)")
-    on_parse_error: Literal["continue", "end"] = Field("continue", description="After unparseable model output: keep going or end the episode")
+    policy_threads: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description=(
+            "Torch intra-op threads per rollout worker for the student (null = 1: on "
+            "few cores, N workers x default threads next to Chromium made generate "
+            "10x slower)"
+        ),
+    )
+    on_parse_error: Literal["continue", "end"] = Field(
+        "continue", description="After unparseable model output: keep going or end the episode"
+    )
 
 
 class BootstrapConfig(_Cfg):
-    policy: Literal["scripted", "claude", "auto"] = Field("scripted", description="Teacher producing demonstrations: scripted (DOM recipes), claude (computer use; needs ANTHROPIC_API_KEY) or auto (claude when ANTHROPIC_API_KEY is set, else scripted)")
-    budget_usd: float | None = Field(None, gt=0, description="Dollar budget of one bootstrap run (paid teachers): once the finished episodes cost this much, no new episode starts (running ones finish and are kept); null = no limit")
-    selection: TaskSelection = Field(default_factory=TaskSelection, description="Tasks and seeds for teacher demos (train split)")
-    success_threshold: float = Field(0.3, ge=0, le=1, description="Re-bootstrap when the student's success falls below this")
-    max_demos_per_task: int | None = Field(None, ge=0, description="The older name of teacher_budget.max_episodes_per_task (used when that is null): teacher episodes a task may ever get in this lake, every stage that runs the teacher counted (bootstrap, curriculum top-ups, rl.guide, rl.clone_fresh); null = no cap. With curriculum.enabled, only tasks the student never solves get more")
+    policy: Literal["scripted", "claude", "auto"] = Field(
+        "scripted",
+        description=(
+            "Teacher producing demonstrations: scripted (DOM recipes), claude "
+            "(computer use; needs ANTHROPIC_API_KEY) or auto (claude when "
+            "ANTHROPIC_API_KEY is set, else scripted)"
+        ),
+    )
+    budget_usd: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Dollar budget of one bootstrap run (paid teachers): once the finished "
+            "episodes cost this much, no new episode starts (running ones finish and "
+            "are kept); null = no limit"
+        ),
+    )
+    selection: TaskSelection = Field(
+        default_factory=TaskSelection, description="Tasks and seeds for teacher demos (train split)"
+    )
+    success_threshold: float = Field(
+        0.3, ge=0, le=1, description="Re-bootstrap when the student's success falls below this"
+    )
+    max_demos_per_task: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "The older name of teacher_budget.max_episodes_per_task (used when that "
+            "is null): teacher episodes a task may ever get in this lake, every "
+            "stage that runs the teacher counted (bootstrap, curriculum top-ups, "
+            "rl.guide, rl.clone_fresh); null = no cap. With curriculum.enabled, only "
+            "tasks the student never solves get more"
+        ),
+    )
 
 
 class TeacherBudgetConfig(_Cfg):
     """The one teacher budget of a lake (flywheel/teacher_budget.py): every teacher episode counts, whichever stage
     runs it (bootstrap and curriculum top-ups, rl.guide, rl.clone_fresh), counted from the lake's `episodes` rows."""
-    max_episodes_per_task: int | None = Field(None, ge=0, description="Teacher episodes a task may ever get in this lake, whichever stage runs the teacher (bootstrap, curriculum top-ups, rl.guide, rl.clone_fresh; imports, evaluate and midtrain are not teacher spend); null = bootstrap.max_demos_per_task, else no cap")
-    max_episodes: int | None = Field(None, ge=0, description="Teacher episodes over all tasks in this lake, every stage counted; a capped run keeps them spread over its tasks; null = no cap")
-    usd: float | None = Field(None, ge=0, description="Dollars (paid teachers: the episodes' cost) over every stage in this lake: once spent, no new teacher episode starts (running ones finish and count); null = no cap. bootstrap.budget_usd still caps each bootstrap run")
+
+    max_episodes_per_task: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Teacher episodes a task may ever get in this lake, whichever stage runs "
+            "the teacher (bootstrap, curriculum top-ups, rl.guide, rl.clone_fresh; "
+            "imports, evaluate and midtrain are not teacher spend); null = "
+            "bootstrap.max_demos_per_task, else no cap"
+        ),
+    )
+    max_episodes: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Teacher episodes over all tasks in this lake, every stage counted; a "
+            "capped run keeps them spread over its tasks; null = no cap"
+        ),
+    )
+    usd: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Dollars (paid teachers: the episodes' cost) over every stage in this "
+            "lake: once spent, no new teacher episode starts (running ones finish "
+            "and count); null = no cap. bootstrap.budget_usd still caps each "
+            "bootstrap run"
+        ),
+    )
 
 
 class ModelPrice(_Cfg):
@@ -115,48 +243,120 @@ class ModelPrice(_Cfg):
 def _default_prices() -> dict[str, ModelPrice]:
     # Anthropic's pricing page (platform.claude.com/docs/en/about-claude/pricing); keys are model-id prefixes,
     # the longest matching prefix wins. Cache writes are 1.25x input, cache reads 0.1x input.
-    table = {"claude-opus-4-7": (5, 25), "claude-opus-4-6": (5, 25), "claude-opus-4-5": (5, 25),
-             "claude-opus-4-1": (15, 75), "claude-opus-4": (15, 75), "claude-sonnet-4": (3, 15),
-             "claude-haiku-4-5": (1, 5)}
-    return {k: ModelPrice(input=i, output=o, cache_write=round(i * 1.25, 4), cache_read=round(i * 0.1, 4)) for k, (i, o) in table.items()}
+    table = {
+        "claude-opus-4-7": (5, 25),
+        "claude-opus-4-6": (5, 25),
+        "claude-opus-4-5": (5, 25),
+        "claude-opus-4-1": (15, 75),
+        "claude-opus-4": (15, 75),
+        "claude-sonnet-4": (3, 15),
+        "claude-haiku-4-5": (1, 5),
+    }
+    return {
+        k: ModelPrice(input=i, output=o, cache_write=round(i * 1.25, 4), cache_read=round(i * 0.1, 4))
+        for k, (i, o) in table.items()
+    }
 
 
 class ClaudeConfig(_Cfg):
     model: str = Field("claude-sonnet-4-6", description="Claude model id for the computer-use teacher")
-    tool_version: Literal["auto", "computer_20251124", "computer_20250124"] = Field("auto", description="Computer-use tool version (auto: by model, per Anthropic's docs; the beta header follows it)")
-    base_url: str | None = Field(None, description="API base URL (null: the SDK default, or $ANTHROPIC_BASE_URL); the key always comes from $ANTHROPIC_API_KEY")
+    tool_version: Literal["auto", "computer_20251124", "computer_20250124"] = Field(
+        "auto",
+        description="Computer-use tool version (auto: by model, per Anthropic's docs; the beta header follows it)",
+    )
+    base_url: str | None = Field(
+        None,
+        description=(
+            "API base URL (null: the SDK default, or $ANTHROPIC_BASE_URL); the key always comes from $ANTHROPIC_API_KEY"
+        ),
+    )
     max_tokens: int = Field(2048, ge=64, le=32000, description="Max output tokens per API call (thinking included)")
-    thinking_budget: int | None = Field(1024, ge=1024, description="Extended thinking budget in tokens (the step's thought); null = off")
-    history_images: int = Field(3, ge=1, le=20, description="Screenshots kept in the conversation (older ones are replaced by a note)")
-    max_retries: int = Field(4, ge=0, le=10, description="SDK retries with exponential backoff on 408/409/429/5xx/overloaded")
+    thinking_budget: int | None = Field(
+        1024, ge=1024, description="Extended thinking budget in tokens (the step's thought); null = off"
+    )
+    history_images: int = Field(
+        3, ge=1, le=20, description="Screenshots kept in the conversation (older ones are replaced by a note)"
+    )
+    max_retries: int = Field(
+        4, ge=0, le=10, description="SDK retries with exponential backoff on 408/409/429/5xx/overloaded"
+    )
     timeout_s: float = Field(120.0, gt=0, description="Timeout of one API request")
-    max_long_edge: int = Field(1568, ge=64, description="Screenshots are scaled so the long edge is at most this (Anthropic's limit; Opus 4.7 accepts 2576)")
-    max_pixels: int = Field(1_150_000, ge=4096, description="...and the area at most this many pixels (Anthropic: about 1.15 megapixels)")
-    prices: dict[str, ModelPrice] = Field(default_factory=_default_prices, description="USD per million tokens by model-id prefix (longest prefix wins)")
+    max_long_edge: int = Field(
+        1568,
+        ge=64,
+        description=(
+            "Screenshots are scaled so the long edge is at most this (Anthropic's limit; Opus 4.7 accepts 2576)"
+        ),
+    )
+    max_pixels: int = Field(
+        1_150_000, ge=4096, description="...and the area at most this many pixels (Anthropic: about 1.15 megapixels)"
+    )
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=_default_prices, description="USD per million tokens by model-id prefix (longest prefix wins)"
+    )
 
     @model_validator(mode="after")
     def _checks(self) -> "ClaudeConfig":
         if self.thinking_budget is not None and self.thinking_budget >= self.max_tokens:
-            raise ValueError(f"claude.thinking_budget ({self.thinking_budget}) must be below claude.max_tokens "
-                             f"({self.max_tokens}): raise max_tokens or lower the budget")
+            raise ValueError(
+                f"claude.thinking_budget ({self.thinking_budget}) must be below claude.max_tokens "
+                f"({self.max_tokens}): raise max_tokens or lower the budget"
+            )
         if not any(self.model.startswith(k) for k in self.prices):
-            raise ValueError(f"claude.prices has no entry for claude.model {self.model!r}: add one (USD per million tokens)")
+            raise ValueError(
+                f"claude.prices has no entry for claude.model {self.model!r}: add one (USD per million tokens)"
+            )
         return self
 
 
 class CurriculumConfig(_Cfg):
-    enabled: bool = Field(False, description="Plan each iteration from the lake (flywheel/curriculum.py): teacher demos only for tasks the student never solves (within bootstrap.max_demos_per_task), rollouts and RL for tasks with 0 < success < solved_threshold, a small check for solved ones; decisions go to the `curriculum` table")
-    solved_threshold: float = Field(0.9, gt=0, le=1, description="Success at or above which a task counts as solved (a check only)")
+    enabled: bool = Field(
+        False,
+        description=(
+            "Plan each iteration from the lake (flywheel/curriculum.py): teacher "
+            "demos only for tasks the student never solves (within "
+            "bootstrap.max_demos_per_task), rollouts and RL for tasks with 0 < "
+            "success < solved_threshold, a small check for solved ones; decisions go "
+            "to the `curriculum` table"
+        ),
+    )
+    solved_threshold: float = Field(
+        0.9, gt=0, le=1, description="Success at or above which a task counts as solved (a check only)"
+    )
     check_seeds: int = Field(1, ge=0, description="Rollout seeds for a solved task's check")
-    top_up_demos: int = Field(20, ge=0, description="Teacher demos per iteration for a task the student never solves (within its budget)")
-    sft_every_iteration: bool = Field(True, description="Run SFT in every iteration; false: after iteration 0, SFT runs only when entropulse triggers (else RL continues from the last checkpoint)")
-    entropy_floor: float = Field(0.05, ge=0, description="Entropulse: SFT runs next iteration when the last RL round's mean policy entropy (nats/token) fell below this")
-    plateau_points: float = Field(2.0, ge=0, description="Entropulse: SFT runs next iteration when held-out success moved less than this many points between the last two iterations")
+    top_up_demos: int = Field(
+        20, ge=0, description="Teacher demos per iteration for a task the student never solves (within its budget)"
+    )
+    sft_every_iteration: bool = Field(
+        True,
+        description=(
+            "Run SFT in every iteration; false: after iteration 0, SFT runs only "
+            "when entropulse triggers (else RL continues from the last checkpoint)"
+        ),
+    )
+    entropy_floor: float = Field(
+        0.05,
+        ge=0,
+        description=(
+            "Entropulse: SFT runs next iteration when the last RL round's mean "
+            "policy entropy (nats/token) fell below this"
+        ),
+    )
+    plateau_points: float = Field(
+        2.0,
+        ge=0,
+        description=(
+            "Entropulse: SFT runs next iteration when held-out success moved less "
+            "than this many points between the last two iterations"
+        ),
+    )
 
 
 class StudentConfig(_Cfg):
     model: str = Field("./models/small-qwen3vl", description="Local model folder or Hub id of the base student")
-    arch: Literal["qwen3-vl", "qwen2.5-vl"] = Field("qwen3-vl", description="Architecture family (coordinate convention follows it)")
+    arch: Literal["qwen3-vl", "qwen2.5-vl"] = Field(
+        "qwen3-vl", description="Architecture family (coordinate convention follows it)"
+    )
     size: str = Field("small", description="Size preset used when the model folder must be built")
     backend: Literal["hf", "openai"] = Field("hf", description="Inference backend")
     base_url: str | None = Field(None, description="OpenAI-compatible server URL for backend 'openai'")
@@ -165,23 +365,52 @@ class StudentConfig(_Cfg):
     max_new_tokens: int = Field(96, ge=1, le=4096, description="Max response tokens per step")
     history_images: int = Field(1, ge=0, le=8, description="Screenshots in the prompt window (K); older steps as text")
     use_ui_text: bool = Field(True, description="Put the DOM / accessibility text view into the prompt")
-    lean_decode: bool = Field(True, description="hf backend: after one HF prefill, decode with the lean KV-cached loop (same tokens and logprobs as transformers generate, less per-token overhead); false = transformers generate")
+    lean_decode: bool = Field(
+        True,
+        description=(
+            "hf backend: after one HF prefill, decode with the lean KV-cached loop "
+            "(same tokens and logprobs as transformers generate, less per-token "
+            "overhead); false = transformers generate"
+        ),
+    )
 
 
 class RolloutStageConfig(_Cfg):
     selection: TaskSelection = Field(default_factory=TaskSelection, description="Tasks and seeds for student rollouts")
-    temperature: float | None = Field(None, ge=0, le=5, description="Sampling temperature of the rollouts stage (data for curate); null = student.temperature. RL keeps student.temperature: its groups need the spread")
-    attempts: int | None = Field(None, ge=1, le=64, description="Attempts per task instance in the rollouts stage (pass@k collection: every success is kept, deduplicated by instance + action sequence); null = rollout.group_size")
+    temperature: float | None = Field(
+        None,
+        ge=0,
+        le=5,
+        description=(
+            "Sampling temperature of the rollouts stage (data for curate); null = "
+            "student.temperature. RL keeps student.temperature: its groups need the "
+            "spread"
+        ),
+    )
+    attempts: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description=(
+            "Attempts per task instance in the rollouts stage (pass@k collection: "
+            "every success is kept, deduplicated by instance + action sequence); "
+            "null = rollout.group_size"
+        ),
+    )
 
 
 class CurateConfig(_Cfg):
     reward_threshold: float = Field(1.0, ge=0, le=1, description="Min binary task reward of a kept episode")
     max_episodes_per_task: int = Field(200, ge=1, description="Cap per task (balance)")
-    teacher_ratio: float | None = Field(None, ge=0, le=1, description="Fraction of teacher episodes when mixing sources (None = all)")
+    teacher_ratio: float | None = Field(
+        None, ge=0, le=1, description="Fraction of teacher episodes when mixing sources (None = all)"
+    )
 
 
 class SFTConfig(_Cfg):
-    method: Literal["lora", "full"] = Field("lora", description="LoRA adapters on the LM, or full fine-tune (vision frozen in both)")
+    method: Literal["lora", "full"] = Field(
+        "lora", description="LoRA adapters on the LM, or full fine-tune (vision frozen in both)"
+    )
     lr: float = Field(1e-3, gt=0, description="Peak learning rate (cosine schedule)")
     epochs: float = Field(3.0, gt=0, description="Passes over the dataset")
     batch_size: int = Field(8, ge=1, description="Micro-batch size")
@@ -190,106 +419,594 @@ class SFTConfig(_Cfg):
     lora_r: int = Field(16, ge=1, description="LoRA rank")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha (scale = alpha / r)")
     lora_dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input")
-    lora_fp32_adapters: bool = Field(False, description="Keep LoRA adapters in fp32 (PEFT's default: every adapted projection then casts its input to fp32). Default: adapters in the model's dtype (bf16 on GPU) with fp32 master copies in the optimizer")
+    lora_fp32_adapters: bool = Field(
+        False,
+        description=(
+            "Keep LoRA adapters in fp32 (PEFT's default: every adapted projection "
+            "then casts its input to fp32). Default: adapters in the model's dtype "
+            "(bf16 on GPU) with fp32 master copies in the optimizer"
+        ),
+    )
     max_steps: int | None = Field(None, ge=1, description="Cap on optimizer steps (None = from epochs)")
-    warmup_ratio: float = Field(0.05, ge=0, le=0.5, description="Linear warmup, as a fraction of the planned optimizer steps")
+    warmup_ratio: float = Field(
+        0.05, ge=0, le=0.5, description="Linear warmup, as a fraction of the planned optimizer steps"
+    )
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm")
     save_every: int = Field(50, ge=1, description="Optimizer steps between resumable checkpoints")
     seed: int = Field(0, ge=0, description="Seed of data order, LoRA init and dropout")
-    schedule_to_budget: bool = Field(True, description="With max_minutes: fit the cosine schedule's length to the steps the budget allows (re-estimated every 4 steps)")
-    merge: bool = Field(True, description="LoRA: also save a merged full model in <checkpoint>/merged (for vLLM and the next iteration's base)")
-    output_root: str | None = Field(None, description="Folder for checkpoints (None = <lake>/_checkpoints); a relative path is under the lake root, so the checkpoints move with the lake")
-    unsloth: bool = Field(False, description="Load through Unsloth FastVisionModel when it is installed and CUDA is available (ignored otherwise)")
-    targets: Literal["full", "action", "tool_call"] = Field("full", description="Assistant targets: full (thought + Action line + tool call), action (no thought) or tool_call (the call alone); shorter targets train a small CPU student faster")
-    fused_kernels: bool = Field(True, description="On CUDA with liger-kernel installed: fused RMSNorm/SwiGLU/RoPE kernels")
-    distributed: Literal["none", "ddp"] = Field("none", description="ddp: data-parallel over the local GPUs (torchrun + PyTorch DDP, one process per GPU); the same steps, sample order, loss and exact resume as one device, the step's samples split across the processes")
-    nproc: int | None = Field(None, ge=1, le=64, description="Processes for distributed: ddp (null = every visible GPU)")
-    hint_fraction: float = Field(0.0, ge=0, le=1, description="Hint-aware SFT for SDPO: this fraction of the samples is added again with the SDPO teacher's privileged block in the prompt (\"Correct solution:\" holding the sample's own action, as training.rl_encode.teacher_messages writes it), the target unchanged, so the student learns to use a solution it is shown; 0 = off. A student never trained on that block scores its own replies lower when shown one (docs/LOG.md), which turned SDPO's term negative on most tokens")
-    packing: bool = Field(False, description="Micro-batches as packed rows of whole samples instead of padded batches: no compute on pads, each sample keeps its own positions (multimodal RoPE) and attends only to itself (CUDA: torch varlen flash attention; CPU: SDPA with a block-diagonal mask); the same samples, loss and normaliser per optimizer step as padding (Qwen3-VL students)")
-    pack_tokens: int = Field(16384, ge=1, description="With packing: at most this many tokens in one packed micro-batch (a longer sample is trained alone); batch_size is then unused within a step, the step still takes batch_size x grad_accum samples")
-    encode_cache_gib: float = Field(4.0, ge=0, description="Host memory for samples encoded once (chat template + image processor) and kept across epochs; past it, samples are re-encoded at every use (pixel_values are kept in the vision tower's dtype: bf16 on GPU)")
-    encode_workers: int | None = Field(None, ge=1, le=64, description="CUDA: worker processes that encode the next step's samples while the current one trains; null = the CPU cores over the DDP processes, at most 8. One encoding thread could not keep up with an H100 on 1280x704 screenshots, and threads starve the training thread of the GIL (docs/LOG.md, session 10)")
-    vision_cache: bool | None = Field(None, description="With the vision tower frozen and epochs > 1: each sample's image features are computed once (no_grad) and kept instead of its pixel_values, so later epochs skip the tower (training/vision_cache.py; the same loss up to float rounding). null = on with CUDA (H100, 2B shape: later epochs 1.55x, the first no slower; docs/LOG.md, session 10), off on CPU, where the main job's results were measured without it")
+    schedule_to_budget: bool = Field(
+        True,
+        description=(
+            "With max_minutes: fit the cosine schedule's length to the steps the "
+            "budget allows (re-estimated every 4 steps)"
+        ),
+    )
+    merge: bool = Field(
+        True,
+        description=(
+            "LoRA: also save a merged full model in <checkpoint>/merged (for vLLM and the next iteration's base)"
+        ),
+    )
+    output_root: str | None = Field(
+        None,
+        description=(
+            "Folder for checkpoints (None = <lake>/_checkpoints); a relative path is "
+            "under the lake root, so the checkpoints move with the lake"
+        ),
+    )
+    unsloth: bool = Field(
+        False,
+        description=(
+            "Load through Unsloth FastVisionModel when it is installed and CUDA is available (ignored otherwise)"
+        ),
+    )
+    targets: Literal["full", "action", "tool_call"] = Field(
+        "full",
+        description=(
+            "Assistant targets: full (thought + Action line + tool call), action (no "
+            "thought) or tool_call (the call alone); shorter targets train a small "
+            "CPU student faster"
+        ),
+    )
+    fused_kernels: bool = Field(
+        True, description="On CUDA with liger-kernel installed: fused RMSNorm/SwiGLU/RoPE kernels"
+    )
+    distributed: Literal["none", "ddp"] = Field(
+        "none",
+        description=(
+            "ddp: data-parallel over the local GPUs (torchrun + PyTorch DDP, one "
+            "process per GPU); the same steps, sample order, loss and exact resume "
+            "as one device, the step's samples split across the processes"
+        ),
+    )
+    nproc: int | None = Field(
+        None, ge=1, le=64, description="Processes for distributed: ddp (null = every visible GPU)"
+    )
+    hint_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Hint-aware SFT for SDPO: this fraction of the samples is added again "
+            "with the SDPO teacher's privileged block in the prompt (\"Correct "
+            "solution:\" holding the sample's own action, as "
+            "training.rl_encode.teacher_messages writes it), the target unchanged, "
+            "so the student learns to use a solution it is shown; 0 = off. A student "
+            "never trained on that block scores its own replies lower when shown one "
+            "(docs/LOG.md), which turned SDPO's term negative on most tokens"
+        ),
+    )
+    packing: bool = Field(
+        False,
+        description=(
+            "Micro-batches as packed rows of whole samples instead of padded "
+            "batches: no compute on pads, each sample keeps its own positions "
+            "(multimodal RoPE) and attends only to itself (CUDA: torch varlen flash "
+            "attention; CPU: SDPA with a block-diagonal mask); the same samples, "
+            "loss and normaliser per optimizer step as padding (Qwen3-VL students)"
+        ),
+    )
+    pack_tokens: int = Field(
+        16384,
+        ge=1,
+        description=(
+            "With packing: at most this many tokens in one packed micro-batch (a "
+            "longer sample is trained alone); batch_size is then unused within a "
+            "step, the step still takes batch_size x grad_accum samples"
+        ),
+    )
+    encode_cache_gib: float = Field(
+        4.0,
+        ge=0,
+        description=(
+            "Host memory for samples encoded once (chat template + image processor) "
+            "and kept across epochs; past it, samples are re-encoded at every use "
+            "(pixel_values are kept in the vision tower's dtype: bf16 on GPU)"
+        ),
+    )
+    encode_workers: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description=(
+            "CUDA: worker processes that encode the next step's samples while the "
+            "current one trains; null = the CPU cores over the DDP processes, at "
+            "most 8. One encoding thread could not keep up with an H100 on 1280x704 "
+            "screenshots, and threads starve the training thread of the GIL "
+            "(docs/LOG.md, session 10)"
+        ),
+    )
+    vision_cache: bool | None = Field(
+        None,
+        description=(
+            "With the vision tower frozen and epochs > 1: each sample's image "
+            "features are computed once (no_grad) and kept instead of its "
+            "pixel_values, so later epochs skip the tower (training/vision_cache.py; "
+            "the same loss up to float rounding). null = on with CUDA (H100, 2B "
+            "shape: later epochs 1.55x, the first no slower; docs/LOG.md, session "
+            "10), off on CPU, where the main job's results were measured without it"
+        ),
+    )
 
 
 class RLConfig(_Cfg):
     enabled: bool = Field(False, description="Run the RL stage in each iteration")
-    algorithm: Literal["grpo", "dr_grpo", "gspo", "sdpo"] = Field("grpo", description="RL objective: grpo (token-level clipped PG, z-score group advantages), dr_grpo (mean-centred advantages), gspo (sequence-level ratio and clip), sdpo (self-distillation from the model re-prompted with a sibling's success / feedback, blended with GRPO by sdpo_weight)")
+    algorithm: Literal["grpo", "dr_grpo", "gspo", "sdpo"] = Field(
+        "grpo",
+        description=(
+            "RL objective: grpo (token-level clipped PG, z-score group advantages), "
+            "dr_grpo (mean-centred advantages), gspo (sequence-level ratio and "
+            "clip), sdpo (self-distillation from the model re-prompted with a "
+            "sibling's success / feedback, blended with GRPO by sdpo_weight)"
+        ),
+    )
     rounds: int = Field(4, ge=1, le=1000, description="Sample -> update -> reload rounds per RL stage run")
-    source: Literal["sample", "lake"] = Field("sample", description="sample: each round samples fresh groups with the current weights (needs the env here); lake: each round trains on the iteration's stored student rollout groups (stage 'rollouts', e.g. collected on CPU machines), so a GPU worker without browsers can run RL; rounds after the first are off-policy, corrected by truncated importance sampling against the stored logprobs")
-    group_size: int = Field(4, ge=1, le=64, description="Episodes sampled per task instance (the group G); a group needs 2+ members with different rewards, or a replayed success, to give a signal")
+    source: Literal["sample", "lake"] = Field(
+        "sample",
+        description=(
+            "sample: each round samples fresh groups with the current weights (needs "
+            "the env here); lake: each round trains on the iteration's stored "
+            "student rollout groups (stage 'rollouts', e.g. collected on CPU "
+            "machines), so a GPU worker without browsers can run RL; rounds after "
+            "the first are off-policy, corrected by truncated importance sampling "
+            "against the stored logprobs"
+        ),
+    )
+    group_size: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description=(
+            "Episodes sampled per task instance (the group G); a group needs 2+ "
+            "members with different rewards, or a replayed success, to give a signal"
+        ),
+    )
     seeds_per_task_per_round: int = Field(4, ge=1, description="Task instances (seeds) per task sampled in each round")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate (constant)")
-    epochs: int = Field(1, ge=1, le=100, description="Passes over a round's step rows (more than 1 makes later minibatches off-policy: the PPO clip bounds them)")
+    epochs: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description=(
+            "Passes over a round's step rows (more than 1 makes later minibatches off-policy: the PPO clip bounds them)"
+        ),
+    )
     batch_size: int = Field(16, ge=1, description="Step rows per optimizer step (minibatch)")
-    micro_batch: int | None = Field(None, ge=1, description="Rows per forward/backward within a minibatch (null = the whole minibatch); the same update with less memory")
-    eps_low: float | None = Field(None, gt=0, lt=1, description="PPO clip below 1 (ratio >= 1 - eps_low); null = 0.2 (gspo: 3e-4, its sequence-level range)")
-    eps_high: float | None = Field(None, gt=0, description="PPO clip above 1 (ratio <= 1 + eps_high); null = 0.28, DAPO clip-higher (gspo: 4e-4)")
-    adv_mode: Literal["zscore", "mean"] | None = Field(None, description="Group advantage: zscore (r - mean) / std or mean r - mean (Dr.GRPO); null = mean for dr_grpo, zscore otherwise")
-    aggregation: Literal["constant", "token_mean", "seq_mean_token_mean"] = Field("constant", description="Loss normaliser: constant (Dr.GRPO: student.max_new_tokens x rows), token_mean (DAPO) or seq_mean_token_mean (GRPO)")
-    drop_zero_variance: bool = Field(True, description="Drop groups whose episodes all got the same reward (no GRPO signal; DAPO); with SDPO, rows that have a teacher context stay for the SDPO term; with GiGPO, rows with a nonzero step advantage stay")
-    replay: bool = Field(True, description="Join a stored success of the same task (teacher demo or earlier student success) to each all-failed group with reward 1 (ARPO/DART replay)")
-    is_cap: float = Field(2.0, gt=0, description="Cap of the truncated importance weight exp(old - behaviour) for rows sampled by an older policy")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the frozen start policy (0 = no reference model is built)")
-    sdpo_weight: float | None = Field(None, ge=0, le=1, description="Blend (1 - w) GRPO + w SDPO on rows with a teacher context; null = 1.0 for sdpo, 0.0 otherwise")
-    sdpo_teacher: Literal["ema", "frozen"] = Field("ema", description="SDPO teacher weights: an EMA of the student (updated after every optimizer step) or the frozen start")
-    sdpo_ema_rate: float = Field(0.05, gt=0, le=1, description="EMA rate of the SDPO teacher: theta_T <- (1 - rate) theta_T + rate theta_S")
-    sdpo_context: Literal["sibling", "feedback", "both"] = Field("both", description="SDPO teacher's privileged context: a successful sibling's action sequence, the failed attempt's feedback, or both")
-    sdpo_is_clip: float = Field(2.0, gt=0, description="SDPO: cap of the importance weight exp(student - old) on the distillation term")
-    sdpo_mode: Literal["sampled", "topk"] = Field("sampled", description="SDPO term: sampled (reverse KL on the sampled tokens, as a per-token advantage log pT - log pS) or topk (logit level: a divergence between student and teacher over the student's top sdpo_topk tokens plus a tail bucket at every response token)")
-    sdpo_topk: int = Field(20, ge=1, description="SDPO topk: vocabulary entries per response token the divergence compares (the student's top k; the rest is one tail bucket)")
-    sdpo_alpha: float = Field(0.5, ge=0, le=1, description="SDPO topk divergence: 0 forward KL(teacher||student), 1 reverse KL(student||teacher), in between the generalized JSD with mixture (1 - alpha) student + alpha teacher")
-    gigpo_omega: float = Field(0.0, ge=0, description="GiGPO step-level advantage weight: advantage = episode group advantage + omega x step advantage, the step advantage taken among the group's rows that saw the same screen (0 = off; verl-agent's default is 1.0); with it on, rows with a nonzero step advantage survive drop_zero_variance")
-    step_weight: Literal["episode", "step"] = Field("episode", description="How an episode's step rows share its advantage: episode = each row gets advantage / n_rows, so every episode weighs the same (a long failure does not outweigh a one-step success on the reply format they share); step = every row gets it in full (verl-agent)")
-    gigpo_gamma: float = Field(0.95, gt=0, le=1, description="GiGPO discount of the step return: a step T-1-t steps before the episode's end has return gamma^(T-1-t) x the episode reward")
-    parse_error_penalty: float = Field(0.0, ge=0, description="Subtracted from the advantage of each row whose response did not parse (advantages only; rewards stay binary)")
-    fused_kernels: bool = Field(True, description="On CUDA with liger-kernel installed: fused RMSNorm/SwiGLU/RoPE forwards bound onto the RL model, its SDPO teacher and KL reference (the same math; no effect on CPU)")
+    micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Rows per forward/backward within a minibatch (null = the whole "
+            "minibatch); the same update with less memory"
+        ),
+    )
+    eps_low: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="PPO clip below 1 (ratio >= 1 - eps_low); null = 0.2 (gspo: 3e-4, its sequence-level range)",
+    )
+    eps_high: float | None = Field(
+        None, gt=0, description="PPO clip above 1 (ratio <= 1 + eps_high); null = 0.28, DAPO clip-higher (gspo: 4e-4)"
+    )
+    adv_mode: Literal["zscore", "mean"] | None = Field(
+        None,
+        description=(
+            "Group advantage: zscore (r - mean) / std or mean r - mean (Dr.GRPO); "
+            "null = mean for dr_grpo, zscore otherwise"
+        ),
+    )
+    aggregation: Literal["constant", "token_mean", "seq_mean_token_mean"] = Field(
+        "constant",
+        description=(
+            "Loss normaliser: constant (Dr.GRPO: student.max_new_tokens x rows), "
+            "token_mean (DAPO) or seq_mean_token_mean (GRPO)"
+        ),
+    )
+    drop_zero_variance: bool = Field(
+        True,
+        description=(
+            "Drop groups whose episodes all got the same reward (no GRPO signal; "
+            "DAPO); with SDPO, rows that have a teacher context stay for the SDPO "
+            "term; with GiGPO, rows with a nonzero step advantage stay"
+        ),
+    )
+    replay: bool = Field(
+        True,
+        description=(
+            "Join a stored success of the same task (teacher demo or earlier student "
+            "success) to each all-failed group with reward 1 (ARPO/DART replay)"
+        ),
+    )
+    is_cap: float = Field(
+        2.0,
+        gt=0,
+        description="Cap of the truncated importance weight exp(old - behaviour) for rows sampled by an older policy",
+    )
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the k3 KL penalty to the frozen start policy (0 = no reference model is built)",
+    )
+    sdpo_weight: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Blend (1 - w) GRPO + w SDPO on rows with a teacher context; null = 1.0 for sdpo, 0.0 otherwise",
+    )
+    sdpo_teacher: Literal["ema", "frozen"] = Field(
+        "ema",
+        description=(
+            "SDPO teacher weights: an EMA of the student (updated after every optimizer step) or the frozen start"
+        ),
+    )
+    sdpo_ema_rate: float = Field(
+        0.05, gt=0, le=1, description="EMA rate of the SDPO teacher: theta_T <- (1 - rate) theta_T + rate theta_S"
+    )
+    sdpo_context: Literal["sibling", "feedback", "both"] = Field(
+        "both",
+        description=(
+            "SDPO teacher's privileged context: a successful sibling's action "
+            "sequence, the failed attempt's feedback, or both"
+        ),
+    )
+    sdpo_is_clip: float = Field(
+        2.0, gt=0, description="SDPO: cap of the importance weight exp(student - old) on the distillation term"
+    )
+    sdpo_mode: Literal["sampled", "topk"] = Field(
+        "sampled",
+        description=(
+            "SDPO term: sampled (reverse KL on the sampled tokens, as a per-token "
+            "advantage log pT - log pS) or topk (logit level: a divergence between "
+            "student and teacher over the student's top sdpo_topk tokens plus a tail "
+            "bucket at every response token)"
+        ),
+    )
+    sdpo_topk: int = Field(
+        20,
+        ge=1,
+        description=(
+            "SDPO topk: vocabulary entries per response token the divergence "
+            "compares (the student's top k; the rest is one tail bucket)"
+        ),
+    )
+    sdpo_alpha: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description=(
+            "SDPO topk divergence: 0 forward KL(teacher||student), 1 reverse "
+            "KL(student||teacher), in between the generalized JSD with mixture (1 - "
+            "alpha) student + alpha teacher"
+        ),
+    )
+    gigpo_omega: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "GiGPO step-level advantage weight: advantage = episode group advantage "
+            "+ omega x step advantage, the step advantage taken among the group's "
+            "rows that saw the same screen (0 = off; verl-agent's default is 1.0); "
+            "with it on, rows with a nonzero step advantage survive "
+            "drop_zero_variance"
+        ),
+    )
+    step_weight: Literal["episode", "step"] = Field(
+        "episode",
+        description=(
+            "How an episode's step rows share its advantage: episode = each row gets "
+            "advantage / n_rows, so every episode weighs the same (a long failure "
+            "does not outweigh a one-step success on the reply format they share); "
+            "step = every row gets it in full (verl-agent)"
+        ),
+    )
+    gigpo_gamma: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description=(
+            "GiGPO discount of the step return: a step T-1-t steps before the "
+            "episode's end has return gamma^(T-1-t) x the episode reward"
+        ),
+    )
+    parse_error_penalty: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Subtracted from the advantage of each row whose response did not parse "
+            "(advantages only; rewards stay binary)"
+        ),
+    )
+    fused_kernels: bool = Field(
+        True,
+        description=(
+            "On CUDA with liger-kernel installed: fused RMSNorm/SwiGLU/RoPE forwards "
+            "bound onto the RL model, its SDPO teacher and KL reference (the same "
+            "math; no effect on CPU)"
+        ),
+    )
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    warmup_steps: int = Field(20, ge=0, description="Linear learning-rate warmup over the first N optimizer steps of the run (0 = none): Adam's first steps move every weight by ~lr whatever its gradient, which knocked a small SFT'd student's success from 34% to 11% in one round (docs/LOG.md)")
-    max_minutes: float | None = Field(None, gt=0, description="Wall-clock cap on the RL updates (summed over rounds); an update stops cleanly when reached")
-    seed: int = Field(0, ge=0, description="Seed of the run: minibatch order and which task instances each round samples (sampling itself is unseeded)")
-    guide: Literal["off", "failed", "all"] = Field("off", description="Teacher guidance in the loop (DAgger / LUFFY-style mixed-policy GRPO): after each round's sampling, the bootstrap teacher (bootstrap.policy: scripted or Claude) solves that round's task instances, and its success joins the instance's group as a replayed member (reward 1, weighted as replay). failed: only instances whose group all failed; all: every instance whose group has a failure. Its episodes land in the lake (stage rl, the teacher's policy, a run key of their own), so later iterations curate them too. Needs rl.source sample")
-    demo_nll: float = Field(0.0, ge=0, description="DAPG-style behaviour cloning: weight of the token-mean NLL of each minibatch's replayed rows (the teacher's guidance episodes, stored successes) added to its loss, on top of their policy-gradient term (0 = off); a teacher's correct reply to the screen the student failed is then learnt at SFT strength, where the PG term alone weights it by one group advantage over the whole round's tokens")
-    pg_weight: float = Field(1.0, ge=0, description="Weight of the clipped policy-gradient term in the loss (1 = GRPO as usual; 0 = an ablation that keeps only the other terms: rl.demo_nll, SDPO, the KL penalty)")
-    clone_steps: int = Field(0, ge=0, le=10000, description="Behaviour-cloning steps interleaved with RL (ReLIFT / SRFT-style): after each round's policy update, this many optimizer steps of the token-mean NLL (SFT's loss) on stored successes from the lake -- the teacher's demos and rl.guide answers, with rl.clone_source all the student's own successes too (training/rl_clone.py); logged as rl_metrics rows with algo 'clone'. 0 = off. The 6M CPU student learnt click-button's copy skill only from SFT-strength steps on teacher demos (docs/LOG.md)")
-    clone_batch: int = Field(16, ge=1, description="Step rows per clone step (drawn with replacement, seeded by rl.seed and the round)")
-    clone_lr: float = Field(5e-4, gt=0, description="Learning rate of the clone steps (the policy update's AdamW and state)")
-    clone_focus: float = Field(0.5, ge=0, le=1, description="Fraction of each clone batch drawn from the successes of the RL tasks (rl.tasks); the rest rehearses the other rl.clone_tasks so they stay learnt")
-    clone_hard: float = Field(0.0, ge=0, le=1, description="Fraction of the RL tasks' clone draws taken from the answers to instances a round's student group failed entirely (every sample failed): the instances the policy cannot solve yet, ReLIFT's hardest questions, which a random draw rarely meets when the policy solves most instances. The answers are rl.guide's teacher episodes, so it needs rl.guide and rl.clone_steps (0 = off: draws ignore which instances the student failed)")
-    clone_source: Literal["teacher", "all"] = Field("teacher", description="Which stored successes the clone steps learn: teacher (every policy but the student: the bootstrap's demos and the rl.guide episodes) or all (the student's own successes too, rejection-sampling style). A sampled success can carry a garbled Action line before a tool call that happened to hit (measured: cloning them made 89% of greedy click-button replies unparseable in 4 rounds, docs/LOG.md)")
-    clone_warmup: int = Field(10, ge=0, description="Linear warmup of rl.clone_lr over the run's first N clone steps (Adam's first steps move every weight by ~lr)")
-    clone_schedule: Literal["cosine", "constant"] = Field("cosine", description="The clone steps' learning rate after warmup: cosine (from rl.clone_lr to 0 over the run's rl.rounds x rl.clone_steps, as SFT's schedule: the last rounds settle the weights the run ends with) or constant")
-    clone_fresh: int = Field(0, ge=0, le=4000, description="Per round, the bootstrap teacher (bootstrap.policy) also solves this many fresh train instances of each RL task, instances no round samples (seeds 1000-4999, shifted by round and rl.seed), into the lake as rl.guide's episodes are (stage rl, a run key of their own): new demos for the clone steps, so they learn from more instances instead of repeating a few hundred (0 = off; needs rl.clone_steps and rl.source sample)")
-    clone_tasks: list[str] | None = Field(None, description="Tasks whose stored successes the clone steps draw from besides rl.tasks (train tasks only); null = rollouts.selection.tasks")
-    stored_same_seed: bool = Field(False, description="Replay and the SDPO teacher's stored context take only a stored success of the same task instance (seed), never one of another instance of the task: on a single-screen task another instance's solution names other coordinates")
-    old_logp: Literal["recompute", "rollout"] = Field("recompute", description="Old-policy log-probs of the PPO ratio: recompute (a no-grad forward over the round's rows with the weights the update starts from) or rollout (the sampler's stored log-probs for the rows these weights just sampled: one forward over the round fewer, ~15% of a CPU round; replayed rows are still recomputed, and so is everything at rl.temperature != 1). Needs rl.source sample: stored rollouts were sampled by other weights")
-    temperature: float | None = Field(None, gt=0, le=5, description="Sampling temperature of the RL rollouts; null = student.temperature. The update scores log-probs of logits / temperature, so the ratio, KL, entropy and SDPO terms are of the policy that sampled (as verl does); the truncated IS weight of a stale row still compares temperature-1 log-probs, the sampler's stored kind. Below 1, fewer samples break the reply format and the policy trained is closer to the greedy one evaluation runs")
-    end_on_parse_error: bool = Field(True, description="RL rollouts end an episode at a reply that does not parse (a failure, one row) instead of following rollout.on_parse_error: a wandering failure repeats the same signal for up to the step cap and costs that many rollout steps and rows")
-    tasks: list[str] | None = Field(None, description="Tasks RL samples (train tasks only); null = rollouts.selection.tasks")
-    distributed: Literal["none", "ddp"] = Field("none", description="ddp: the update runs data-parallel over the local GPUs (torchrun + PyTorch DDP, one process per GPU): each rank takes its token-balanced share of every minibatch and the old-log-prob pass, the same normalisers, steps and resume as one device; rank 0 writes the lake and the rounds. Needs rl.source lake (the ranks do not sample)")
-    nproc: int | None = Field(None, ge=1, le=64, description="Processes for distributed: ddp (null = every visible GPU)")
+    warmup_steps: int = Field(
+        20,
+        ge=0,
+        description=(
+            "Linear learning-rate warmup over the first N optimizer steps of the run "
+            "(0 = none): Adam's first steps move every weight by ~lr whatever its "
+            "gradient, which knocked a small SFT'd student's success from 34% to 11% "
+            "in one round (docs/LOG.md)"
+        ),
+    )
+    max_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="Wall-clock cap on the RL updates (summed over rounds); an update stops cleanly when reached",
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Seed of the run: minibatch order and which task instances each round samples (sampling itself is unseeded)"
+        ),
+    )
+    guide: Literal["off", "failed", "all"] = Field(
+        "off",
+        description=(
+            "Teacher guidance in the loop (DAgger / LUFFY-style mixed-policy GRPO): "
+            "after each round's sampling, the bootstrap teacher (bootstrap.policy: "
+            "scripted or Claude) solves that round's task instances, and its success "
+            "joins the instance's group as a replayed member (reward 1, weighted as "
+            "replay). failed: only instances whose group all failed; all: every "
+            "instance whose group has a failure. Its episodes land in the lake "
+            "(stage rl, the teacher's policy, a run key of their own), so later "
+            "iterations curate them too. Needs rl.source sample"
+        ),
+    )
+    demo_nll: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "DAPG-style behaviour cloning: weight of the token-mean NLL of each "
+            "minibatch's replayed rows (the teacher's guidance episodes, stored "
+            "successes) added to its loss, on top of their policy-gradient term (0 = "
+            "off); a teacher's correct reply to the screen the student failed is "
+            "then learnt at SFT strength, where the PG term alone weights it by one "
+            "group advantage over the whole round's tokens"
+        ),
+    )
+    pg_weight: float = Field(
+        1.0,
+        ge=0,
+        description=(
+            "Weight of the clipped policy-gradient term in the loss (1 = GRPO as "
+            "usual; 0 = an ablation that keeps only the other terms: rl.demo_nll, "
+            "SDPO, the KL penalty)"
+        ),
+    )
+    clone_steps: int = Field(
+        0,
+        ge=0,
+        le=10000,
+        description=(
+            "Behaviour-cloning steps interleaved with RL (ReLIFT / SRFT-style): "
+            "after each round's policy update, this many optimizer steps of the "
+            "token-mean NLL (SFT's loss) on stored successes from the lake -- the "
+            "teacher's demos and rl.guide answers, with rl.clone_source all the "
+            "student's own successes too (training/rl_clone.py); logged as "
+            "rl_metrics rows with algo 'clone'. 0 = off. The 6M CPU student learnt "
+            "click-button's copy skill only from SFT-strength steps on teacher demos "
+            "(docs/LOG.md)"
+        ),
+    )
+    clone_batch: int = Field(
+        16, ge=1, description="Step rows per clone step (drawn with replacement, seeded by rl.seed and the round)"
+    )
+    clone_lr: float = Field(
+        5e-4, gt=0, description="Learning rate of the clone steps (the policy update's AdamW and state)"
+    )
+    clone_focus: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description=(
+            "Fraction of each clone batch drawn from the successes of the RL tasks "
+            "(rl.tasks); the rest rehearses the other rl.clone_tasks so they stay "
+            "learnt"
+        ),
+    )
+    clone_hard: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Fraction of the RL tasks' clone draws taken from the answers to "
+            "instances a round's student group failed entirely (every sample "
+            "failed): the instances the policy cannot solve yet, ReLIFT's hardest "
+            "questions, which a random draw rarely meets when the policy solves most "
+            "instances. The answers are rl.guide's teacher episodes, so it needs "
+            "rl.guide and rl.clone_steps (0 = off: draws ignore which instances the "
+            "student failed)"
+        ),
+    )
+    clone_source: Literal["teacher", "all"] = Field(
+        "teacher",
+        description=(
+            "Which stored successes the clone steps learn: teacher (every policy but "
+            "the student: the bootstrap's demos and the rl.guide episodes) or all "
+            "(the student's own successes too, rejection-sampling style). A sampled "
+            "success can carry a garbled Action line before a tool call that "
+            "happened to hit (measured: cloning them made 89% of greedy click-button "
+            "replies unparseable in 4 rounds, docs/LOG.md)"
+        ),
+    )
+    clone_warmup: int = Field(
+        10,
+        ge=0,
+        description=(
+            "Linear warmup of rl.clone_lr over the run's first N clone steps (Adam's "
+            "first steps move every weight by ~lr)"
+        ),
+    )
+    clone_schedule: Literal["cosine", "constant"] = Field(
+        "cosine",
+        description=(
+            "The clone steps' learning rate after warmup: cosine (from rl.clone_lr "
+            "to 0 over the run's rl.rounds x rl.clone_steps, as SFT's schedule: the "
+            "last rounds settle the weights the run ends with) or constant"
+        ),
+    )
+    clone_fresh: int = Field(
+        0,
+        ge=0,
+        le=4000,
+        description=(
+            "Per round, the bootstrap teacher (bootstrap.policy) also solves this "
+            "many fresh train instances of each RL task, instances no round samples "
+            "(seeds 1000-4999, shifted by round and rl.seed), into the lake as "
+            "rl.guide's episodes are (stage rl, a run key of their own): new demos "
+            "for the clone steps, so they learn from more instances instead of "
+            "repeating a few hundred (0 = off; needs rl.clone_steps and rl.source "
+            "sample)"
+        ),
+    )
+    clone_tasks: list[str] | None = Field(
+        None,
+        description=(
+            "Tasks whose stored successes the clone steps draw from besides rl.tasks "
+            "(train tasks only); null = rollouts.selection.tasks"
+        ),
+    )
+    stored_same_seed: bool = Field(
+        False,
+        description=(
+            "Replay and the SDPO teacher's stored context take only a stored success "
+            "of the same task instance (seed), never one of another instance of the "
+            "task: on a single-screen task another instance's solution names other "
+            "coordinates"
+        ),
+    )
+    old_logp: Literal["recompute", "rollout"] = Field(
+        "recompute",
+        description=(
+            "Old-policy log-probs of the PPO ratio: recompute (a no-grad forward "
+            "over the round's rows with the weights the update starts from) or "
+            "rollout (the sampler's stored log-probs for the rows these weights just "
+            "sampled: one forward over the round fewer, ~15% of a CPU round; "
+            "replayed rows are still recomputed, and so is everything at "
+            "rl.temperature != 1). Needs rl.source sample: stored rollouts were "
+            "sampled by other weights"
+        ),
+    )
+    temperature: float | None = Field(
+        None,
+        gt=0,
+        le=5,
+        description=(
+            "Sampling temperature of the RL rollouts; null = student.temperature. "
+            "The update scores log-probs of logits / temperature, so the ratio, KL, "
+            "entropy and SDPO terms are of the policy that sampled (as verl does); "
+            "the truncated IS weight of a stale row still compares temperature-1 "
+            "log-probs, the sampler's stored kind. Below 1, fewer samples break the "
+            "reply format and the policy trained is closer to the greedy one "
+            "evaluation runs"
+        ),
+    )
+    end_on_parse_error: bool = Field(
+        True,
+        description=(
+            "RL rollouts end an episode at a reply that does not parse (a failure, "
+            "one row) instead of following rollout.on_parse_error: a wandering "
+            "failure repeats the same signal for up to the step cap and costs that "
+            "many rollout steps and rows"
+        ),
+    )
+    tasks: list[str] | None = Field(
+        None, description="Tasks RL samples (train tasks only); null = rollouts.selection.tasks"
+    )
+    distributed: Literal["none", "ddp"] = Field(
+        "none",
+        description=(
+            "ddp: the update runs data-parallel over the local GPUs (torchrun + "
+            "PyTorch DDP, one process per GPU): each rank takes its token-balanced "
+            "share of every minibatch and the old-log-prob pass, the same "
+            "normalisers, steps and resume as one device; rank 0 writes the lake and "
+            "the rounds. Needs rl.source lake (the ranks do not sample)"
+        ),
+    )
+    nproc: int | None = Field(
+        None, ge=1, le=64, description="Processes for distributed: ddp (null = every visible GPU)"
+    )
 
 
 class EvalConfig(_Cfg):
-    selection: TaskSelection = Field(default_factory=lambda: TaskSelection(seeds_per_task=20),
-                                     description="Tasks and held-out seeds (eval split) to evaluate on")
-    held_out_tasks: bool = Field(True, description="Also evaluate the held-out tasks (never trained on), reported apart from the overall rate")
-    held_out_seeds_per_task: int | None = Field(None, ge=1, description="Seeds per held-out task (None = selection.seeds_per_task); a student that fails them uses every step of each episode")
+    selection: TaskSelection = Field(
+        default_factory=lambda: TaskSelection(seeds_per_task=20),
+        description="Tasks and held-out seeds (eval split) to evaluate on",
+    )
+    held_out_tasks: bool = Field(
+        True, description="Also evaluate the held-out tasks (never trained on), reported apart from the overall rate"
+    )
+    held_out_seeds_per_task: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Seeds per held-out task (None = selection.seeds_per_task); a student "
+            "that fails them uses every step of each episode"
+        ),
+    )
 
 
 class MidtrainConfig(_Cfg):
-    enabled: bool = Field(False, description="Build a base checkpoint by mid-training on synthetic pages (synth/* tasks) before the first SFT; cached by corpus + settings")
-    tasks: list[str] = Field(default_factory=lambda: ["synth/click", "synth/type", "synth/form", "synth/read", "synth/option"],
-                             description="Synthetic task kinds of the corpus (envs/synth); only synth/* ids")
-    episodes_per_task: int = Field(300, ge=1, description="Corpus size: oracle episodes (distinct train seeds) per synthetic kind")
+    enabled: bool = Field(
+        False,
+        description=(
+            "Build a base checkpoint by mid-training on synthetic pages (synth/* "
+            "tasks) before the first SFT; cached by corpus + settings"
+        ),
+    )
+    tasks: list[str] = Field(
+        default_factory=lambda: ["synth/click", "synth/type", "synth/form", "synth/read", "synth/option"],
+        description="Synthetic task kinds of the corpus (envs/synth); only synth/* ids",
+    )
+    episodes_per_task: int = Field(
+        300, ge=1, description="Corpus size: oracle episodes (distinct train seeds) per synthetic kind"
+    )
     seed_offset: int = Field(0, ge=0, description="First train seed of the corpus")
     base: str | None = Field(None, description="Model to mid-train (a folder or Hub id); null = student.model")
-    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(method="full", lr=1e-3, batch_size=16, epochs=100, max_steps=600,
-                                                             targets="action"),
-                           description="Training settings of the mid-training run (same keys as sft)")
-    eval_seeds_per_task: int = Field(10, ge=0, description="Held-out synthetic pages (eval split) per kind for the base's skill report; 0 = none")
+    sft: SFTConfig = Field(
+        default_factory=lambda: SFTConfig(
+            method="full", lr=1e-3, batch_size=16, epochs=100, max_steps=3000, targets="action"
+        ),
+        description=(
+            "Training settings of the mid-training run (same keys as sft). The skills appear late: the small "
+            "student points and copies after ~2,800 steps (6 min on one H100, hours on 2 CPU cores) and not at "
+            "800; mini does not point at 3,000 (docs/RESULTS.md 'Does mid-training teach?')"
+        ),
+    )
+    eval_seeds_per_task: int = Field(
+        10, ge=0, description="Held-out synthetic pages (eval split) per kind for the base's skill report; 0 = none"
+    )
 
 
 class FlywheelConfig(_Cfg):
@@ -299,45 +1016,79 @@ class FlywheelConfig(_Cfg):
     env: EnvConfig = Field(default_factory=EnvConfig, description="GUI environment")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Parallel rollout runner settings")
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig, description="Teacher demonstrations stage")
-    teacher_budget: TeacherBudgetConfig = Field(default_factory=TeacherBudgetConfig, description="The teacher budget across stages (episodes per task, episodes, dollars), counted from the lake")
-    claude: ClaudeConfig = Field(default_factory=ClaudeConfig, description="The Claude computer-use teacher (bootstrap.policy claude / auto)")
+    teacher_budget: TeacherBudgetConfig = Field(
+        default_factory=TeacherBudgetConfig,
+        description="The teacher budget across stages (episodes per task, episodes, dollars), counted from the lake",
+    )
+    claude: ClaudeConfig = Field(
+        default_factory=ClaudeConfig, description="The Claude computer-use teacher (bootstrap.policy claude / auto)"
+    )
     student: StudentConfig = Field(default_factory=StudentConfig, description="The student policy")
     rollouts: RolloutStageConfig = Field(default_factory=RolloutStageConfig, description="Student rollouts stage")
     curate: CurateConfig = Field(default_factory=CurateConfig, description="Success filtering stage")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised fine-tuning stage")
     rl: RLConfig = Field(default_factory=RLConfig, description="Reinforcement learning stage")
     evaluate: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation stage")
-    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Failure-driven curriculum and entropulse across iterations")
-    midtrain: MidtrainConfig = Field(default_factory=MidtrainConfig, description="Mid-training on synthetic pages: the student's base skills (point, read, copy, fill)")
+    curriculum: CurriculumConfig = Field(
+        default_factory=CurriculumConfig, description="Failure-driven curriculum and entropulse across iterations"
+    )
+    midtrain: MidtrainConfig = Field(
+        default_factory=MidtrainConfig,
+        description="Mid-training on synthetic pages: the student's base skills (point, read, copy, fill)",
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "FlywheelConfig":
         if self.env.name == "remote" and not self.env.servers:
-            raise ValueError("env.name is 'remote' but env.servers is empty: list the env servers' URLs, e.g. [http://127.0.0.1:8100]")
+            raise ValueError(
+                (
+                    "env.name is 'remote' but env.servers is empty: list the env servers' "
+                    "URLs, e.g. [http://127.0.0.1:8100]"
+                )
+            )
         if self.env.name != "remote" and self.env.servers:
-            raise ValueError(f"env.servers is set but env.name is {self.env.name!r}: set env.name: remote to use the servers")
+            raise ValueError(
+                f"env.servers is set but env.name is {self.env.name!r}: set env.name: remote to use the servers"
+            )
         if self.rl.old_logp == "rollout" and self.rl.source != "sample":
-            raise ValueError("rl.old_logp 'rollout' needs rl.source 'sample': stored rollout groups were sampled by "
-                             "other weights than the update starts from; use old_logp: recompute")
+            raise ValueError(
+                "rl.old_logp 'rollout' needs rl.source 'sample': stored rollout groups were sampled by "
+                "other weights than the update starts from; use old_logp: recompute"
+            )
         if self.rl.guide != "off" and self.rl.source != "sample":
-            raise ValueError(f"rl.guide {self.rl.guide!r} needs rl.source 'sample': the teacher solves the instances "
-                             "each round just sampled, next to the browsers")
+            raise ValueError(
+                f"rl.guide {self.rl.guide!r} needs rl.source 'sample': the teacher solves the instances "
+                "each round just sampled, next to the browsers"
+            )
         if self.rl.clone_fresh and (not self.rl.clone_steps or self.rl.source != "sample"):
-            raise ValueError("rl.clone_fresh needs rl.clone_steps > 0 (its demos feed the clone steps only) and "
-                             "rl.source 'sample' (the teacher solves them next to the browsers)")
+            raise ValueError(
+                "rl.clone_fresh needs rl.clone_steps > 0 (its demos feed the clone steps only) and "
+                "rl.source 'sample' (the teacher solves them next to the browsers)"
+            )
         if self.rl.clone_hard and (not self.rl.clone_steps or self.rl.guide == "off"):
-            raise ValueError("rl.clone_hard needs rl.clone_steps > 0 (it shapes their draws) and rl.guide on (the "
-                             "teacher's answers to the failed instances are what it draws)")
+            raise ValueError(
+                "rl.clone_hard needs rl.clone_steps > 0 (it shapes their draws) and rl.guide on (the "
+                "teacher's answers to the failed instances are what it draws)"
+            )
         if self.rl.distributed == "ddp" and self.rl.source != "lake":
-            raise ValueError("rl.distributed 'ddp' needs rl.source 'lake': the update's processes train on stored "
-                             "rollout groups (stage rollouts); sampling runs on the machines with the browsers")
+            raise ValueError(
+                "rl.distributed 'ddp' needs rl.source 'lake': the update's processes train on stored "
+                "rollout groups (stage rollouts); sampling runs on the machines with the browsers"
+            )
         per_task, old_name = self.teacher_budget.max_episodes_per_task, self.bootstrap.max_demos_per_task
         if per_task is not None and old_name is not None and per_task != old_name:
-            raise ValueError(f"teacher_budget.max_episodes_per_task ({per_task}) and bootstrap.max_demos_per_task "
-                             f"({old_name}) are the same budget under two names: set only "
-                             "teacher_budget.max_episodes_per_task")
+            raise ValueError(
+                f"teacher_budget.max_episodes_per_task ({per_task}) and bootstrap.max_demos_per_task "
+                f"({old_name}) are the same budget under two names: set only "
+                "teacher_budget.max_episodes_per_task"
+            )
         if self.student.backend == "openai" and not self.student.base_url:
-            raise ValueError("student.backend is 'openai' but student.base_url is not set: set it to the server URL (e.g. http://host:8000/v1)")
+            raise ValueError(
+                (
+                    "student.backend is 'openai' but student.base_url is not set: set it to "
+                    "the server URL (e.g. http://host:8000/v1)"
+                )
+            )
         return self
 
     def rollout_attempts(self) -> int:

@@ -1,10 +1,10 @@
 """The one environment interface the flywheel drives (MiniWoB here, OSWorld through the env server).
 
-    env = make_env("miniwob", ...)
-    obs = env.reset("click-test", seed=3)
-    res = env.step(Click(x=80, y=105))   # an agents.actions.Action in screen pixels
-    reward = env.evaluate()              # binary task reward in [0, 1]
-    env.close()
+env = make_env("miniwob", ...)
+obs = env.reset("click-test", seed=3)
+res = env.step(Click(x=80, y=105))   # an agents.actions.Action in screen pixels
+reward = env.evaluate()              # binary task reward in [0, 1]
+env.close()
 """
 
 from __future__ import annotations
@@ -46,8 +46,12 @@ class EnvError(RuntimeError):
 def offscreen_error(action: Action, width: int, height: int) -> str | None:
     """Why a pointer action cannot run on a width x height screen (a point outside it), or None."""
     from agents.actions import ActionType
-    pts = [(action.x1, action.y1), (action.x2, action.y2)] if action.type == ActionType.DRAG else \
-        [(getattr(action, "x", None), getattr(action, "y", None))]
+
+    pts = (
+        [(action.x1, action.y1), (action.x2, action.y2)]
+        if action.type == ActionType.DRAG
+        else [(getattr(action, "x", None), getattr(action, "y", None))]
+    )
     for x, y in pts:
         if x is not None and not (0 <= x < width and 0 <= y < height):
             return f"off-screen: ({x:g},{y:g}) is outside the {width}x{height} screen"

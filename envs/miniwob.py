@@ -70,8 +70,9 @@ def configure_browser(chrome_binary: str | None = None, chromedriver: str | None
     driver = chromedriver or os.environ.get("MINIWOB_CHROMEDRIVER") or DEFAULT_CHROMEDRIVER
     for what, path in (("chromium", chrome), ("chromedriver", driver)):
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise EnvError(f"{what} not found at {path}; run scripts/setup.sh "
-                           f"(or set env.chrome_binary / env.chromedriver)")
+            raise EnvError(
+                f"{what} not found at {path}; run scripts/setup.sh (or set env.chrome_binary / env.chromedriver)"
+            )
     os.environ["MINIWOB_CHROME_BINARY"] = chrome
     os.environ["MINIWOB_CHROMEDRIVER"] = driver
     os.environ.setdefault("SE_AVOID_STATS", "true")  # belt and braces: no Selenium Manager telemetry
@@ -105,10 +106,20 @@ class MiniWobEnv(GuiEnv):
 
     name = "miniwob"
 
-    def __init__(self, *, screenshot_scale: int = 1, render_scale: bool = False, max_steps: int | None = None,
-                 chrome_binary: str | None = None, chromedriver: str | None = None,
-                 episode_max_time_s: float = 3600.0, max_wait_s: float = 5.0, final_screenshot: bool = True,
-                 data_mode: str = "train", task_id: str = "click-test"):
+    def __init__(
+        self,
+        *,
+        screenshot_scale: int = 1,
+        render_scale: bool = False,
+        max_steps: int | None = None,
+        chrome_binary: str | None = None,
+        chromedriver: str | None = None,
+        episode_max_time_s: float = 3600.0,
+        max_wait_s: float = 5.0,
+        final_screenshot: bool = True,
+        data_mode: str = "train",
+        task_id: str = "click-test",
+    ):
         if int(screenshot_scale) != screenshot_scale or not 1 <= screenshot_scale <= 8:
             raise ValueError(f"screenshot_scale must be an integer in 1..8, got {screenshot_scale!r}")
         self.scale = int(screenshot_scale)
@@ -132,7 +143,9 @@ class MiniWobEnv(GuiEnv):
     # ------------------------------------------------------------------ browser
     def _start(self, task_id: str) -> None:
         from selenium.common.exceptions import WebDriverException
+
         from envs.synth import is_synth
+
         first = "click-test" if is_synth(task_id) else task_id  # miniwob starts on one of its own pages
         try:
             self._env = _miniwob_env_class()(subdomain=first)
@@ -142,8 +155,10 @@ class MiniWobEnv(GuiEnv):
         self._env.instance.record_screenshots = False  # we take our own (one per observation)
         self._task = first
         if self.render_scale:
-            self._cdp("Emulation.setDeviceMetricsOverride",
-                      {"width": 0, "height": 0, "deviceScaleFactor": self.scale, "mobile": False})
+            self._cdp(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": 0, "height": 0, "deviceScaleFactor": self.scale, "mobile": False},
+            )
         if first != task_id:
             try:
                 self._switch_task(task_id)
@@ -167,7 +182,9 @@ class MiniWobEnv(GuiEnv):
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support import expected_conditions as EC
         from selenium.webdriver.support.wait import WebDriverWait
+
         from envs import synth
+
         inst = self._env.instance
         if synth.is_synth(task_id):  # our own page; its utterance carries the fields (see envs/synth)
             url, extractor = synth.page_url(task_id), _no_fields
@@ -201,11 +218,14 @@ class MiniWobEnv(GuiEnv):
     def reset(self, task_id: str, seed: int) -> Observation:
         from envs.registry import KNOWN_MINIWOB_TASKS
         from envs.synth import is_synth
+
         if self._closed:
             raise EnvError("reset() on a closed MiniWobEnv")
         if task_id not in KNOWN_MINIWOB_TASKS and not is_synth(task_id):
-            raise ValueError(f"unknown MiniWoB task {task_id!r} (miniwob 1.1.0 has {len(KNOWN_MINIWOB_TASKS)} tasks; "
-                             f"synthetic ones are synth/<kind>)")
+            raise ValueError(
+                f"unknown MiniWoB task {task_id!r} (miniwob 1.1.0 has {len(KNOWN_MINIWOB_TASKS)} tasks; "
+                f"synthetic ones are synth/<kind>)"
+            )
         if self._env is None:
             self._restart()
         self._new_episode_state()
@@ -239,11 +259,13 @@ class MiniWobEnv(GuiEnv):
         if self._last_obs is None:
             raise EnvError("step() before reset()")
         if self._ended:
-            return StepResult(self._last_obs, done=True, exec_error="the episode has ended; call reset()",
-                              info=self._info())
+            return StepResult(
+                self._last_obs, done=True, exec_error="the episode has ended; call reset()", info=self._info()
+            )
         if self.max_steps is not None and self._steps >= self.max_steps:
-            return StepResult(self._last_obs, done=True, exec_error=f"step cap of {self.max_steps} reached",
-                              info=self._info())
+            return StepResult(
+                self._last_obs, done=True, exec_error=f"step cap of {self.max_steps} reached", info=self._info()
+            )
         self._steps += 1
         t0 = time.monotonic()
         exec_error, executed = None, None
@@ -273,10 +295,16 @@ class MiniWobEnv(GuiEnv):
 
     def _execute(self, action: Action) -> tuple[str | None, dict | None]:
         """Compile to miniwob actions (in CSS px) and run them; (exec_error, executed)."""
-        from agents.compile import UnsupportedAction, to_miniwob
         from miniwob.selenium_actions import execute_action_on_chromedriver
-        from selenium.common.exceptions import (InvalidArgumentException, JavascriptException,
-                                                MoveTargetOutOfBoundsException, WebDriverException)
+        from selenium.common.exceptions import (
+            InvalidArgumentException,
+            JavascriptException,
+            MoveTargetOutOfBoundsException,
+            WebDriverException,
+        )
+
+        from agents.compile import UnsupportedAction, to_miniwob
+
         off = self._offscreen(action)
         if off:
             return off, None
@@ -309,6 +337,7 @@ class MiniWobEnv(GuiEnv):
 
     def _move_pointer(self, x: float, y: float) -> None:
         from miniwob.selenium_actions import execute_move_coords
+
         execute_move_coords(x, y, self._driver)
 
     def _env_broken(self, e: Exception):
@@ -319,11 +348,15 @@ class MiniWobEnv(GuiEnv):
         raise EnvError(f"browser failure in miniwob ({self._task}): {_first_line(e)}") from e
 
     def _info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"task_done": self._ended == "task", "ended_by": self._ended,
-                                "raw_reward": self._raw_reward, "reason": self._reason, "steps": self._steps,
-                                "reward": self.evaluate() if self._ended else 0.0,
-                                "truncated": bool(not self._ended and self.max_steps is not None
-                                                  and self._steps >= self.max_steps)}
+        info: dict[str, Any] = {
+            "task_done": self._ended == "task",
+            "ended_by": self._ended,
+            "raw_reward": self._raw_reward,
+            "reason": self._reason,
+            "steps": self._steps,
+            "reward": self.evaluate() if self._ended else 0.0,
+            "truncated": bool(not self._ended and self.max_steps is not None and self._steps >= self.max_steps),
+        }
         if self._ended == "task":  # a one-line outcome for the lake (SDPO's failure feedback)
             outcome = "success" if self._raw_reward > 0 else "failure"
             why = f": {self._reason}" if self._reason else ""
@@ -337,19 +370,24 @@ class MiniWobEnv(GuiEnv):
     # ------------------------------------------------------------------ observation
     def _make_obs(self, state: dict, screenshot: bool = True) -> Observation:
         from envs.miniwob_dom import dom_elements, ui_text
+
         utterance = state["utterance"]
         if isinstance(utterance, dict):
             utterance = utterance["utterance"]
         elems = dom_elements(state["dom"]) if state.get("dom") else []
         png = self._screenshot() if screenshot else (self._last_obs.screenshot_png if self._last_obs else b"")
         return Observation(
-            screenshot_png=png, width=self.width, height=self.height, instruction=str(utterance),
+            screenshot_png=png,
+            width=self.width,
+            height=self.height,
+            instruction=str(utterance),
             ui_text=ui_text(elems, self.scale, TASK_W, TASK_H),
             extra={"dom_elements": elems, "fields": list(self._fields), "scale": self.scale, "task_id": self._task},
         )
 
     def _screenshot(self) -> bytes:
         from PIL import Image
+
         img = Image.open(io.BytesIO(self._driver.get_screenshot_as_png()))
         k = self.scale if self.render_scale else 1
         img = img.convert("RGB").crop((0, 0, TASK_W * k, TASK_H * k))
@@ -401,12 +439,14 @@ def _miniwob_env_class():
             for arg in ("headless", "disable-gpu", "no-sandbox", *CHROME_EXTRA_ARGS):
                 options.add_argument(arg)
             options.binary_location = os.environ["MINIWOB_CHROME_BINARY"]
-            self.driver = webdriver.Chrome(service=Service(executable_path=os.environ["MINIWOB_CHROMEDRIVER"]),
-                                           options=options)
+            self.driver = webdriver.Chrome(
+                service=Service(executable_path=os.environ["MINIWOB_CHROMEDRIVER"]), options=options
+            )
             self.driver.get(self.url)
             WebDriverWait(self.driver, 10).until(EC.element_to_be_clickable((By.ID, self.SYNC_SCREEN_ID)))
             self.inner_width, self.inner_height = self.driver.execute_script(
-                "return [window.innerWidth, window.innerHeight];")
+                "return [window.innerWidth, window.innerHeight];"
+            )
 
     class Env(MiniWoBEnvironment):
         def _hard_reset_instance(self):
@@ -426,6 +466,7 @@ def _no_fields(utterance: Any) -> list:
 def _miniwob_html_url() -> str:
     """file:// URL of miniwob's task folder (html/miniwob), what miniwob's own instance loads."""
     from miniwob.selenium_instance import DEFAULT_BASE_URL
+
     return DEFAULT_BASE_URL.rstrip("/")
 
 
@@ -433,6 +474,7 @@ def _browser_errors() -> tuple[type[BaseException], ...]:
     """What a dead or wedged browser raises: WebDriver errors, and connection errors once chromedriver is gone."""
     from selenium.common.exceptions import WebDriverException
     from urllib3.exceptions import HTTPError
+
     return WebDriverException, HTTPError, ConnectionError
 
 
@@ -443,7 +485,8 @@ def _first_line(e: BaseException) -> str:
 
 def _jsonable_mw(a: dict, env) -> dict:
     """A miniwob action dict as JSON (action type by name; only the fields that type uses)."""
-    from miniwob.action import ActionTypes, COORDS_ACTIONS, ELEMENT_ACTIONS, FIELD_ACTIONS, TEXT_ACTIONS
+    from miniwob.action import COORDS_ACTIONS, ELEMENT_ACTIONS, FIELD_ACTIONS, TEXT_ACTIONS, ActionTypes
+
     cfg = env.action_space_config
     t = cfg.action_types[int(a["action_type"])]
     d: dict[str, Any] = {"action_type": t.value}

@@ -44,14 +44,23 @@ def dom_elements(raw: dict[str, Any]) -> list[dict[str, Any]]:
             text, children = " ".join(str(c.get("text", "")) for c in children), []
         classes = node.get("classes", "")
         e = {
-            "ref": node["ref"], "parent": parent, "tag": node["tag"].lower(), "text": text,
-            "value": node.get("value"), "id": node.get("id", "") or "",
+            "ref": node["ref"],
+            "parent": parent,
+            "tag": node["tag"].lower(),
+            "text": text,
+            "value": node.get("value"),
+            "id": node.get("id", "") or "",
             "classes": classes if isinstance(classes, str) else "SVG_CLASS",
-            "left": float(node["left"]), "top": float(node["top"]),
-            "width": float(node["width"]), "height": float(node["height"]),
-            "bg_color": _color(node.get("bgColor")), "fg_color": _color(node.get("fgColor")),
-            "focused": bool(node.get("focused", False)), "tampered": bool(node.get("tampered", False)),
-            "leaf": text is not None, "depth": depth,
+            "left": float(node["left"]),
+            "top": float(node["top"]),
+            "width": float(node["width"]),
+            "height": float(node["height"]),
+            "bg_color": _color(node.get("bgColor")),
+            "fg_color": _color(node.get("fgColor")),
+            "focused": bool(node.get("focused", False)),
+            "tampered": bool(node.get("tampered", False)),
+            "leaf": text is not None,
+            "depth": depth,
         }
         out.append(e)
         for c in children:
@@ -77,6 +86,7 @@ def _color_names() -> dict[str, str]:
     global _NAMES
     if _NAMES is None:
         from PIL import ImageColor
+
         _NAMES = {v: k for k, v in sorted(ImageColor.colormap.items(), reverse=True) if isinstance(v, str)}
         _NAMES.update({"#808080": "grey", "#00ffff": "cyan", "#ff00ff": "magenta"})  # the names tasks use
     return _NAMES
@@ -97,7 +107,7 @@ def _shown(e: dict[str, Any]) -> bool:
 def _quote(s: str) -> str:
     s = " ".join(str(s).split())
     if len(s) > _TEXT_MAX:
-        s = s[:_TEXT_MAX - 3] + "..."
+        s = s[: _TEXT_MAX - 3] + "..."
     return '"' + s.replace('"', "'") + '"'
 
 
@@ -126,8 +136,14 @@ def element_line(e: dict[str, Any], scale: int = 1) -> str:
 
 def visible(e: dict[str, Any], task_w: float, task_h: float) -> bool:
     """The box overlaps the task area the screenshot shows."""
-    return (e["width"] > 0 and e["height"] > 0 and e["left"] < task_w and e["top"] < task_h
-            and e["left"] + e["width"] > 0 and e["top"] + e["height"] > 0)
+    return (
+        e["width"] > 0
+        and e["height"] > 0
+        and e["left"] < task_w
+        and e["top"] < task_h
+        and e["left"] + e["width"] > 0
+        and e["top"] + e["height"] > 0
+    )
 
 
 def ui_text(elems: list[dict[str, Any]], scale: int = 1, task_w: float = 160, task_h: float = 210) -> str:

@@ -23,7 +23,6 @@ from typing import Any
 from agents.actions import Action, ActionType
 from envs.base import EnvError, GuiEnv, Observation, StepResult, offscreen_error
 
-
 _sleep = time.sleep  # one name for every sleep here (tests record the sleeps instead of waiting)
 
 
@@ -31,8 +30,10 @@ def _desktop_env_class():
     try:
         from desktop_env.desktop_env import DesktopEnv
     except ImportError as e:
-        raise EnvError(f"desktop-env is not importable here ({e}); run the osworld env server from the venv "
-                       "that scripts/setup_osworld.sh creates") from e
+        raise EnvError(
+            f"desktop-env is not importable here ({e}); run the osworld env server from the venv "
+            "that scripts/setup_osworld.sh creates"
+        ) from e
     return DesktopEnv
 
 
@@ -54,20 +55,39 @@ class OSWorldEnv(GuiEnv):
     name = "osworld"
     accepts_task_config = True
 
-    def __init__(self, *, provider_name: str = "docker", path_to_vm: str | None = None,
-                 snapshot_name: str = "init_state", screen_size: tuple[int, int] = (1920, 1080),
-                 require_a11y_tree: bool = False, headless: bool = True, os_type: str = "Ubuntu",
-                 tasks_dir: str | None = None, pause_s: float = 0.5, max_wait_s: float = 30.0,
-                 settle_timeout_s: float = 60.0, ui_text_chars: int = 16000, desktop_env_cls: Any = None):
+    def __init__(
+        self,
+        *,
+        provider_name: str = "docker",
+        path_to_vm: str | None = None,
+        snapshot_name: str = "init_state",
+        screen_size: tuple[int, int] = (1920, 1080),
+        require_a11y_tree: bool = False,
+        headless: bool = True,
+        os_type: str = "Ubuntu",
+        tasks_dir: str | None = None,
+        pause_s: float = 0.5,
+        max_wait_s: float = 30.0,
+        settle_timeout_s: float = 60.0,
+        ui_text_chars: int = 16000,
+        desktop_env_cls: Any = None,
+    ):
         self.width, self.height = int(screen_size[0]), int(screen_size[1])
         self.require_a11y_tree, self.tasks_dir = require_a11y_tree, tasks_dir
         self.pause_s, self.max_wait_s, self.settle_timeout_s = pause_s, max_wait_s, settle_timeout_s
         self.ui_text_chars = ui_text_chars
         cls = desktop_env_cls or _desktop_env_class()
         try:  # the VM boots here: the env server builds slots in background threads and polls readiness
-            self._desk = cls(provider_name=provider_name, path_to_vm=path_to_vm, snapshot_name=snapshot_name,
-                             action_space="pyautogui", screen_size=(self.width, self.height), headless=headless,
-                             require_a11y_tree=require_a11y_tree, os_type=os_type)
+            self._desk = cls(
+                provider_name=provider_name,
+                path_to_vm=path_to_vm,
+                snapshot_name=snapshot_name,
+                action_space="pyautogui",
+                screen_size=(self.width, self.height),
+                headless=headless,
+                require_a11y_tree=require_a11y_tree,
+                os_type=os_type,
+            )
         except Exception as e:  # noqa: BLE001
             raise EnvError(f"DesktopEnv did not start ({provider_name}): {type(e).__name__}: {e}") from e
         self._task: dict[str, Any] | None = None
@@ -80,6 +100,7 @@ class OSWorldEnv(GuiEnv):
             if not self.tasks_dir:
                 raise ValueError("no task_config sent and the server has no --tasks-dir to find it in")
             from envs.osworld_tasks import find_task
+
             task_config = find_task(self.tasks_dir, task_id)
         elif task_config.get("id", task_id) != task_id:
             raise ValueError(f"task_config is for {task_config.get('id')!r}, not {task_id!r}")
@@ -109,8 +130,9 @@ class OSWorldEnv(GuiEnv):
         if self._last is None:
             raise EnvError("step() before reset()")
         if self._ended:
-            return StepResult(self._last, done=True, exec_error="the episode has ended; call reset()",
-                              info={"ended_by": self._ended})
+            return StepResult(
+                self._last, done=True, exec_error="the episode has ended; call reset()", info={"ended_by": self._ended}
+            )
         kind, exec_error = action.type, None
         if kind in (ActionType.DONE, ActionType.FAIL):
             cmd = kind.value.upper()  # "DONE" / "FAIL": the strings DesktopEnv.step checks for
@@ -121,10 +143,12 @@ class OSWorldEnv(GuiEnv):
             _sleep(slept)
             obs = self._observe()
             self._last = obs
-            return StepResult(obs, done=False, info={"slept_s": slept},
-                              executed={"pyautogui": "WAIT", "slept_s": slept})
+            return StepResult(
+                obs, done=False, info={"slept_s": slept}, executed={"pyautogui": "WAIT", "slept_s": slept}
+            )
         else:
             from agents.compile import UnsupportedAction, to_pyautogui
+
             off = self._offscreen(action)
             try:
                 cmd = None if off else to_pyautogui(action)
@@ -138,8 +162,13 @@ class OSWorldEnv(GuiEnv):
                 self._ended = "env"
         obs = self._obs(raw)
         self._last = obs
-        return StepResult(obs, done=bool(done), exec_error=exec_error, executed=executed,
-                          info={"ended_by": self._ended, **_jsonable_info(info)})
+        return StepResult(
+            obs,
+            done=bool(done),
+            exec_error=exec_error,
+            executed=executed,
+            info={"ended_by": self._ended, **_jsonable_info(info)},
+        )
 
     def _offscreen(self, action: Action) -> str | None:
         return offscreen_error(action, self.width, self.height)
@@ -173,13 +202,19 @@ class OSWorldEnv(GuiEnv):
             png = _to_png(png)
         tree = raw.get("accessibility_tree") if self.require_a11y_tree else None
         instruction = raw.get("instruction") or (self._task or {}).get("instruction", "")
-        return Observation(screenshot_png=png, width=self.width, height=self.height, instruction=str(instruction),
-                           ui_text=tree[: self.ui_text_chars] if tree else None,
-                           extra={"task_id": (self._task or {}).get("id"), "terminal": raw.get("terminal")})
+        return Observation(
+            screenshot_png=png,
+            width=self.width,
+            height=self.height,
+            instruction=str(instruction),
+            ui_text=tree[: self.ui_text_chars] if tree else None,
+            extra={"task_id": (self._task or {}).get("id"), "terminal": raw.get("terminal")},
+        )
 
 
 def _to_png(data: bytes) -> bytes:
     from PIL import Image
+
     out = io.BytesIO()
     Image.open(io.BytesIO(data)).save(out, format="PNG")
     return out.getvalue()

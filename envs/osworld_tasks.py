@@ -21,7 +21,7 @@ from typing import Any
 EXCLUDED = {
     "google_drive": "needs Google Drive credentials (a 'googledrive' config step or a Drive evaluator)",
     "login": "needs a Google account login (a 'login' config step)",
-    "proxy": "needs an HTTP proxy (\"proxy\": true)",
+    "proxy": 'needs an HTTP proxy ("proxy": true)',
 }
 REQUIRED = ("id", "instruction", "config", "evaluator")
 
@@ -46,8 +46,11 @@ def exclusion(task: dict[str, Any]) -> str | None:
     funcs = ev.get("func") if isinstance(ev.get("func"), list) else [ev.get("func")]
     results = ev.get("result") if isinstance(ev.get("result"), list) else [ev.get("result")]
     kinds = [str(r.get("type", "")) for r in results if isinstance(r, dict)]
-    if "googledrive" in steps or any("drive" in str(f).lower() for f in funcs) or \
-            any("googledrive" in k for k in kinds):
+    if (
+        "googledrive" in steps
+        or any("drive" in str(f).lower() for f in funcs)
+        or any("googledrive" in k for k in kinds)
+    ):
         return "google_drive"
     if "login" in steps:
         return "login"
@@ -108,10 +111,24 @@ def task_rows(tasks: list[OSWorldTask]) -> list[dict[str, Any]]:
     """Rows of the `tasks` table: domain, snapshot, config steps and evaluator kept in `config` (JSON)."""
     rows = []
     for t in tasks:
-        config = {"domain": t.domain, "snapshot": t.raw.get("snapshot"), "config": t.raw["config"],
-                  "evaluator": t.raw["evaluator"], "related_apps": t.raw.get("related_apps", []),
-                  "proxy": bool(t.raw.get("proxy", False)), "source_url": t.raw.get("source")}
-        rows.append(dict(task_id=t.task_id, env="osworld", instruction=t.instruction,
-                         config=json.dumps(config, sort_keys=True), split="both", teacher_supported=False,
-                         source="osworld"))
+        config = {
+            "domain": t.domain,
+            "snapshot": t.raw.get("snapshot"),
+            "config": t.raw["config"],
+            "evaluator": t.raw["evaluator"],
+            "related_apps": t.raw.get("related_apps", []),
+            "proxy": bool(t.raw.get("proxy", False)),
+            "source_url": t.raw.get("source"),
+        }
+        rows.append(
+            dict(
+                task_id=t.task_id,
+                env="osworld",
+                instruction=t.instruction,
+                config=json.dumps(config, sort_keys=True),
+                split="both",
+                teacher_supported=False,
+                source="osworld",
+            )
+        )
     return rows

@@ -105,10 +105,10 @@ TASKS: list[Task] = [
 SYNTH_TASKS: list[Task] = [
     _t("synth/click", "Click the button or link with the quoted text (synthetic page).", 3, source="synth"),
     _t("synth/type", "Type the quoted text into the named field, then press the named button.", 5, source="synth"),
-    _t("synth/form", "Fill two named fields with the quoted texts, then press the named button.", 8,
-       source="synth"),
-    _t("synth/read", "Type the text of the marked item into the named field, then press the button.", 6,
-       source="synth"),
+    _t("synth/form", "Fill two named fields with the quoted texts, then press the named button.", 8, source="synth"),
+    _t(
+        "synth/read", "Type the text of the marked item into the named field, then press the button.", 6, source="synth"
+    ),
     _t("synth/option", "Select the named radio/checkbox options, then press the named button.", 6, source="synth"),
     _t("synth/tabs", "Open the named tab, then click the named link on it.", 5, source="synth"),
 ]
@@ -150,6 +150,7 @@ def get_task(task_id: str) -> Task:
 def is_synth(task_id: object) -> bool:
     """A synthetic `synth/<kind>` task (envs/synth), not a MiniWoB page."""
     from envs.synth import is_synth as _is_synth
+
     return _is_synth(task_id)
 
 
@@ -160,8 +161,11 @@ def synth_tasks() -> list[str]:
 def teacher_tasks(include_held_out: bool = False, include_synth: bool = False) -> list[str]:
     """Tasks the scripted teacher solves; held-out tasks only when asked (they are eval-only), synthetic
     ones only when asked."""
-    return [t.task_id for t in TASKS if t.teacher_supported and (include_held_out or not t.held_out)
-            and (include_synth or t.source != "synth")]
+    return [
+        t.task_id
+        for t in TASKS
+        if t.teacher_supported and (include_held_out or not t.held_out) and (include_synth or t.source != "synth")
+    ]
 
 
 def train_tasks(include_synth: bool = False) -> list[str]:
@@ -174,8 +178,9 @@ def split_of(seed: int) -> str:
     for name, (lo, hi) in SPLITS.items():
         if lo <= seed < hi:
             return name
-    raise ValueError(f"seed {seed} is in no split; " +
-                     ", ".join(f"{k}: [{lo}, {hi})" for k, (lo, hi) in SPLITS.items()))
+    raise ValueError(
+        f"seed {seed} is in no split; " + ", ".join(f"{k}: [{lo}, {hi})" for k, (lo, hi) in SPLITS.items())
+    )
 
 
 def seeds(split: str, n: int, offset: int = 0) -> list[int]:
@@ -197,13 +202,26 @@ def tasks_table_rows() -> list[dict[str, Any]]:
     """Rows of the lake's `tasks` table: task_id, env, instruction, config (JSON), split, source."""
     rows = []
     for t in TASKS:
-        config = {"seed_ranges": {k: list(v) for k, v in SPLITS.items()}, "max_steps": t.max_steps,
-                  "teacher_supported": t.teacher_supported, "held_out": t.held_out}
+        config = {
+            "seed_ranges": {k: list(v) for k, v in SPLITS.items()},
+            "max_steps": t.max_steps,
+            "teacher_supported": t.teacher_supported,
+            "held_out": t.held_out,
+        }
         if t.source == "synth":
             from envs import synth
+
             config["generator"] = synth.version()  # the same seed draws another page after a generator change
-        rows.append(dict(task_id=t.task_id, env=t.env, instruction=t.instruction,
-                         config=json.dumps(config, sort_keys=True), split=t.split, source=t.source))
+        rows.append(
+            dict(
+                task_id=t.task_id,
+                env=t.env,
+                instruction=t.instruction,
+                config=json.dumps(config, sort_keys=True),
+                split=t.split,
+                source=t.source,
+            )
+        )
     return rows
 
 
@@ -211,11 +229,14 @@ def make_env(name: str, **kwargs):
     """Build a GuiEnv by family name ("miniwob", "osworld", "remote"); kwargs go to its constructor."""
     if name == "miniwob":
         from envs.miniwob import MiniWobEnv
+
         return MiniWobEnv(**kwargs)
     if name == "osworld":
         from envs.osworld import OSWorldEnv
+
         return OSWorldEnv(**kwargs)
     if name == "remote":
         from envs.remote import RemoteEnv
+
         return RemoteEnv(**kwargs)
     raise ValueError(f"unknown env {name!r}; available: 'miniwob', 'osworld', 'remote'")

@@ -35,8 +35,9 @@ def check_server_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"env server URL {url!r} must look like http://host:port")
     if parts.username or parts.password or parts.query or parts.fragment:
-        raise ValueError(f"env server URL {url!r} must not carry credentials, a query or a fragment "
-                         f"(the token goes in ${TOKEN_ENV})")
+        raise ValueError(
+            f"env server URL {url!r} must not carry credentials, a query or a fragment (the token goes in ${TOKEN_ENV})"
+        )
     return url.rstrip("/")
 
 
@@ -53,9 +54,17 @@ class RemoteEnv(GuiEnv):
 
     name = "remote"
 
-    def __init__(self, servers: list[str], *, token_env: str = TOKEN_ENV, timeout_s: float = 120.0,
-                 acquire_timeout_s: float = 120.0, probe: bool = True):
+    def __init__(
+        self,
+        servers: list[str],
+        *,
+        token_env: str = TOKEN_ENV,
+        timeout_s: float = 120.0,
+        acquire_timeout_s: float = 120.0,
+        probe: bool = True,
+    ):
         import httpx
+
         if not servers:
             raise ValueError("RemoteEnv needs at least one env server URL")
         self.servers = [check_server_url(u) for u in servers]
@@ -118,8 +127,14 @@ class RemoteEnv(GuiEnv):
         while True:
             for url, wait_s in zip(order, waits):
                 try:
-                    got = self._req("POST", f"{url}{API}/sessions", "lease and reset", params={"wait_s": wait_s},
-                                    json=reset, timeout=self._http.timeout.read + wait_s)
+                    got = self._req(
+                        "POST",
+                        f"{url}{API}/sessions",
+                        "lease and reset",
+                        params={"wait_s": wait_s},
+                        json=reset,
+                        timeout=self._http.timeout.read + wait_s,
+                    )
                 except _Unreachable as e:
                     self._down[url] = time.monotonic()
                     problems.append(str(e))
@@ -144,7 +159,9 @@ class RemoteEnv(GuiEnv):
             if not order:
                 raise EnvError("no env server reachable: " + " | ".join(problems))
             if time.monotonic() > deadline:
-                raise EnvError(f"no free env slot on {len(order)} reachable server(s) within {self.acquire_timeout_s:g}s")
+                raise EnvError(
+                    f"no free env slot on {len(order)} reachable server(s) within {self.acquire_timeout_s:g}s"
+                )
             random.shuffle(order)
             waits = [2.0] * len(order)  # queue on each server in turn (FIFO there), 2 s at a time
 

@@ -17,9 +17,22 @@ from envs.server_http import ServerSettings, serve
 from envs.wire import TOKEN_ENV
 
 
-def build_settings(*, env: str, slots: int, token: str | None, idle_timeout: float, health_interval: float,
-                   max_body_kb: int, call_timeout: float = 600.0, screenshot_scale: int, provider: str, path_to_vm: str | None,
-                   screen_size: str, a11y_tree: bool, tasks_dir: str | None) -> ServerSettings:
+def build_settings(
+    *,
+    env: str,
+    slots: int,
+    token: str | None,
+    idle_timeout: float,
+    health_interval: float,
+    max_body_kb: int,
+    call_timeout: float = 600.0,
+    screenshot_scale: int,
+    provider: str,
+    path_to_vm: str | None,
+    screen_size: str,
+    a11y_tree: bool,
+    tasks_dir: str | None,
+) -> ServerSettings:
     """Server settings from command-line options; ValueError (one line) for a bad combination."""
     if env == "miniwob":
         kwargs: dict = {"screenshot_scale": screenshot_scale}
@@ -28,13 +41,25 @@ def build_settings(*, env: str, slots: int, token: str | None, idle_timeout: flo
             w, h = (int(v) for v in screen_size.lower().split("x"))
         except ValueError:
             raise ValueError(f"--screen-size must be WxH, e.g. 1920x1080 (got {screen_size!r})") from None
-        kwargs = {"provider_name": provider, "path_to_vm": path_to_vm, "screen_size": (w, h),
-                  "require_a11y_tree": a11y_tree, "tasks_dir": os.path.expanduser(tasks_dir) if tasks_dir else None}
+        kwargs = {
+            "provider_name": provider,
+            "path_to_vm": path_to_vm,
+            "screen_size": (w, h),
+            "require_a11y_tree": a11y_tree,
+            "tasks_dir": os.path.expanduser(tasks_dir) if tasks_dir else None,
+        }
     else:
         raise ValueError(f"unknown --env {env!r}; use miniwob or osworld")
-    return ServerSettings(env=env, slots=slots, env_kwargs=kwargs, token=token or os.environ.get(TOKEN_ENV) or None,
-                          idle_timeout_s=idle_timeout, health_interval_s=health_interval,
-                          max_body_bytes=max_body_kb * 1024, call_timeout_s=call_timeout)
+    return ServerSettings(
+        env=env,
+        slots=slots,
+        env_kwargs=kwargs,
+        token=token or os.environ.get(TOKEN_ENV) or None,
+        idle_timeout_s=idle_timeout,
+        health_interval_s=health_interval,
+        max_body_bytes=max_body_kb * 1024,
+        call_timeout_s=call_timeout,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,10 +69,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8100, help="TCP port (0: any free port, printed)")
     p.add_argument("--host", default="127.0.0.1", help="bind address; non-loopback needs a token")
     p.add_argument("--token", default=None, help=f"API token (default: ${TOKEN_ENV})")
-    p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle session's slot is reclaimed")
+    p.add_argument(
+        "--idle-timeout", type=float, default=300.0, help="seconds before an idle session's slot is reclaimed"
+    )
     p.add_argument("--health-interval", type=float, default=15.0, help="seconds between health checks of an idle slot")
     p.add_argument("--max-body-kb", type=int, default=1024, help="request body limit (KiB)")
-    p.add_argument("--call-timeout", type=float, default=600.0, help="seconds before an env call counts as stuck (slot restarts)")
+    p.add_argument(
+        "--call-timeout", type=float, default=600.0, help="seconds before an env call counts as stuck (slot restarts)"
+    )
     p.add_argument("--screenshot-scale", type=int, default=1, help="miniwob: screenshot upscale")
     p.add_argument("--provider", default="docker", help="osworld: desktop-env provider")
     p.add_argument("--path-to-vm", default=None, help="osworld: VM image/path for the provider")
@@ -57,11 +86,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--access-log", action="store_true", help="log every request (method, path, status)")
     a = p.parse_args(argv)
     try:
-        settings = build_settings(env=a.env, slots=a.slots, token=a.token, idle_timeout=a.idle_timeout,
-                                  health_interval=a.health_interval, max_body_kb=a.max_body_kb,
-                                  call_timeout=a.call_timeout,
-                                  screenshot_scale=a.screenshot_scale, provider=a.provider, path_to_vm=a.path_to_vm,
-                                  screen_size=a.screen_size, a11y_tree=a.a11y_tree, tasks_dir=a.tasks_dir)
+        settings = build_settings(
+            env=a.env,
+            slots=a.slots,
+            token=a.token,
+            idle_timeout=a.idle_timeout,
+            health_interval=a.health_interval,
+            max_body_kb=a.max_body_kb,
+            call_timeout=a.call_timeout,
+            screenshot_scale=a.screenshot_scale,
+            provider=a.provider,
+            path_to_vm=a.path_to_vm,
+            screen_size=a.screen_size,
+            a11y_tree=a.a11y_tree,
+            tasks_dir=a.tasks_dir,
+        )
         serve(settings, host=a.host, port=a.port, access_log=a.access_log)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

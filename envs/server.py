@@ -71,8 +71,14 @@ def _one_line(e: BaseException) -> str:
 class SlotPool:
     """N env slots, their sessions, the idle reaper and the health checker (threads; no asyncio here)."""
 
-    def __init__(self, factory: Callable[[], GuiEnv], slots: int, *, idle_timeout_s: float = 300.0,
-                 health_interval_s: float = 15.0):
+    def __init__(
+        self,
+        factory: Callable[[], GuiEnv],
+        slots: int,
+        *,
+        idle_timeout_s: float = 300.0,
+        health_interval_s: float = 15.0,
+    ):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.factory, self.idle_timeout_s, self.health_interval_s = factory, idle_timeout_s, health_interval_s
@@ -250,11 +256,18 @@ class SlotPool:
 
     def health(self) -> dict[str, Any]:
         with self.mu:
-            slots = [{"slot": s.idx, "state": s.state, "in_call": s.lock.locked(), "episodes": s.episodes,
-                      "restarts": s.restarts,
-                      "last_error": s.last_error,
-                      "idle_s": round(time.monotonic() - s.last_used, 1) if s.state == "busy" else None}
-                     for s in self.slots]
+            slots = [
+                {
+                    "slot": s.idx,
+                    "state": s.state,
+                    "in_call": s.lock.locked(),
+                    "episodes": s.episodes,
+                    "restarts": s.restarts,
+                    "last_error": s.last_error,
+                    "idle_s": round(time.monotonic() - s.last_used, 1) if s.state == "busy" else None,
+                }
+                for s in self.slots
+            ]
         free = sum(1 for s in slots if s["state"] == "ready")
         ready = all(s["state"] in ("ready", "busy") for s in slots)
         return {"status": "ready" if ready else "degraded", "free": free, "slots": slots}
@@ -273,8 +286,9 @@ def is_loopback(host: str) -> bool:
 def check_bind(host: str, token: str | None) -> None:
     """Raise ValueError for a non-loopback bind without a token (anyone on the network could drive the envs)."""
     if not is_loopback(host) and not token:
-        raise ValueError(f"refusing to bind {host} without an API token: set $FLYWHEEL_ENV_TOKEN (or --token), "
-                         "or bind 127.0.0.1")
+        raise ValueError(
+            f"refusing to bind {host} without an API token: set $FLYWHEEL_ENV_TOKEN (or --token), or bind 127.0.0.1"
+        )
 
 
 def token_ok(header: bytes | None, token: str) -> bool:

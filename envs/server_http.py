@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from envs.server import SessionGone, SlotFailed, SlotPool, check_bind, token_ok
 from envs.wire import API, dumps, obs_to_json, step_to_json
 
+
 class ResetBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task_id: str = Field(min_length=1, max_length=200)
@@ -45,6 +46,7 @@ class ServerSettings:
 def env_version(env: str) -> str:
     """What the episodes' `env_version` records for this server's env kind (the client adds the URL)."""
     from importlib.metadata import PackageNotFoundError, version
+
     dist = {"miniwob": "miniwob", "osworld": "desktop-env"}.get(env, env)
     try:
         return f"{env} {version(dist)}"
@@ -58,6 +60,7 @@ def _env_factory(settings: ServerSettings):
 
     def make():
         return ProcessEnv(settings.env, settings.env_kwargs, call_timeout_s=settings.call_timeout_s)
+
     return make
 
 
@@ -75,8 +78,12 @@ class _Guard:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         if self.token and not token_ok(headers.get(b"authorization"), self.token):
-            return await _reply(send, 401, "missing or wrong API token: send 'Authorization: Bearer <token>' "
-                                            "with the server's token ($FLYWHEEL_ENV_TOKEN)")
+            return await _reply(
+                send,
+                401,
+                "missing or wrong API token: send 'Authorization: Bearer <token>' "
+                "with the server's token ($FLYWHEEL_ENV_TOKEN)",
+            )
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
             return await _reply(send, 413, f"request body over the {self.max_body} byte limit")
@@ -99,13 +106,19 @@ class _Guard:
                 return await receive()
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
+
         return await self.app(scope, replay, send)
 
 
 async def _reply(send, status: int, error: str) -> None:
     body = json.dumps({"error": error}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -115,6 +128,7 @@ def _errors(e) -> str:
 
 def _err(code: int, msg: str, **extra):
     from fastapi.responses import JSONResponse
+
     return JSONResponse({"error": msg, **extra}, status_code=code)
 
 
@@ -150,8 +164,7 @@ def _routes(app, pool: SlotPool, settings: ServerSettings, version: str) -> None
 
     @app.get(f"{API}/health")
     def health():
-        return {"env": settings.env, "env_version": version, "idle_timeout_s": settings.idle_timeout_s,
-                **pool.health()}
+        return {"env": settings.env, "env_version": version, "idle_timeout_s": settings.idle_timeout_s, **pool.health()}
 
     def do_reset(sid: str, body: ResetBody) -> dict[str, Any]:
         def go(env):
@@ -160,11 +173,14 @@ def _routes(app, pool: SlotPool, settings: ServerSettings, version: str) -> None
                     raise ValueError(f"the {settings.env} env takes no task_config")
                 return env.reset(body.task_id, body.seed, task_config=body.task_config)
             return env.reset(body.task_id, body.seed)
+
         return obs_to_json(pool.call(sid, go, new_episode=True))
 
     @app.post(f"{API}/sessions", status_code=201)
-    def open_session(body: Optional[ResetBody] = None,
-                     wait_s: float = Query(0.0, ge=0, le=30, description="wait this long for a free slot")):
+    def open_session(
+        body: Optional[ResetBody] = None,
+        wait_s: float = Query(0.0, ge=0, le=30, description="wait this long for a free slot"),
+    ):
         """Lease a slot; with a reset body, also start the episode (one round trip instead of two)."""
         got = pool.acquire(wait_s)
         if got is None:
@@ -187,12 +203,14 @@ def _routes(app, pool: SlotPool, settings: ServerSettings, version: str) -> None
     @app.post(f"{API}/sessions/{{sid}}/step")
     def step(sid: str, body: dict[str, Any] = Body(...)):
         if set(body) != {"action"} or not isinstance(body["action"], dict):
-            return _err(422, "invalid request: the body must be {\"action\": {...}} (agents.actions schema)")
+            return _err(422, 'invalid request: the body must be {"action": {...}} (agents.actions schema)')
         try:
             action = ACTION_ADAPTER.validate_python(body["action"])
         except ValidationError as e:
             return _err(422, f"invalid action: {_errors(e)}")
-        return Response(dumps(step_to_json(pool.call(sid, lambda env: env.step(action)))), media_type="application/json")
+        return Response(
+            dumps(step_to_json(pool.call(sid, lambda env: env.step(action)))), media_type="application/json"
+        )
 
     @app.post(f"{API}/sessions/{{sid}}/evaluate")
     def evaluate(sid: str, release: bool = Query(False, description="end the session after scoring")):
@@ -218,8 +236,12 @@ def _routes(app, pool: SlotPool, settings: ServerSettings, version: str) -> None
 def create_app(settings: ServerSettings, pool: SlotPool | None = None):
     from fastapi import FastAPI
 
-    pool = pool or SlotPool(_env_factory(settings), settings.slots, idle_timeout_s=settings.idle_timeout_s,
-                            health_interval_s=settings.health_interval_s)
+    pool = pool or SlotPool(
+        _env_factory(settings),
+        settings.slots,
+        idle_timeout_s=settings.idle_timeout_s,
+        health_interval_s=settings.health_interval_s,
+    )
     version = env_version(settings.env)
 
     @asynccontextmanager
@@ -243,6 +265,7 @@ def serve(settings: ServerSettings, host: str = "127.0.0.1", port: int = 8100, a
     """Bind, print one line with the URL (port 0 = any free port), and serve until SIGINT/SIGTERM.
     ValueError for a non-loopback host without a token, OSError when the address cannot be bound."""
     import uvicorn
+
     check_bind(host, settings.token)
     # proto=IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and without
     # it every keep-alive response waits ~40 ms (headers and body are two writes; Nagle vs delayed ACK).
@@ -251,9 +274,13 @@ def serve(settings: ServerSettings, host: str = "127.0.0.1", port: int = 8100, a
     sock.bind((host, port))
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    print(f"env server: {settings.slots} x {settings.env} on http://{shown}:{bound} "
-          f"(token {'required' if settings.token else 'off'}, idle timeout {settings.idle_timeout_s:g}s)",
-          flush=True, file=sys.stdout)
-    config = uvicorn.Config(create_app(settings), log_level="warning", access_log=access_log,
-                            timeout_keep_alive=75, lifespan="on")
+    print(
+        f"env server: {settings.slots} x {settings.env} on http://{shown}:{bound} "
+        f"(token {'required' if settings.token else 'off'}, idle timeout {settings.idle_timeout_s:g}s)",
+        flush=True,
+        file=sys.stdout,
+    )
+    config = uvicorn.Config(
+        create_app(settings), log_level="warning", access_log=access_log, timeout_keep_alive=75, lifespan="on"
+    )
     uvicorn.Server(config).run(sockets=[sock])

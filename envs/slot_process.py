@@ -25,13 +25,21 @@ _METHODS = frozenset({"reset", "step", "evaluate", "healthy"})
 
 def _child(conn, name: str, kwargs: dict[str, Any]) -> None:
     from envs.registry import make_env
+
     try:
         env = make_env(name, **kwargs)
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
         conn.send(("error", (False, f"{type(e).__name__}: {e}".splitlines()[0])))
         return
-    conn.send(("ok", {"accepts_task_config": bool(getattr(env, "accepts_task_config", False)),
-                      "name": getattr(env, "name", name)}))
+    conn.send(
+        (
+            "ok",
+            {
+                "accepts_task_config": bool(getattr(env, "accepts_task_config", False)),
+                "name": getattr(env, "name", name),
+            },
+        )
+    )
     try:
         while True:
             try:
@@ -46,7 +54,9 @@ def _child(conn, name: str, kwargs: dict[str, Any]) -> None:
                 conn.send(("ok", getattr(env, method)(*args, **kw)))
             except Exception as e:  # noqa: BLE001 - the parent raises it
                 msg = (str(e).strip().splitlines() or [""])[0][:500]
-                conn.send(("error", (isinstance(e, ValueError), f"{type(e).__name__}: {msg}" if msg else type(e).__name__)))
+                conn.send(
+                    ("error", (isinstance(e, ValueError), f"{type(e).__name__}: {msg}" if msg else type(e).__name__))
+                )
     finally:
         env.close()
 
@@ -73,8 +83,13 @@ class ProcessEnv(GuiEnv):
     """Args: env_name/env_kwargs as for `envs.registry.make_env`; start_timeout_s for the env to be built;
     call_timeout_s: a reset/step/evaluate that takes longer is a stuck env (EnvError; the server restarts the slot)."""
 
-    def __init__(self, env_name: str, env_kwargs: dict[str, Any] | None = None, start_timeout_s: float = 600.0,
-                 call_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        env_name: str,
+        env_kwargs: dict[str, Any] | None = None,
+        start_timeout_s: float = 600.0,
+        call_timeout_s: float = 600.0,
+    ):
         self.call_timeout_s, self._broken = call_timeout_s, False
         ctx = get_context("spawn")
         self._conn, child = ctx.Pipe()

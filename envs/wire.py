@@ -28,22 +28,42 @@ def dumps(d: dict[str, Any]) -> bytes:
 
 
 def obs_to_json(obs: Observation) -> dict[str, Any]:
-    return {"screenshot_png": base64.b64encode(obs.screenshot_png).decode("ascii"), "width": obs.width,
-            "height": obs.height, "instruction": obs.instruction, "ui_text": obs.ui_text,
-            "extra": _jsonable(obs.extra)}
+    return {
+        "screenshot_png": base64.b64encode(obs.screenshot_png).decode("ascii"),
+        "width": obs.width,
+        "height": obs.height,
+        "instruction": obs.instruction,
+        "ui_text": obs.ui_text,
+        "extra": _jsonable(obs.extra),
+    }
 
 
 def obs_from_json(d: dict[str, Any]) -> Observation:
-    return Observation(screenshot_png=base64.b64decode(d["screenshot_png"]), width=int(d["width"]),
-                       height=int(d["height"]), instruction=str(d["instruction"]), ui_text=d.get("ui_text"),
-                       extra=dict(d.get("extra") or {}))
+    return Observation(
+        screenshot_png=base64.b64decode(d["screenshot_png"]),
+        width=int(d["width"]),
+        height=int(d["height"]),
+        instruction=str(d["instruction"]),
+        ui_text=d.get("ui_text"),
+        extra=dict(d.get("extra") or {}),
+    )
 
 
 def step_to_json(res: StepResult) -> dict[str, Any]:
-    return {"observation": obs_to_json(res.observation), "done": bool(res.done), "exec_error": res.exec_error,
-            "info": _jsonable(res.info), "executed": _jsonable(res.executed)}
+    return {
+        "observation": obs_to_json(res.observation),
+        "done": bool(res.done),
+        "exec_error": res.exec_error,
+        "info": _jsonable(res.info),
+        "executed": _jsonable(res.executed),
+    }
 
 
 def step_from_json(d: dict[str, Any]) -> StepResult:
-    return StepResult(observation=obs_from_json(d["observation"]), done=bool(d["done"]),
-                      exec_error=d.get("exec_error"), info=dict(d.get("info") or {}), executed=d.get("executed"))
+    return StepResult(
+        observation=obs_from_json(d["observation"]),
+        done=bool(d["done"]),
+        exec_error=d.get("exec_error"),
+        info=dict(d.get("info") or {}),
+        executed=d.get("executed"),
+    )

@@ -1,7 +1,7 @@
 """Flow `bootstrap`: teacher demonstrations on the train split into the lake (stage 'bootstrap').
 
-    python -m flows.bootstrap --config configs/tiny.yaml --iteration 0
-    prefect deployment run bootstrap/cpu -p iteration=0          # on the `cpu` pool (flywheel up)
+python -m flows.bootstrap --config configs/tiny.yaml --iteration 0
+prefect deployment run bootstrap/cpu -p iteration=0          # on the `cpu` pool (flywheel up)
 """
 
 from __future__ import annotations

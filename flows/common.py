@@ -41,17 +41,33 @@ def one_line(e: BaseException) -> str:
 def summary(stage: str, r: dict[str, Any]) -> str:
     """What a stage produced, in one log line."""
     if "ran" in r and "run_key" in r and stage != "evaluate":
-        return f"run {r['run_key']}: ran {r['ran']} episodes ({r.get('skipped', 0)} already in the lake), {r.get('successes', 0)} successes"
+        return (
+            f"run {r['run_key']}: ran {r['ran']} episodes ({r.get('skipped', 0)} already in the lake), "
+            f"{r.get('successes', 0)} successes"
+        )
     if stage == "curate":
         return f"dataset {r.get('dataset_id')}: {r.get('n_episodes')} episodes, {r.get('n_steps')} steps"
     if stage in ("sft", "rl"):
-        return "skipped" if r.get("skipped") else f"checkpoint {r.get('checkpoint_id')} at {r.get('model_path') or r.get('path')}"
+        return (
+            "skipped"
+            if r.get("skipped")
+            else f"checkpoint {r.get('checkpoint_id')} at {r.get('model_path') or r.get('path')}"
+        )
     if stage == "midtrain":
         skills = r.get("skills") or {}
-        return (f"base {r.get('checkpoint_id')} at {r.get('model_path')} from {r.get('n_samples')} samples; held-out "
-                f"synthetic pages {skills.get('success_rate', float('nan')):.1%}") if not r.get("reason") else r["reason"]
+        return (
+            (
+                f"base {r.get('checkpoint_id')} at {r.get('model_path')} from {r.get('n_samples')} samples; held-out "
+                f"synthetic pages {skills.get('success_rate', float('nan')):.1%}"
+            )
+            if not r.get("reason")
+            else r["reason"]
+        )
     if stage == "evaluate":
-        return f"{r.get('checkpoint')}: success {r.get('success_rate', 0):.1%} (95% CI {r.get('ci_low', 0):.1%}-{r.get('ci_high', 0):.1%})"
+        return (
+            f"{r.get('checkpoint')}: success {r.get('success_rate', 0):.1%} "
+            f"(95% CI {r.get('ci_low', 0):.1%}-{r.get('ci_high', 0):.1%})"
+        )
     return json.dumps(r, default=str)[:200]
 
 
@@ -67,8 +83,9 @@ def output_id(stage: str, r: dict[str, Any]) -> str:
     return str(r.get(key) or r.get("checkpoint") or "")
 
 
-def run_stage(stage_task: Task, stage: str, config: ConfigRef, iteration: int, refresh: bool,
-              **inputs: Any) -> dict[str, Any]:
+def run_stage(
+    stage_task: Task, stage: str, config: ConfigRef, iteration: int, refresh: bool, **inputs: Any
+) -> dict[str, Any]:
     """Run one stage task (cached unless `refresh`), log the outcome in one line, publish its stats."""
     log = get_run_logger()
     cfg = config.load()
@@ -108,8 +125,12 @@ def stage_status(result: dict[str, Any], attempt_started: float, stage: str | No
 def stage_row(stage: str, result: dict[str, Any], attempt_started: float) -> dict[str, Any]:
     """One stage's line of the iteration report (`flywheel run`'s table and the Prefect artifact)."""
     orch = result.get("orchestration") or {}
-    return {"stage": stage, "status": stage_status(result, attempt_started, stage),
-            "wall_s": orch.get("wall_s", 0.0), "output": output_id(stage, result)}
+    return {
+        "stage": stage,
+        "status": stage_status(result, attempt_started, stage),
+        "wall_s": orch.get("wall_s", 0.0),
+        "output": output_id(stage, result),
+    }
 
 
 def _value(text: str) -> Any:
@@ -120,9 +141,12 @@ def main(fl: Flow, argv: list[str] | None = None) -> dict[str, Any]:
     """`python -m flows.<stage> [--config FILE] [--set key=value ...] [--<parameter> VALUE ...]`:
     run one flow in this process against the ephemeral (or $PREFECT_API_URL) Prefect API."""
     from flywheel.orchestrate import local_settings
+
     p = argparse.ArgumentParser(prog=f"python -m flows.{fl.name}", description=(fl.description or "").split("\n")[0])
     p.add_argument("--config", default="configs/local.yaml", help="YAML config")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. rollout.envs=1")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. rollout.envs=1"
+    )
     p.add_argument("--lake", default=None, help="lake root (default: $FLYWHEEL_LAKE, else the config's lake.root)")
     for name, param in inspect.signature(fl.fn).parameters.items():
         if name != "config":
@@ -131,10 +155,14 @@ def main(fl: Flow, argv: list[str] | None = None) -> dict[str, Any]:
     bad = [kv for kv in a["set"] if "=" not in kv]
     if bad:
         p.error(f"--set needs KEY=VALUE, got {bad[0]!r}")
-    ref = ConfigRef(path=a.pop("config"), overrides={k: _value(v) for k, v in (kv.split("=", 1) for kv in a.pop("set"))})
+    ref = ConfigRef(
+        path=a.pop("config"), overrides={k: _value(v) for k, v in (kv.split("=", 1) for kv in a.pop("set"))}
+    )
     lake = a.pop("lake")
     if lake:  # as the CLI's --lake: $FLYWHEEL_LAKE, which the stages read first and rollout workers inherit
-        os.environ["FLYWHEEL_LAKE"] = lake if lake.startswith(("s3://", "s3a://")) else str(Path(lake).expanduser().resolve())
+        os.environ["FLYWHEEL_LAKE"] = (
+            lake if lake.startswith(("s3://", "s3a://")) else str(Path(lake).expanduser().resolve())
+        )
     with local_settings():
         result = fl(config=ref, **a)
     print(json.dumps(result, indent=2, default=str))

@@ -1,7 +1,7 @@
 """Flow `curate`: successful episodes up to this iteration -> an SFT dataset manifest (DuckDB over the lake).
 
-    python -m flows.curate --config configs/tiny.yaml --iteration 0
-    prefect deployment run curate/cpu -p iteration=0
+python -m flows.curate --config configs/tiny.yaml --iteration 0
+prefect deployment run curate/cpu -p iteration=0
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Flow `evaluate`: a checkpoint on held-out seeds (and held-out tasks) -> `evals`, a table and a plot.
 
-    python -m flows.evaluate --config configs/tiny.yaml --iteration 0 --checkpoint scripted
-    prefect deployment run evaluate/cpu -p iteration=0 -p checkpoint=...
+python -m flows.evaluate --config configs/tiny.yaml --iteration 0 --checkpoint scripted
+prefect deployment run evaluate/cpu -p iteration=0 -p checkpoint=...
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from tasks.common import ConfigRef
 
 
 @flow(name="evaluate", flow_run_name="evaluate-it{iteration}", **FLOW_OPTS)
-def evaluate(checkpoint: str, config: ConfigRef = ConfigRef(), iteration: int = 0,
-             refresh: bool = False) -> dict[str, Any]:
+def evaluate(
+    checkpoint: str, config: ConfigRef = ConfigRef(), iteration: int = 0, refresh: bool = False
+) -> dict[str, Any]:
     """Evaluation: success rate with a 95% interval per task, on seeds never trained on.
 
     Args:

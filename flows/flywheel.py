@@ -36,11 +36,25 @@ from tasks import stages as t
 from tasks.artifacts import publish_iteration, stage_stats
 from tasks.common import ConfigRef, checkpoint_of
 
-STAGE_FLOWS = {"midtrain": midtrain, "bootstrap": bootstrap, "rollouts": rollouts, "curate": curate, "sft": sft, "rl": rl,
-               "evaluate": evaluate}
+STAGE_FLOWS = {
+    "midtrain": midtrain,
+    "bootstrap": bootstrap,
+    "rollouts": rollouts,
+    "curate": curate,
+    "sft": sft,
+    "rl": rl,
+    "evaluate": evaluate,
+}
 # flow/deployment names from prefect.yaml: the pool a stage runs on is in the deployment name
-DEPLOYMENTS = {"midtrain": "midtrain/cpu", "bootstrap": "bootstrap/cpu", "rollouts": "rollouts/cpu", "curate": "curate/cpu",
-               "sft": "sft/gpu", "rl": "rl/gpu", "evaluate": "evaluate/cpu"}
+DEPLOYMENTS = {
+    "midtrain": "midtrain/cpu",
+    "bootstrap": "bootstrap/cpu",
+    "rollouts": "rollouts/cpu",
+    "curate": "curate/cpu",
+    "sft": "sft/gpu",
+    "rl": "rl/gpu",
+    "evaluate": "evaluate/cpu",
+}
 
 
 class StageFailed(RuntimeError):
@@ -64,16 +78,21 @@ def next_iteration(cfg: FlywheelConfig) -> int:
     """Where a flywheel continues: the iteration after the newest one with a finished evaluation
     (0 on a fresh lake). An iteration stopped part-way has no evaluation yet, so it is resumed."""
     from flywheel.stages import lake_for
+
     return next_iteration_of(lake_for(cfg))
 
 
 def next_iteration_of(lake) -> int:
     """`next_iteration` for a given Lake: 1 + the newest iteration with a flywheel evaluation (0: none yet)."""
     from storage.catalog import connect
+
     if not lake.has_data("evals"):
         return 0
-    row = connect(lake, write_catalog_file=False).execute(
-        "SELECT max(iteration) FROM evals WHERE stage = 'evaluate'").fetchone()
+    row = (
+        connect(lake, write_catalog_file=False)
+        .execute("SELECT max(iteration) FROM evals WHERE stage = 'evaluate'")
+        .fetchone()
+    )
     return 0 if row is None or row[0] is None else int(row[0]) + 1
 
 
@@ -82,17 +101,25 @@ def last_eval_success(cfg: FlywheelConfig, before: int) -> float | None:
     from flywheel.evaluate import OVERALL
     from flywheel.stages import lake_for
     from storage.catalog import connect
+
     lake = lake_for(cfg)
     if not lake.has_data("evals"):
         return None
-    row = connect(lake, write_catalog_file=False).execute(
-        "SELECT success_rate FROM evals WHERE task_id = ? AND iteration < ? AND stage = 'evaluate' "
-        "ORDER BY iteration DESC, created_at DESC LIMIT 1",
-        [OVERALL, before]).fetchone()
+    row = (
+        connect(lake, write_catalog_file=False)
+        .execute(
+            "SELECT success_rate FROM evals WHERE task_id = ? AND iteration < ? AND stage = 'evaluate' "
+            "ORDER BY iteration DESC, created_at DESC LIMIT 1",
+            [OVERALL, before],
+        )
+        .fetchone()
+    )
     return None if row is None else float(row[0])
 
 
-def call_stage(stage: str, config: ConfigRef, iteration: int, mode: str, refresh: bool, **inputs: Any) -> dict[str, Any]:
+def call_stage(
+    stage: str, config: ConfigRef, iteration: int, mode: str, refresh: bool, **inputs: Any
+) -> dict[str, Any]:
     """Run one stage in this process (local) or through its deployment (deployed); its result dict."""
     params = {"config": config, "iteration": iteration, "refresh": refresh, **inputs}
     try:
@@ -100,14 +127,21 @@ def call_stage(stage: str, config: ConfigRef, iteration: int, mode: str, refresh
             with tags(f"stage:{stage}", f"iteration:{iteration}"):
                 return STAGE_FLOWS[stage](**params)
         params["config"] = config.model_dump()
-        fr = run_deployment(DEPLOYMENTS[stage], parameters=params, flow_run_name=f"{stage}-it{iteration}",
-                            tags=[f"stage:{stage}", f"iteration:{iteration}"], poll_interval=2)
+        fr = run_deployment(
+            DEPLOYMENTS[stage],
+            parameters=params,
+            flow_run_name=f"{stage}-it{iteration}",
+            tags=[f"stage:{stage}", f"iteration:{iteration}"],
+            poll_interval=2,
+        )
     except Exception as e:  # noqa: BLE001 - one line naming stage and cause; the original is chained
         raise StageFailed(f"iteration {iteration}, stage {stage}: {one_line(e)}") from e
     if not fr.state or not fr.state.is_completed():  # run_deployment returns on any final state
         state = fr.state.name if fr.state else "no state"
-        raise StageFailed(f"iteration {iteration}, stage {stage}: flow run {fr.name} ended {state}: "
-                          f"{(fr.state.message if fr.state else '') or ''}".rstrip(": "))
+        raise StageFailed(
+            f"iteration {iteration}, stage {stage}: flow run {fr.name} ended {state}: "
+            f"{(fr.state.message if fr.state else '') or ''}".rstrip(": ")
+        )
     return fr.state.result()
 
 
@@ -120,9 +154,14 @@ def report_row(cfg: FlywheelConfig, stage: str, res: dict[str, Any], attempt_sta
 
 
 @flow(name="flywheel", flow_run_name=run_name, **FLOW_OPTS)
-def flywheel(config: ConfigRef = ConfigRef(), iterations: int | None = None, start_iteration: int | None = None,
-             checkpoint: str | None = None, mode: Literal["local", "deployed"] = "local",
-             refresh: bool = False) -> list[dict[str, Any]]:
+def flywheel(
+    config: ConfigRef = ConfigRef(),
+    iterations: int | None = None,
+    start_iteration: int | None = None,
+    checkpoint: str | None = None,
+    mode: Literal["local", "deployed"] = "local",
+    refresh: bool = False,
+) -> list[dict[str, Any]]:
     """The data flywheel: teacher demos, student rollouts, curation, SFT, RL and evaluation, N times.
 
     Args:
@@ -130,12 +169,14 @@ def flywheel(config: ConfigRef = ConfigRef(), iterations: int | None = None, sta
         iterations: Iterations to run; empty means the config's `iterations`.
         start_iteration: First iteration number; empty means the one after the lake's newest evaluated iteration
             (a fresh lake starts at 0, an interrupted iteration is resumed, a scheduled run takes the next one).
-        checkpoint: Student to start from; empty means the newest checkpoint of an earlier iteration, else the config's student.model.
+        checkpoint: Student to start from; empty means the newest checkpoint of an earlier iteration, else the
+            config's student.model.
         mode: local runs every stage in this flow's process; deployed sends each stage to its work pool.
         refresh: Run every stage again even where a finished result is cached (the lake keeps no duplicates).
     """
     from flywheel.stages import lake_for
     from storage.lock import parent_lock
+
     log, started = get_run_logger(), time.time()
     cfg = config.load()
     n = iterations or cfg.iterations
@@ -147,8 +188,17 @@ def flywheel(config: ConfigRef = ConfigRef(), iterations: int | None = None, sta
         return _iterations(cfg, config, n, start_iteration, checkpoint, mode, refresh, log, started)
 
 
-def _iterations(cfg: FlywheelConfig, config: ConfigRef, n: int, start_iteration: int, checkpoint: str | None,
-                mode: str, refresh: bool, log: Any, started: float) -> list[dict[str, Any]]:
+def _iterations(
+    cfg: FlywheelConfig,
+    config: ConfigRef,
+    n: int,
+    start_iteration: int,
+    checkpoint: str | None,
+    mode: str,
+    refresh: bool,
+    log: Any,
+    started: float,
+) -> list[dict[str, Any]]:
     ck = checkpoint or latest_checkpoint(cfg, start_iteration)
     reg = (t.register_tasks.with_options(refresh_cache=True) if refresh else t.register_tasks)(config)
     log.info(f"{cfg.name}: {n} iteration(s) from {start_iteration} in {mode} mode; {reg['tasks']} tasks registered")
@@ -156,8 +206,10 @@ def _iterations(cfg: FlywheelConfig, config: ConfigRef, n: int, start_iteration:
     if cfg.midtrain.enabled:  # the base skills: cached in the lake after the first run (content-addressed)
         base = call_stage("midtrain", config, 0, mode, refresh)
         skills = base.get("skills") or {}
-        log.info(f"midtrain: base {base.get('checkpoint_id')} ({base.get('steps')} steps); held-out synthetic pages "
-                 f"{skills.get('success_rate', float('nan')):.1%} {skills.get('per_task', {})}")
+        log.info(
+            f"midtrain: base {base.get('checkpoint_id')} ({base.get('steps')} steps); held-out synthetic pages "
+            f"{skills.get('success_rate', float('nan')):.1%} {skills.get('per_task', {})}"
+        )
         ck = ck or checkpoint_of(base)
     out = []
     for it in range(start_iteration, start_iteration + n):
@@ -183,15 +235,17 @@ def _iterations(cfg: FlywheelConfig, config: ConfigRef, n: int, start_iteration:
             if plan is None or plan["run_sft"] or ck is None:
                 trained = step("sft", dataset_id=cur["dataset_id"], base=ck)
             else:  # entropulse: no SFT this iteration, RL continues from the last checkpoint
-                trained = results["sft"] = {"skipped": True, "checkpoint": ck, "reason": next(
-                    d["reason"] for d in plan["decisions"] if d["task_id"] == "__sft__")}
+                trained = results["sft"] = {
+                    "skipped": True,
+                    "checkpoint": ck,
+                    "reason": next(d["reason"] for d in plan["decisions"] if d["task_id"] == "__sft__"),
+                }
             ck = checkpoint_of(step("rl", checkpoint=checkpoint_of(trained))) or checkpoint_of(trained)
             ev = step("evaluate", checkpoint=ck)
         rows = [report_row(cfg, s, r, started) for s, r in results.items()]
         if base is not None and it == start_iteration:
             rows.insert(0, report_row(cfg, "midtrain", base, started))
-        publish_iteration(cfg, it, rows, ev,
-                          curriculum=plan["decisions"] if plan else None)
+        publish_iteration(cfg, it, rows, ev, curriculum=plan["decisions"] if plan else None)
         log.info(f"iteration {it} done: held-out success {ev['success_rate']:.1%} for {ck}")
         out.append({"iteration": it, "checkpoint": ck, "stages": results, "started_at": started})
     return out

@@ -1,7 +1,7 @@
 """Flow `midtrain`: the student's base skills from synthetic pages (flywheel/midtrain.py), before the first SFT.
 
-    python -m flows.midtrain --config configs/local.yaml
-    prefect deployment run midtrain/cpu
+python -m flows.midtrain --config configs/local.yaml
+prefect deployment run midtrain/cpu
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Flow `rl`: GRPO / SDPO on the iteration's student rollouts (skipped unless rl.enabled; `gpu` pool).
 
-    python -m flows.rl --config configs/tiny.yaml --iteration 0 --checkpoint lake/_checkpoints/sft-it0/merged
-    prefect deployment run rl/gpu -p iteration=0 -p checkpoint=...
+python -m flows.rl --config configs/tiny.yaml --iteration 0 --checkpoint lake/_checkpoints/sft-it0/merged
+prefect deployment run rl/gpu -p iteration=0 -p checkpoint=...
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Flow `rollouts`: the current student, G episodes per task instance on the train split.
 
-    python -m flows.rollouts --config configs/tiny.yaml --iteration 0 [--checkpoint lake/_checkpoints/sft-it0/merged]
-    prefect deployment run rollouts/cpu -p iteration=1
+python -m flows.rollouts --config configs/tiny.yaml --iteration 0 [--checkpoint lake/_checkpoints/sft-it0/merged]
+prefect deployment run rollouts/cpu -p iteration=1
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from tasks.common import ConfigRef
 
 
 @flow(name="rollouts", flow_run_name="rollouts-it{iteration}", **FLOW_OPTS)
-def rollouts(config: ConfigRef = ConfigRef(), iteration: int = 0, checkpoint: str | None = None,
-             refresh: bool = False) -> dict[str, Any]:
+def rollouts(
+    config: ConfigRef = ConfigRef(), iteration: int = 0, checkpoint: str | None = None, refresh: bool = False
+) -> dict[str, Any]:
     """Student rollouts: G episodes per (task, seed), the RL groups, written to the lake.
 
     Args:

@@ -1,7 +1,7 @@
 """Flow `sft`: fine-tune the student on a curated dataset (runs on the `gpu` pool when deployed).
 
-    python -m flows.sft --config configs/tiny.yaml --iteration 0 --dataset-id ds-...
-    prefect deployment run sft/gpu -p iteration=0 -p dataset_id=ds-...
+python -m flows.sft --config configs/tiny.yaml --iteration 0 --dataset-id ds-...
+prefect deployment run sft/gpu -p iteration=0 -p dataset_id=ds-...
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from tasks.common import ConfigRef
 
 
 @flow(name="sft", flow_run_name="sft-it{iteration}", **FLOW_OPTS)
-def sft(dataset_id: str, config: ConfigRef = ConfigRef(), iteration: int = 0, base: str | None = None,
-        refresh: bool = False) -> dict[str, Any]:
+def sft(
+    dataset_id: str, config: ConfigRef = ConfigRef(), iteration: int = 0, base: str | None = None, refresh: bool = False
+) -> dict[str, Any]:
     """Supervised fine-tuning (LoRA or full, vision tower frozen) on a dataset manifest.
 
     Args:

@@ -22,8 +22,12 @@ from rich.table import Table
 
 from flywheel.errors import USER_ERRORS, UserError
 
-app = typer.Typer(help="Train computer-use agents with a data flywheel over a Parquet lake.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="Train computer-use agents with a data flywheel over a Parquet lake.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 lake_app = typer.Typer(help="Inspect and repair the trajectory lake.", no_args_is_help=True)
 config_app = typer.Typer(help="Show and validate YAML configs.", no_args_is_help=True)
 stage_app = typer.Typer(help="Run one flywheel stage on its own.", no_args_is_help=True)
@@ -35,18 +39,24 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # one error = one line, never wrapped
 
 CONFIG_OPT = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml).")
-LAKE_OPT = typer.Option(None, "--lake", help="Lake root (default: $FLYWHEEL_LAKE, else the config's lake.root). "
-                        "Commands that start other processes pass it on to them as $FLYWHEEL_LAKE.")
+LAKE_OPT = typer.Option(
+    None,
+    "--lake",
+    help="Lake root (default: $FLYWHEEL_LAKE, else the config's lake.root). "
+    "Commands that start other processes pass it on to them as $FLYWHEEL_LAKE.",
+)
 
 
 def load_cfg(config: Optional[Path], overrides: dict | None = None):
     from configs.models import default_config_path, load_config
+
     return load_config(config or default_config_path(), overrides)
 
 
 def _lake_arg(lake: str | Path) -> str:
     """A --lake value as the lake takes it: an s3:// URI as given, a folder made absolute."""
     from storage.objstore import is_object_uri
+
     return str(lake) if is_object_uri(lake) else str(Path(lake).expanduser().resolve())
 
 
@@ -58,6 +68,7 @@ def use_lake(lake: Optional[str]) -> None:
     every process the command starts, with the precedence --lake > $FLYWHEEL_LAKE > lake.root. (A config
     override would change the config hash on every row and lose to an inherited $FLYWHEEL_LAKE.)"""
     import os
+
     if lake is not None:
         os.environ["FLYWHEEL_LAKE"] = _lake_arg(lake)
 
@@ -66,19 +77,23 @@ def open_lake(lake: Optional[str], config: Optional[Path] = None, *, create: boo
     """The Lake of a command that reads it (see lake_root); an s3:// one takes its endpoint from
     $FLYWHEEL_S3_ENDPOINT, else the config's lake.s3_endpoint."""
     import os
+
     from storage.lake import Lake
     from storage.objstore import is_object_uri
+
     root = lake_root(lake, config)
     if not is_object_uri(root):
         return Lake(root, create=create)
     lc = load_cfg(config).lake
-    return Lake(root, create=create, endpoint=os.environ.get("FLYWHEEL_S3_ENDPOINT") or lc.s3_endpoint,
-                cache_dir=lc.cache_dir)
+    return Lake(
+        root, create=create, endpoint=os.environ.get("FLYWHEEL_S3_ENDPOINT") or lc.s3_endpoint, cache_dir=lc.cache_dir
+    )
 
 
 def lake_root(lake: Optional[str], config: Optional[Path] = None) -> str:
     """The lake root for commands that only read it: --lake, else $FLYWHEEL_LAKE, else the config's lake.root."""
     import os
+
     if lake:
         return str(lake)
     if os.environ.get("FLYWHEEL_LAKE"):
@@ -115,7 +130,9 @@ def print_arrow_table(t, title: str | None = None, max_rows: int = 50) -> None:
 def query(
     sql: str = typer.Argument(..., help="SQL over the views tasks, episodes, steps, checkpoints, datasets, evals."),
     fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json | parquet"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result to this file (required for parquet)."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Write the result to this file (required for parquet)."
+    ),
     max_rows: int = typer.Option(50, "--max-rows", help="Rows shown in table format."),
     lake: Optional[str] = LAKE_OPT,
     config: Optional[Path] = CONFIG_OPT,
@@ -140,12 +157,14 @@ def query(
         print_arrow_table(t, max_rows=max_rows)
     elif fmt == "csv":
         import pyarrow.csv as pacsv
+
         buf = __import__("io").BytesIO()
         pacsv.write_csv(_csv_ready(t), buf)
         sys.stdout.write(buf.getvalue().decode())
     else:
-        rows = [{k: (_cell(v) if isinstance(v, (bytes, bytearray)) else v) for k, v in r.items()}
-                for r in t.to_pylist()]
+        rows = [
+            {k: (_cell(v) if isinstance(v, (bytes, bytearray)) else v) for k, v in r.items()} for r in t.to_pylist()
+        ]
         sys.stdout.write(json.dumps(rows, default=str, indent=1) + "\n")
 
 
@@ -153,11 +172,17 @@ def _csv_ready(t):
     """CSV holds no nested values: list/struct/map columns become JSON text (as --format json writes them);
     binary columns (screenshots) are left out."""
     import pyarrow as pa
+
     t = t.drop_columns([c for c in t.column_names if pa.types.is_binary(t.schema.field(c).type)])
     for i, f in enumerate(t.schema):
         if pa.types.is_nested(f.type):
-            t = t.set_column(i, f.name, pa.array([None if v is None else json.dumps(v, default=str)
-                                                  for v in t.column(i).to_pylist()], pa.string()))
+            t = t.set_column(
+                i,
+                f.name,
+                pa.array(
+                    [None if v is None else json.dumps(v, default=str) for v in t.column(i).to_pylist()], pa.string()
+                ),
+            )
     return t
 
 
@@ -171,30 +196,57 @@ def _human(n: float) -> str:
 
 
 @lake_app.command("stats")
-def lake_stats_cmd(lake: Optional[str] = LAKE_OPT, config: Optional[Path] = CONFIG_OPT,
-                   as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")):
+def lake_stats_cmd(
+    lake: Optional[str] = LAKE_OPT,
+    config: Optional[Path] = CONFIG_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+):
     """Rows, bytes, files and partitions per table (reads Parquet footers only)."""
     from storage.inspect import lake_stats
 
     lk = open_lake(lake, config)
     stats = lake_stats(lk)
     if as_json:
-        print(json.dumps({t: {"rows": s.rows, "bytes": s.bytes, "files": s.files, "partitions": len(s.partitions),
-                              "unreadable": s.unreadable} for t, s in stats.items()}, indent=1))
+        print(
+            json.dumps(
+                {
+                    t: {
+                        "rows": s.rows,
+                        "bytes": s.bytes,
+                        "files": s.files,
+                        "partitions": len(s.partitions),
+                        "unreadable": s.unreadable,
+                    }
+                    for t, s in stats.items()
+                },
+                indent=1,
+            )
+        )
         return
     table = Table(title=f"lake {lk.location}", header_style="bold cyan")
     for c in ("table", "rows", "size", "files", "partitions", "unreadable"):
         table.add_column(c, justify="left" if c == "table" else "right")
     for t, s in stats.items():
-        table.add_row(t, f"{s.rows:,}", _human(s.bytes), str(s.files), str(len(s.partitions)),
-                      f"[red]{s.unreadable}[/red]" if s.unreadable else "0")
+        table.add_row(
+            t,
+            f"{s.rows:,}",
+            _human(s.bytes),
+            str(s.files),
+            str(len(s.partitions)),
+            f"[red]{s.unreadable}[/red]" if s.unreadable else "0",
+        )
     console.print(table)
 
 
 @lake_app.command("verify")
-def lake_verify_cmd(lake: Optional[str] = LAKE_OPT, config: Optional[Path] = CONFIG_OPT,
-                    quarantine: bool = typer.Option(False, "--quarantine", help="Move bad files to <lake>/_quarantine (kept, not deleted)."),
-                    quick: bool = typer.Option(False, "--quick", help="Check footers and schemas only, not every data page.")):
+def lake_verify_cmd(
+    lake: Optional[str] = LAKE_OPT,
+    config: Optional[Path] = CONFIG_OPT,
+    quarantine: bool = typer.Option(
+        False, "--quarantine", help="Move bad files to <lake>/_quarantine (kept, not deleted)."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Check footers and schemas only, not every data page."),
+):
     """Find unreadable or schema-mismatched files and name them; exit 1 if any."""
     from storage.inspect import verify_lake
 
@@ -217,6 +269,7 @@ def lake_verify_cmd(lake: Optional[str] = LAKE_OPT, config: Optional[Path] = CON
 def lake_schema_cmd():
     """Print the lake's table schemas (markdown, one row per column)."""
     from storage.schema import schema_markdown
+
     print(schema_markdown())
 
 
@@ -236,6 +289,7 @@ def config_show(config: Optional[Path] = CONFIG_OPT):
                 walk(v, f"{prefix}{name}.")
             else:
                 table.add_row(prefix + name, json.dumps(v, default=str), field.description or "")
+
     walk(cfg)
     console.print(table)
 
@@ -250,6 +304,7 @@ def config_validate(config: Path = typer.Argument(..., help="YAML file to check.
 def main() -> None:
     """Console entry point: user errors become one red line and exit code 2."""
     from training.progress import show_on_console
+
     show_on_console()  # progress lines where no bar draws (`flywheel run > log.txt`): training/progress.py
     try:
         _mount_optional()
@@ -264,18 +319,25 @@ def main() -> None:
 
 def _mount_optional() -> None:
     """Mount command groups implemented in their own modules."""
-    from flywheel import commands  # noqa: F401 - registers run/rollout/stage commands on `app`
-    from flywheel import cli_view  # noqa: F401 - registers `view`
+    from flywheel import (
+        cli_view,  # noqa: F401 - registers `view`
+        commands,  # noqa: F401 - registers run/rollout/stage commands on `app`
+    )
+
     try:
         from flywheel.cli_model import model_app
+
         app.add_typer(model_app, name="model")
     except ImportError:
         pass
     from flywheel.cli_import import import_app
+
     app.add_typer(import_app, name="import")
     from flywheel.cli_export import export_app
+
     app.add_typer(export_app, name="export")
     from flywheel.cli_env import env_app  # also adds `import osworld-tasks` to import_app
+
     app.add_typer(env_app, name="env")
 
 

@@ -30,29 +30,56 @@ def serve_cmd(
     slots: int = typer.Option(2, "--slots", min=1, max=256, help="Envs hosted (one episode each at a time)."),
     port: int = typer.Option(8100, "--port", min=0, max=65535, help="TCP port (0: any free port, printed)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address; non-loopback needs a token."),
-    token: Optional[str] = typer.Option(None, "--token", show_default=False,
-                                        help="API token (default: $FLYWHEEL_ENV_TOKEN; unset = no token, loopback only)."),
-    idle_timeout: float = typer.Option(300.0, "--idle-timeout", min=1.0, help="Seconds without a call before a session's slot is reclaimed."),
-    health_interval: float = typer.Option(15.0, "--health-interval", min=0.5, help="Seconds between health checks of an idle slot."),
+    token: Optional[str] = typer.Option(
+        None,
+        "--token",
+        show_default=False,
+        help="API token (default: $FLYWHEEL_ENV_TOKEN; unset = no token, loopback only).",
+    ),
+    idle_timeout: float = typer.Option(
+        300.0, "--idle-timeout", min=1.0, help="Seconds without a call before a session's slot is reclaimed."
+    ),
+    health_interval: float = typer.Option(
+        15.0, "--health-interval", min=0.5, help="Seconds between health checks of an idle slot."
+    ),
     max_body_kb: int = typer.Option(1024, "--max-body-kb", min=1, help="Request body limit (KiB)."),
-    call_timeout: float = typer.Option(600.0, "--call-timeout", min=1.0, help="Seconds before an env call counts as stuck (the slot restarts)."),
+    call_timeout: float = typer.Option(
+        600.0, "--call-timeout", min=1.0, help="Seconds before an env call counts as stuck (the slot restarts)."
+    ),
     screenshot_scale: int = typer.Option(1, "--screenshot-scale", min=1, max=4, help="miniwob: screenshot upscale."),
-    provider: str = typer.Option("docker", "--provider", help="osworld: desktop-env provider (docker, vmware, aws, ...)."),
+    provider: str = typer.Option(
+        "docker", "--provider", help="osworld: desktop-env provider (docker, vmware, aws, ...)."
+    ),
     path_to_vm: Optional[str] = typer.Option(None, "--path-to-vm", help="osworld: VM image/path for the provider."),
     screen_size: str = typer.Option("1920x1080", "--screen-size", help="osworld: VM screen size WxH."),
-    a11y_tree: bool = typer.Option(False, "--a11y-tree/--no-a11y-tree", help="osworld: put the accessibility tree in ui_text."),
-    tasks_dir: Optional[Path] = typer.Option(None, "--tasks-dir", help="osworld: evaluation_examples folder to find task JSON by id."),
+    a11y_tree: bool = typer.Option(
+        False, "--a11y-tree/--no-a11y-tree", help="osworld: put the accessibility tree in ui_text."
+    ),
+    tasks_dir: Optional[Path] = typer.Option(
+        None, "--tasks-dir", help="osworld: evaluation_examples folder to find task JSON by id."
+    ),
     access_log: bool = typer.Option(False, "--access-log", help="Log every request (method, path, status)."),
 ):
     """Host SLOTS envs of one kind behind HTTP until interrupted (Ctrl-C / SIGTERM close them)."""
     from envs.serve import build_settings
     from envs.server_http import serve
+
     try:
-        settings = build_settings(env=env, slots=slots, token=token, idle_timeout=idle_timeout,
-                                  health_interval=health_interval, max_body_kb=max_body_kb, call_timeout=call_timeout,
-                                  screenshot_scale=screenshot_scale, provider=provider, path_to_vm=path_to_vm,
-                                  screen_size=screen_size, a11y_tree=a11y_tree,
-                                  tasks_dir=str(tasks_dir) if tasks_dir else None)
+        settings = build_settings(
+            env=env,
+            slots=slots,
+            token=token,
+            idle_timeout=idle_timeout,
+            health_interval=health_interval,
+            max_body_kb=max_body_kb,
+            call_timeout=call_timeout,
+            screenshot_scale=screenshot_scale,
+            provider=provider,
+            path_to_vm=path_to_vm,
+            screen_size=screen_size,
+            a11y_tree=a11y_tree,
+            tasks_dir=str(tasks_dir) if tasks_dir else None,
+        )
         serve(settings, host=host, port=port, access_log=access_log)
     except ValueError as e:
         raise _fail(str(e)) from None
@@ -67,8 +94,12 @@ from flywheel.cli_import import import_app  # noqa: E402 - `flywheel import oswo
 @import_app.command("osworld-tasks")
 def import_osworld_tasks(
     folder: Path = typer.Argument(..., help="OSWorld evaluation_examples folder (examples/<domain>/<id>.json)."),
-    include_excluded: bool = typer.Option(False, "--include-excluded", help="Also load tasks needing Google Drive or a proxy."),
-    lake: Optional[Path] = typer.Option(None, "--lake", help="Lake root (default: $FLYWHEEL_LAKE, else the config's lake.root)."),
+    include_excluded: bool = typer.Option(
+        False, "--include-excluded", help="Also load tasks needing Google Drive or a proxy."
+    ),
+    lake: Optional[Path] = typer.Option(
+        None, "--lake", help="Lake root (default: $FLYWHEEL_LAKE, else the config's lake.root)."
+    ),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)."),
 ):
     """Load OSWorld task JSON files into the `tasks` table (env 'osworld'); a rerun replaces them."""
@@ -76,6 +107,7 @@ def import_osworld_tasks(
     from flywheel.cli import console, lake_root
     from flywheel.rollout import git_sha
     from storage.lake import Lake
+
     try:
         tasks, skipped = load_tasks(folder, include_excluded=include_excluded)
     except ValueError as e:

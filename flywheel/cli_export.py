@@ -16,8 +16,9 @@ import typer
 
 from flywheel.cli import CONFIG_OPT, LAKE_OPT, open_lake
 
-export_app = typer.Typer(help="Export a dataset or checkpoint as a Hub-ready folder (and push it).",
-                         no_args_is_help=True)
+export_app = typer.Typer(
+    help="Export a dataset or checkpoint as a Hub-ready folder (and push it).", no_args_is_help=True
+)
 
 OUT_OPT = typer.Option(..., "--out", help="Folder to write (must not exist or be empty).")
 PUSH_OPT = typer.Option(None, "--push", help="Also upload to this Hub repo (org/name).")
@@ -47,8 +48,10 @@ def dataset(
     from flywheel.hub import export_dataset
 
     res = export_dataset(open_lake(lake, config, create=True), dataset_id, out, license=license)
-    typer.echo(f"exported dataset {dataset_id}: {res['rows']} rows in {res['shards']} shard(s) from "
-               f"{res['episodes']} episodes -> {res['path']}")
+    typer.echo(
+        f"exported dataset {dataset_id}: {res['rows']} rows in {res['shards']} shard(s) from "
+        f"{res['episodes']} episodes -> {res['path']}"
+    )
     _push(out, push, "dataset", private)
 
 
@@ -58,7 +61,9 @@ def checkpoint(
     out: Path = OUT_OPT,
     push: Optional[str] = PUSH_OPT,
     license: str = LICENSE_OPT,
-    dataset_repo: Optional[str] = typer.Option(None, "--dataset-repo", help="Hub id of its exported dataset, for the card."),
+    dataset_repo: Optional[str] = typer.Option(
+        None, "--dataset-repo", help="Hub id of its exported dataset, for the card."
+    ),
     private: bool = PRIVATE_OPT,
     lake: Optional[str] = LAKE_OPT,
     config: Optional[Path] = CONFIG_OPT,
@@ -66,8 +71,11 @@ def checkpoint(
     """The model files and a model card (base model, dataset, eval results from the evals table)."""
     from flywheel.hub import export_checkpoint
 
-    res = export_checkpoint(open_lake(lake, config, create=True), checkpoint_id, out, license=license,
-                            dataset_repo=dataset_repo)
-    typer.echo(f"exported checkpoint {checkpoint_id}: {len(res['files'])} files from {res['source']}, "
-               f"{res['evals']} eval rows -> {res['path']}")
+    res = export_checkpoint(
+        open_lake(lake, config, create=True), checkpoint_id, out, license=license, dataset_repo=dataset_repo
+    )
+    typer.echo(
+        f"exported checkpoint {checkpoint_id}: {len(res['files'])} files from {res['source']}, "
+        f"{res['evals']} eval rows -> {res['path']}"
+    )
     _push(out, push, "model", private)

@@ -21,8 +21,10 @@ import_app = typer.Typer(help="Import existing demonstrations into the lake.", n
 
 
 def _report(res, source: str) -> None:
-    typer.echo(f"{source}: imported {res.episodes} episodes ({res.steps} steps, {res.unparsed_steps} kept "
-                  f"unparsed with a reason), {res.skipped} already in the lake, {len(res.rejected)} rejected")
+    typer.echo(
+        f"{source}: imported {res.episodes} episodes ({res.steps} steps, {res.unparsed_steps} kept "
+        f"unparsed with a reason), {res.skipped} already in the lake, {len(res.rejected)} rejected"
+    )
     for line in res.rejected:
         err_console.print(f"[red]rejected[/red] {line}", highlight=False)
     if res.rejected:
@@ -31,7 +33,9 @@ def _report(res, source: str) -> None:
 
 @import_app.command("osworld-results")
 def osworld_results(
-    folder: Path = typer.Argument(..., help="An OSWorld results folder (<action_space>/<obs>/<model>/<domain>/<id>/ below it)."),
+    folder: Path = typer.Argument(
+        ..., help="An OSWorld results folder (<action_space>/<obs>/<model>/<domain>/<id>/ below it)."
+    ),
     iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration the episodes are filed under."),
     lake: Optional[str] = LAKE_OPT,
     config: Optional[Path] = CONFIG_OPT,
@@ -51,7 +55,9 @@ def osworld_results(
 @import_app.command("agentnet")
 def agentnet(
     path: Path = typer.Argument(..., help="AgentNet records: a JSON Lines file (or a JSON list) of task records."),
-    images: Optional[Path] = typer.Option(None, "--images", help="Folder of the step screenshots (default: the file's folder)."),
+    images: Optional[Path] = typer.Option(
+        None, "--images", help="Folder of the step screenshots (default: the file's folder)."
+    ),
     iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration the episodes are filed under."),
     lake: Optional[str] = LAKE_OPT,
     config: Optional[Path] = CONFIG_OPT,
@@ -63,7 +69,9 @@ def agentnet(
     from flywheel.rollout import git_sha
 
     try:
-        res = import_agentnet(path, open_lake(lake, config, create=True), images=images, iteration=iteration, git_sha=git_sha())
+        res = import_agentnet(
+            path, open_lake(lake, config, create=True), images=images, iteration=iteration, git_sha=git_sha()
+        )
     except ImportError_ as e:
         raise UserError(str(e)) from None
     _report(res, str(path))
@@ -71,9 +79,15 @@ def agentnet(
 
 @import_app.command("slime")
 def slime(
-    path: Path = typer.Argument(..., help="slime OSWorld SFT records: a JSON Lines file of {messages, images, reward, task_id}."),
-    coords: str = typer.Option("image", "--coords", help="Space of the records' coordinates: image (pixels of the image "
-                               "the turn shows), relative1000 (0..1000), or WxH (pixels of a WxH screen, e.g. 1920x1080)."),
+    path: Path = typer.Argument(
+        ..., help="slime OSWorld SFT records: a JSON Lines file of {messages, images, reward, task_id}."
+    ),
+    coords: str = typer.Option(
+        "image",
+        "--coords",
+        help="Space of the records' coordinates: image (pixels of the image "
+        "the turn shows), relative1000 (0..1000), or WxH (pixels of a WxH screen, e.g. 1920x1080).",
+    ),
     iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration the episodes are filed under."),
     lake: Optional[str] = LAKE_OPT,
     config: Optional[Path] = CONFIG_OPT,
@@ -86,8 +100,13 @@ def slime(
     from flywheel.rollout import git_sha
 
     try:
-        res = import_slime(path, open_lake(lake, config, create=True), coords=parse_coords(coords), iteration=iteration,
-                           git_sha=git_sha())
+        res = import_slime(
+            path,
+            open_lake(lake, config, create=True),
+            coords=parse_coords(coords),
+            iteration=iteration,
+            git_sha=git_sha(),
+        )
     except ImportError_ as e:
         raise UserError(str(e)) from None
     _report(res, str(path))

@@ -16,8 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-model_app = typer.Typer(help="Build (random init) and inspect Qwen3-VL / Qwen2.5-VL student models.",
-                        no_args_is_help=True)
+model_app = typer.Typer(
+    help="Build (random init) and inspect Qwen3-VL / Qwen2.5-VL student models.", no_args_is_help=True
+)
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -30,6 +31,7 @@ def _fail(e: Exception) -> typer.Exit:
 def _quiet_transformers() -> None:
     # Progress bars for a 1-shard save/load are noise on a terminal.
     from transformers.utils import logging as hf_logging
+
     hf_logging.disable_progress_bar()
 
 
@@ -45,9 +47,12 @@ def _counts_table(title: str, rows: list[tuple[str, str]]) -> Table:
 @model_app.command("init")
 def init(
     arch: str = typer.Option("qwen3-vl", "--arch", help="Architecture: qwen3-vl or qwen2.5-vl."),
-    size: str = typer.Option("small", "--size",
-                             help="Shape: tiny (~0.5M, tests), small (~20M, CPU default); released shapes "
-                                  "2b/4b/8b (qwen3-vl) or 3b/7b (qwen2.5-vl) for GPU benchmarks."),
+    size: str = typer.Option(
+        "small",
+        "--size",
+        help="Shape: tiny (~0.5M, tests), small (~20M, CPU default); released shapes "
+        "2b/4b/8b (qwen3-vl) or 3b/7b (qwen2.5-vl) for GPU benchmarks.",
+    ),
     out: Path = typer.Option(..., "--out", help="Folder to create (must not exist or be empty)."),
     seed: int = typer.Option(0, "--seed", help="Random-init seed (same seed, same weights)."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32 or bfloat16."),
@@ -62,9 +67,16 @@ def init(
         c = param_counts(arch, size)  # the built model's counts, without loading it back
     except ModelError as e:
         raise _fail(e) from None
-    console.print(_counts_table(f"{arch} {size} (seed {seed}) -> {path}", [
-        ("total params", f"{c['total']:,}"), ("vision params", f"{c['vision']:,}"),
-        ("language params", f"{c['total'] - c['vision']:,}")]))
+    console.print(
+        _counts_table(
+            f"{arch} {size} (seed {seed}) -> {path}",
+            [
+                ("total params", f"{c['total']:,}"),
+                ("vision params", f"{c['vision']:,}"),
+                ("language params", f"{c['total'] - c['vision']:,}"),
+            ],
+        )
+    )
 
 
 @model_app.command("info")
@@ -79,13 +91,22 @@ def info(
         i = describe(path)
     except ModelError as e:
         raise _fail(e) from None
-    console.print(_counts_table(f"{path}", [
-        ("arch", f"{i['arch']} ({i['class']})"), ("params", f"{i['total']:,}"),
-        ("trainable (full fine-tune, vision frozen)", f"{i['total'] - i['vision']:,}"),
-        (f"trainable (LoRA r={i['lora_r']})", f"{i['lora_trainable']:,}"),
-        ("vision params", f"{i['vision']:,}"), ("text hidden x layers", f"{i['hidden_size']} x {i['layers']}"),
-        ("vocab (model / tokenizer)", f"{i['vocab_size']:,} / {i['tokenizer_size']:,}"),
-        ("image tokens, 160x210 screenshot", str(i["image_tokens_160x210"])), ("dtype", i["dtype"])]))
+    console.print(
+        _counts_table(
+            f"{path}",
+            [
+                ("arch", f"{i['arch']} ({i['class']})"),
+                ("params", f"{i['total']:,}"),
+                ("trainable (full fine-tune, vision frozen)", f"{i['total'] - i['vision']:,}"),
+                (f"trainable (LoRA r={i['lora_r']})", f"{i['lora_trainable']:,}"),
+                ("vision params", f"{i['vision']:,}"),
+                ("text hidden x layers", f"{i['hidden_size']} x {i['layers']}"),
+                ("vocab (model / tokenizer)", f"{i['vocab_size']:,} / {i['tokenizer_size']:,}"),
+                ("image tokens, 160x210 screenshot", str(i["image_tokens_160x210"])),
+                ("dtype", i["dtype"]),
+            ],
+        )
+    )
 
 
 @model_app.command("sizes")
@@ -100,6 +121,7 @@ def sizes() -> None:
         for size, shape in shapes.items():
             c = param_counts(arch, size)
             t = shape["text"]
-            table.add_row(arch, size, f"{c['total']:,}", f"{c['vision']:,}",
-                          f"{t['hidden_size']} x {t['num_hidden_layers']}")
+            table.add_row(
+                arch, size, f"{c['total']:,}", f"{c['vision']:,}", f"{t['hidden_size']} x {t['num_hidden_layers']}"
+            )
     console.print(table)

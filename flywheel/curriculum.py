@@ -82,18 +82,23 @@ class Plan:
 
 def _evidence(con, iteration: int, tasks: list[str]) -> dict[str, Evidence]:
     out: dict[str, Evidence] = {}
-    rows = con.execute("""
+    rows = con.execute(
+        """
         SELECT task_id, success_rate, n_episodes, iteration FROM evals
         WHERE stage = 'evaluate' AND iteration < ? AND list_contains(?, task_id)
         QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY iteration DESC, created_at DESC NULLS LAST) = 1""",
-                       [iteration, tasks]).fetchall()
+        [iteration, tasks],
+    ).fetchall()
     for task, sr, n, it in rows:
         out[task] = Evidence(float(sr), int(n), "evaluate", int(it))
-    rows = con.execute("""
+    rows = con.execute(
+        """
         SELECT task_id, avg(success::INT), count(*), max(iteration) FROM episodes
         WHERE stage = 'rollouts' AND policy = 'student' AND list_contains(?, task_id)
           AND iteration = (SELECT max(iteration) FROM episodes WHERE stage = 'rollouts' AND iteration < ?)
-        GROUP BY task_id""", [tasks, iteration]).fetchall()
+        GROUP BY task_id""",
+        [tasks, iteration],
+    ).fetchall()
     for task, sr, n, it in rows:
         out.setdefault(task, Evidence(float(sr), int(n), "rollouts", int(it)))
     return out
@@ -102,19 +107,30 @@ def _evidence(con, iteration: int, tasks: list[str]) -> dict[str, Evidence]:
 def demos_spent(con, tasks: list[str]) -> dict[str, int]:
     """Bootstrap demos per task in the lake: where a task's new demos' seeds start (the budget counts more:
     flywheel.teacher_budget.episodes_by_task)."""
-    rows = con.execute("""SELECT task_id, count(*) FROM episodes
+    rows = con.execute(
+        """SELECT task_id, count(*) FROM episodes
                           WHERE stage = 'bootstrap' AND policy <> 'student' AND list_contains(?, task_id)
-                          GROUP BY task_id""", [tasks]).fetchall()
+                          GROUP BY task_id""",
+        [tasks],
+    ).fetchall()
     return {t: int(n) for t, n in rows}
 
 
-def decide(tasks: list[str], evidence: dict[str, Evidence], spent: dict[str, int], cfg: FlywheelConfig,
-           iteration: int, teacher: dict[str, int] | None = None, pool: int | None = None) -> list[Decision]:
+def decide(
+    tasks: list[str],
+    evidence: dict[str, Evidence],
+    spent: dict[str, int],
+    cfg: FlywheelConfig,
+    iteration: int,
+    teacher: dict[str, int] | None = None,
+    pool: int | None = None,
+) -> list[Decision]:
     """The per-task decisions (pure: the evidence and spent demos come from the lake). `spent`: bootstrap demos per
     task; `teacher`: teacher episodes per task over every stage, what the per-task budget counts (default: spent);
     `pool`: teacher episodes the lake-wide budget still allows over all tasks (None: no such limit), handed out
     in task order."""
     from flywheel.teacher_budget import limits
+
     cc, budget = cfg.curriculum, limits(cfg).per_task
     teacher = spent if teacher is None else teacher
     full_seeds = cfg.rollouts.selection.seeds_per_task
@@ -131,29 +147,40 @@ def decide(tasks: list[str], evidence: dict[str, Evidence], spent: dict[str, int
             want = cfg.bootstrap.selection.seeds_per_task if iteration == 0 or used == 0 else 0
             d.teacher_demos = want if left is None else min(want, left)
             d.decision, d.rollout_seeds, d.rl = "bootstrap", full_seeds, True
-            d.reason = "no student evidence yet" + (f"; {d.teacher_demos} teacher demos" if d.teacher_demos else
-                                                    "; demos already in the lake")
+            d.reason = "no student evidence yet" + (
+                f"; {d.teacher_demos} teacher demos" if d.teacher_demos else "; demos already in the lake"
+            )
         elif ev.success_rate <= 0.0:
             want = cc.top_up_demos if left is None else min(cc.top_up_demos, left)
             of = f"its budget of {budget}" if budget is not None else "the lake's teacher budget"
             if want > 0:
                 d.decision, d.teacher_demos, d.rollout_seeds = "teacher", want, full_seeds
-                d.reason = (f"student never solved it ({ev.n} episodes, {d.evidence}): {want} teacher demos"
-                            + ("" if left is None else f", {left - want} left in {of}"))
+                d.reason = f"student never solved it ({ev.n} episodes, {d.evidence}): {want} teacher demos" + (
+                    "" if left is None else f", {left - want} left in {of}"
+                )
             else:
                 d.decision = "park"
-                d.reason = (f"student never solved it ({ev.n} episodes, {d.evidence}) and "
-                            + (f"its teacher budget of {budget} demos" if budget is not None and
-                               budget - teacher.get(task, 0) <= 0 else "the lake's teacher budget")
-                            + " is spent: no rollouts or RL until it shows a success")
+                d.reason = (
+                    f"student never solved it ({ev.n} episodes, {d.evidence}) and "
+                    + (
+                        f"its teacher budget of {budget} demos"
+                        if budget is not None and budget - teacher.get(task, 0) <= 0
+                        else "the lake's teacher budget"
+                    )
+                    + " is spent: no rollouts or RL until it shows a success"
+                )
         elif ev.success_rate < cc.solved_threshold:
             d.decision, d.rollout_seeds, d.rl = "train", full_seeds, True
-            d.reason = (f"0 < success {ev.success_rate:.0%} < {cc.solved_threshold:.0%} ({d.evidence}): "
-                        "its groups carry a signal, so rollouts and RL go here")
+            d.reason = (
+                f"0 < success {ev.success_rate:.0%} < {cc.solved_threshold:.0%} ({d.evidence}): "
+                "its groups carry a signal, so rollouts and RL go here"
+            )
         else:
             d.decision, d.rollout_seeds = "check", min(cc.check_seeds, full_seeds)
-            d.reason = (f"solved: success {ev.success_rate:.0%} >= {cc.solved_threshold:.0%} ({d.evidence}); "
-                        f"a {d.rollout_seeds}-seed check, no demos, no RL")
+            d.reason = (
+                f"solved: success {ev.success_rate:.0%} >= {cc.solved_threshold:.0%} ({d.evidence}); "
+                f"a {d.rollout_seeds}-seed check, no demos, no RL"
+            )
         if pool is not None:
             pool -= d.teacher_demos
         out.append(d)
@@ -163,31 +190,65 @@ def decide(tasks: list[str], evidence: dict[str, Evidence], spent: dict[str, int
 def sft_decision(con, iteration: int, cfg: FlywheelConfig) -> Decision:
     cc = cfg.curriculum
     if cc.sft_every_iteration or iteration == 0:
-        return Decision(SFT_ROW, "sft", "SFT runs every iteration (curriculum.sft_every_iteration)"
-                        if iteration else "the first iteration trains on the teacher's demos")
-    ent = con.execute("""SELECT avg(entropy) FROM rl_metrics WHERE iteration = ? AND
+        return Decision(
+            SFT_ROW,
+            "sft",
+            "SFT runs every iteration (curriculum.sft_every_iteration)"
+            if iteration
+            else "the first iteration trains on the teacher's demos",
+        )
+    ent = con.execute(
+        """SELECT avg(entropy) FROM rl_metrics WHERE iteration = ? AND
                          round = (SELECT max(round) FROM rl_metrics WHERE iteration = ?)""",
-                      [iteration - 1, iteration - 1]).fetchone()[0]
-    overall = [r[0] for r in con.execute("""SELECT success_rate FROM evals WHERE stage = 'evaluate' AND task_id = '__all__'
+        [iteration - 1, iteration - 1],
+    ).fetchone()[0]
+    overall = [
+        r[0]
+        for r in con.execute(
+            """SELECT success_rate FROM evals WHERE stage = 'evaluate' AND task_id = '__all__'
                                              AND iteration < ? ORDER BY iteration DESC, created_at DESC LIMIT 2""",
-                                         [iteration]).fetchall()]
+            [iteration],
+        ).fetchall()
+    ]
     if ent is not None and ent < cc.entropy_floor:
-        return Decision(SFT_ROW, "sft", f"entropulse: RL's policy entropy {ent:.3f} < floor {cc.entropy_floor} "
-                                        f"in iteration {iteration - 1}")
+        return Decision(
+            SFT_ROW,
+            "sft",
+            f"entropulse: RL's policy entropy {ent:.3f} < floor {cc.entropy_floor} in iteration {iteration - 1}",
+        )
     if len(overall) == 2 and abs(overall[0] - overall[1]) * 100 < cc.plateau_points:
-        return Decision(SFT_ROW, "sft", f"entropulse: held-out success plateaued ({overall[1]:.0%} -> {overall[0]:.0%}, "
-                                        f"< {cc.plateau_points} points)")
-    return Decision(SFT_ROW, "skip_sft", "RL continues from the last checkpoint: entropy "
-                    f"{'n/a' if ent is None else f'{ent:.3f}'} >= floor {cc.entropy_floor}, success still moving")
+        return Decision(
+            SFT_ROW,
+            "sft",
+            f"entropulse: held-out success plateaued ({overall[1]:.0%} -> {overall[0]:.0%}, "
+            f"< {cc.plateau_points} points)",
+        )
+    return Decision(
+        SFT_ROW,
+        "skip_sft",
+        "RL continues from the last checkpoint: entropy "
+        f"{'n/a' if ent is None else f'{ent:.3f}'} >= floor {cc.entropy_floor}, success still moving",
+    )
 
 
 def plan_iteration(cfg: FlywheelConfig, lake: Lake, iteration: int, tasks: list[str]) -> Plan:
-    from storage.catalog import connect
     from flywheel.teacher_budget import episodes_by_task, limits, pool_left
+    from storage.catalog import connect
+
     con = connect(lake, write_catalog_file=False)
     try:
-        plan = Plan(iteration, decide(tasks, _evidence(con, iteration, tasks), demos_spent(con, tasks), cfg, iteration,
-                                      teacher=episodes_by_task(con, tasks), pool=pool_left(con, limits(cfg))))
+        plan = Plan(
+            iteration,
+            decide(
+                tasks,
+                _evidence(con, iteration, tasks),
+                demos_spent(con, tasks),
+                cfg,
+                iteration,
+                teacher=episodes_by_task(con, tasks),
+                pool=pool_left(con, limits(cfg)),
+            ),
+        )
         plan.decisions.append(sft_decision(con, iteration, cfg))
     finally:
         con.close()
@@ -201,13 +262,15 @@ def plan_rows(plan: Plan, run_key: str) -> list[dict[str, Any]]:
 
 def write_plan(lake: Lake, plan: Plan, run_key: str) -> None:
     """The curriculum table's rows for this iteration (a rerun replaces them: same run key)."""
-    lake.replace_run("curriculum", [plan_rows(plan, run_key)], iteration=plan.iteration, stage="curriculum",
-                     run_key=run_key)
+    lake.replace_run(
+        "curriculum", [plan_rows(plan, run_key)], iteration=plan.iteration, stage="curriculum", run_key=run_key
+    )
 
 
 def train_tasks(cfg: FlywheelConfig) -> list[str]:
     """The tasks a curriculum plans for: the bootstrap's and the student rollouts' train tasks."""
     from flywheel.stages import resolve_tasks
+
     out = resolve_tasks(cfg.bootstrap.selection.tasks, for_training=True)
     return out + [t for t in resolve_tasks(cfg.rollouts.selection.tasks, for_training=True) if t not in out]
 
@@ -216,10 +279,14 @@ def load_plan(lake: Lake, iteration: int) -> Plan | None:
     if not lake.has_data("curriculum"):
         return None
     from storage.catalog import connect
+
     con = connect(lake, write_catalog_file=False)
     try:
-        cur = con.execute("SELECT * EXCLUDE (created_at, run_key, git_sha, config_hash, iteration, stage) "
-                          "FROM curriculum WHERE iteration = ? ORDER BY task_id = '__sft__', task_id", [iteration])
+        cur = con.execute(
+            "SELECT * EXCLUDE (created_at, run_key, git_sha, config_hash, iteration, stage) "
+            "FROM curriculum WHERE iteration = ? ORDER BY task_id = '__sft__', task_id",
+            [iteration],
+        )
         names = [d[0] for d in cur.description]
         rows = [dict(zip(names, r)) for r in cur.fetchall()]
     finally:

@@ -59,23 +59,41 @@ def _one_line(e: BaseException) -> str:
 
 
 def _step_row(job: EpisodeJob, idx: int, obs: Observation, prov: Provenance, **kw) -> dict[str, Any]:
-    return dict(episode_id=job.episode_id, step_idx=idx, screenshot=obs.screenshot_png, screen_w=obs.width,
-                screen_h=obs.height, ui_text=obs.ui_text, run_key=job.run_key, git_sha=prov.git_sha,
-                config_hash=prov.config_hash, **kw)
+    return dict(
+        episode_id=job.episode_id,
+        step_idx=idx,
+        screenshot=obs.screenshot_png,
+        screen_w=obs.width,
+        screen_h=obs.height,
+        ui_text=obs.ui_text,
+        run_key=job.run_key,
+        git_sha=prov.git_sha,
+        config_hash=prov.config_hash,
+        **kw,
+    )
 
 
 def _decision_fields(d: Decision) -> dict[str, Any]:
     return dict(
-        response_text=d.response_text, thought=d.thought, action_desc=d.action_desc,
+        response_text=d.response_text,
+        thought=d.thought,
+        action_desc=d.action_desc,
         raw_action=json.dumps(d.raw_action) if d.raw_action is not None else None,
         action=d.action.model_dump_json() if d.action is not None else None,
-        parse_ok=d.action is not None, parse_error=d.parse_error, fallback_parse=d.fallback_parse,
-        latency_ms=d.latency_ms, prompt_tokens=d.prompt_tokens, completion_tokens=d.completion_tokens,
-        token_ids=d.token_ids, logprobs=d.logprobs,
+        parse_ok=d.action is not None,
+        parse_error=d.parse_error,
+        fallback_parse=d.fallback_parse,
+        latency_ms=d.latency_ms,
+        prompt_tokens=d.prompt_tokens,
+        completion_tokens=d.completion_tokens,
+        token_ids=d.token_ids,
+        logprobs=d.logprobs,
         prompt_context=json.dumps(d.extra["prompt_context"]) if "prompt_context" in d.extra else None,
         # paid teachers (agents/claude.py): usage and dollars of this step's API calls, and the raw replies
-        cost=d.extra.get("cost_usd"), cache_read_tokens=d.extra.get("cache_read_tokens"),
-        cache_write_tokens=d.extra.get("cache_write_tokens"), raw_response=d.extra.get("raw_response"),
+        cost=d.extra.get("cost_usd"),
+        cache_read_tokens=d.extra.get("cache_read_tokens"),
+        cache_write_tokens=d.extra.get("cache_write_tokens"),
+        raw_response=d.extra.get("raw_response"),
     )
 
 
@@ -85,8 +103,18 @@ class EpisodeRun:
 
     Never raises for env/policy failures: they end the episode with status 'error'."""
 
-    def __init__(self, env: GuiEnv, job: EpisodeJob, *, max_steps: int, timeout_s: float, prov: Provenance,
-                 end_on_parse_error: bool, policy_name: str, policy_version: str):
+    def __init__(
+        self,
+        env: GuiEnv,
+        job: EpisodeJob,
+        *,
+        max_steps: int,
+        timeout_s: float,
+        prov: Provenance,
+        end_on_parse_error: bool,
+        policy_name: str,
+        policy_version: str,
+    ):
         self.env, self.job, self.prov = env, job, prov
         self.max_steps = job.max_steps or max_steps
         self.timeout_s, self.end_on_parse_error = timeout_s, end_on_parse_error
@@ -132,19 +160,38 @@ class EpisodeRun:
                 self.n_parse_errors += 1
                 row["env_ms"] = 0.0
                 self.steps.append(row)
-                self.history.append(StepRecord(idx, decision.thought, decision.action_desc, None,
-                                               f"parse error: {decision.parse_error}", obs.screenshot_png))
+                self.history.append(
+                    StepRecord(
+                        idx,
+                        decision.thought,
+                        decision.action_desc,
+                        None,
+                        f"parse error: {decision.parse_error}",
+                        obs.screenshot_png,
+                    )
+                )
                 self.ended = self.end_on_parse_error
             else:
                 t_env = time.monotonic()
                 res = self.env.step(decision.action)
-                row.update(env_ms=(time.monotonic() - t_env) * 1000, exec_error=res.exec_error,
-                           executed=json.dumps(res.executed) if res.executed is not None else None,
-                           reward=res.info.get("reward"), feedback=res.info.get("feedback"))
+                row.update(
+                    env_ms=(time.monotonic() - t_env) * 1000,
+                    exec_error=res.exec_error,
+                    executed=json.dumps(res.executed) if res.executed is not None else None,
+                    reward=res.info.get("reward"),
+                    feedback=res.info.get("feedback"),
+                )
                 self.steps.append(row)
-                self.history.append(StepRecord(idx, decision.thought, decision.action_desc, decision.action,
-                                               f"exec error: {res.exec_error}" if res.exec_error else "ok",
-                                               obs.screenshot_png))
+                self.history.append(
+                    StepRecord(
+                        idx,
+                        decision.thought,
+                        decision.action_desc,
+                        decision.action,
+                        f"exec error: {res.exec_error}" if res.exec_error else "ok",
+                        obs.screenshot_png,
+                    )
+                )
                 self.obs = res.observation
                 self.env_done = self.ended = bool(res.done)
         except Exception as e:  # noqa: BLE001
@@ -164,15 +211,32 @@ class EpisodeRun:
             steps.append(_step_row(self.job, len(self.steps), self.obs, self.prov, is_final=True))
         job, prov = self.job, self.prov
         episode = dict(
-            episode_id=job.episode_id, task_id=job.task_id, seed=job.seed, split=job.split,
-            instruction=self.instruction, env=getattr(self.env, "name", None),
+            episode_id=job.episode_id,
+            task_id=job.task_id,
+            seed=job.seed,
+            split=job.split,
+            instruction=self.instruction,
+            env=getattr(self.env, "name", None),
             env_version=getattr(self.env, "env_version", None) or prov.env_version,  # a remote env: its server
-            policy=self.policy_name, policy_version=self.policy_version, group_id=job.group_id,
-            sample_idx=job.sample_idx, task_reward=reward, success=(reward is not None and reward >= 1.0),
-            n_steps=len(self.steps), n_parse_errors=self.n_parse_errors, status=self.status, error=self.error,
-            started_at=self.started, ended_at=_now(), duration_s=time.monotonic() - self.t0, cost=self.cost,
-            input_tokens=self.tokens_in, output_tokens=self.tokens_out,
-            run_key=job.run_key, git_sha=prov.git_sha, config_hash=prov.config_hash,
+            policy=self.policy_name,
+            policy_version=self.policy_version,
+            group_id=job.group_id,
+            sample_idx=job.sample_idx,
+            task_reward=reward,
+            success=(reward is not None and reward >= 1.0),
+            n_steps=len(self.steps),
+            n_parse_errors=self.n_parse_errors,
+            status=self.status,
+            error=self.error,
+            started_at=self.started,
+            ended_at=_now(),
+            duration_s=time.monotonic() - self.t0,
+            cost=self.cost,
+            input_tokens=self.tokens_in,
+            output_tokens=self.tokens_out,
+            run_key=job.run_key,
+            git_sha=prov.git_sha,
+            config_hash=prov.config_hash,
         )
         return episode, steps
 
@@ -191,14 +255,29 @@ def timed_decisions(policy: Policy, runs: list[EpisodeRun]) -> list[Decision]:
     return decisions
 
 
-def run_episode(env: GuiEnv, policy: Policy, job: EpisodeJob, *, max_steps: int, timeout_s: float,
-                prov: Provenance | None = None, end_on_parse_error: bool = False,
-                policy_name: str | None = None, policy_version: str | None = None,
-                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_episode(
+    env: GuiEnv,
+    policy: Policy,
+    job: EpisodeJob,
+    *,
+    max_steps: int,
+    timeout_s: float,
+    prov: Provenance | None = None,
+    end_on_parse_error: bool = False,
+    policy_name: str | None = None,
+    policy_version: str | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one episode to its end; never raises for env/policy failures (they become status 'error')."""
-    run = EpisodeRun(env, job, max_steps=max_steps, timeout_s=timeout_s, prov=prov or Provenance(),
-                     end_on_parse_error=end_on_parse_error, policy_name=policy_name or policy.name,
-                     policy_version=policy_version or policy.version)
+    run = EpisodeRun(
+        env,
+        job,
+        max_steps=max_steps,
+        timeout_s=timeout_s,
+        prov=prov or Provenance(),
+        end_on_parse_error=end_on_parse_error,
+        policy_name=policy_name or policy.name,
+        policy_version=policy_version or policy.version,
+    )
     run.start()
     if not run.ended:
         try:
@@ -215,13 +294,41 @@ def run_episode(env: GuiEnv, policy: Policy, job: EpisodeJob, *, max_steps: int,
     return run.finish()
 
 
-def error_episode(job: EpisodeJob, *, status: str, error: str, policy_name: str, policy_version: str,
-                  env_name: str | None, prov: Provenance | None = None) -> dict[str, Any]:
+def error_episode(
+    job: EpisodeJob,
+    *,
+    status: str,
+    error: str,
+    policy_name: str,
+    policy_version: str,
+    env_name: str | None,
+    prov: Provenance | None = None,
+) -> dict[str, Any]:
     """The row the runner writes for an episode whose worker died or was killed (no steps survive)."""
     prov = prov or Provenance()
     now = _now()
-    return dict(episode_id=job.episode_id, task_id=job.task_id, seed=job.seed, split=job.split, env=env_name,
-                env_version=prov.env_version, policy=policy_name, policy_version=policy_version,
-                group_id=job.group_id, sample_idx=job.sample_idx, task_reward=None, success=False, n_steps=0,
-                n_parse_errors=0, status=status, error=error, started_at=now, ended_at=now, duration_s=0.0,
-                cost=0.0, run_key=job.run_key, git_sha=prov.git_sha, config_hash=prov.config_hash)
+    return dict(
+        episode_id=job.episode_id,
+        task_id=job.task_id,
+        seed=job.seed,
+        split=job.split,
+        env=env_name,
+        env_version=prov.env_version,
+        policy=policy_name,
+        policy_version=policy_version,
+        group_id=job.group_id,
+        sample_idx=job.sample_idx,
+        task_reward=None,
+        success=False,
+        n_steps=0,
+        n_parse_errors=0,
+        status=status,
+        error=error,
+        started_at=now,
+        ended_at=now,
+        duration_s=0.0,
+        cost=0.0,
+        run_key=job.run_key,
+        git_sha=prov.git_sha,
+        config_hash=prov.config_hash,
+    )

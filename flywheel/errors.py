@@ -16,5 +16,12 @@ class UserError(Exception):
 
 # RolloutError (the runner could not start its workers) and ModelError (a model folder or Hub id that
 # cannot load) already carry one line naming the cause; a traceback adds nothing a user can act on.
-USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ConfigError, LakeError, QueryError, RolloutError,
-                                                ModelError, ViewerError)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    UserError,
+    ConfigError,
+    LakeError,
+    QueryError,
+    RolloutError,
+    ModelError,
+    ViewerError,
+)

@@ -52,17 +52,36 @@ GROUP BY e.task_id ORDER BY e.task_id
 """
 
 
-def _rows(lake: Lake, run_key: str, iteration: int, eval_id: str, checkpoint: str,
-          held_out: set[str], config_hash: str, stage: str = "evaluate") -> list[dict[str, Any]]:
+def _rows(
+    lake: Lake,
+    run_key: str,
+    iteration: int,
+    eval_id: str,
+    checkpoint: str,
+    held_out: set[str],
+    config_hash: str,
+    stage: str = "evaluate",
+) -> list[dict[str, Any]]:
     con = connect(lake)
     per_task = con.execute(_PER_TASK_SQL, [run_key, iteration, stage]).fetchall()
     now = datetime.now(timezone.utc)
 
     def row(task: str, split: str, n: int, s: int, steps: int, pe: int, avg_steps: float) -> dict[str, Any]:
         lo, hi = wilson(s, n)
-        return dict(eval_id=eval_id, checkpoint_id=checkpoint, task_id=task, split=split, n_episodes=n,
-                    successes=s, success_rate=s / max(n, 1), ci_low=lo, ci_high=hi, avg_steps=avg_steps,
-                    parse_error_rate=pe / max(steps, 1), created_at=now)
+        return dict(
+            eval_id=eval_id,
+            checkpoint_id=checkpoint,
+            task_id=task,
+            split=split,
+            n_episodes=n,
+            successes=s,
+            success_rate=s / max(n, 1),
+            ci_low=lo,
+            ci_high=hi,
+            avg_steps=avg_steps,
+            parse_error_rate=pe / max(steps, 1),
+            created_at=now,
+        )
 
     rows = []
     totals = {"eval-seed": [0, 0, 0, 0], "eval-task": [0, 0, 0, 0]}
@@ -83,11 +102,17 @@ def _rows(lake: Lake, run_key: str, iteration: int, eval_id: str, checkpoint: st
 def plot_success(lake: Lake, out: Path) -> Path | None:
     """Overall success rate (with its 95% interval) per iteration and checkpoint, as a PNG."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    data = connect(lake).execute(f"""
+
+    data = (
+        connect(lake)
+        .execute(f"""
         SELECT iteration, checkpoint_id, success_rate, ci_low, ci_high FROM evals
-        WHERE task_id = '{OVERALL}' AND stage = 'evaluate' ORDER BY iteration, created_at""").fetchall()
+        WHERE task_id = '{OVERALL}' AND stage = 'evaluate' ORDER BY iteration, created_at""")
+        .fetchall()
+    )
     if not data:
         return None
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
@@ -106,6 +131,7 @@ def plot_success(lake: Lake, out: Path) -> Path | None:
 def save_png(fig, out: Path) -> Path:
     """Write a matplotlib figure atomically (temp name, then rename) and close it."""
     import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.png")
@@ -122,14 +148,23 @@ def _row_checkpoint(lake: Lake, checkpoint: str) -> str:
     return lake.rel(p) if p.exists() and p.resolve().is_relative_to(lake.root) else checkpoint
 
 
-def evaluate_checkpoint(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, progress: bool = True,
-                        selection: Any = None, held_out_tasks: bool | None = None,
-                        stage: str = "evaluate", eval_stage: str | None = None) -> dict[str, Any]:
+def evaluate_checkpoint(
+    cfg: FlywheelConfig,
+    iteration: int,
+    checkpoint: str,
+    *,
+    progress: bool = True,
+    selection: Any = None,
+    held_out_tasks: bool | None = None,
+    stage: str = "evaluate",
+    eval_stage: str | None = None,
+) -> dict[str, Any]:
     """`selection` (a TaskSelection; default cfg.evaluate.selection) and `held_out_tasks` (default
     cfg.evaluate.held_out_tasks) pick the episodes; `stage` names their episodes, `eval_stage` (default: `stage`)
     the `evals` rows. The flywheel's evaluation is stage 'evaluate'; mid-training's skill report uses its own."""
     from envs import registry
     from flywheel.stages import lake_for, resolve_tasks, rollout_spec
+
     sel = selection or cfg.evaluate.selection
     with_held_out = cfg.evaluate.held_out_tasks if held_out_tasks is None else held_out_tasks
     tasks = resolve_tasks(sel.tasks, for_training=False)
@@ -139,18 +174,37 @@ def evaluate_checkpoint(cfg: FlywheelConfig, iteration: int, checkpoint: str, *,
     seeds = registry.seeds("eval", sel.seeds_per_task, offset=sel.seed_offset)
     n_held = cfg.evaluate.held_out_seeds_per_task
     fewer = {t: n_held for t in extra} if extra and n_held is not None and n_held < len(seeds) else None
-    spec = rollout_spec(cfg, iteration=iteration, stage=stage, policy=eval_policy(cfg, checkpoint),
-                        tasks=tasks, seeds=seeds, split="eval", max_seeds=fewer)
+    spec = rollout_spec(
+        cfg,
+        iteration=iteration,
+        stage=stage,
+        policy=eval_policy(cfg, checkpoint),
+        tasks=tasks,
+        seeds=seeds,
+        split="eval",
+        max_seeds=fewer,
+    )
     summary = run_rollouts(spec, progress=progress)
     lake = lake_for(cfg)
     eval_id = "eval-" + hashlib.sha1(f"{spec.run_key}|{checkpoint}".encode()).hexdigest()[:12]
-    rows = _rows(lake, spec.run_key, iteration, eval_id, _row_checkpoint(lake, checkpoint), held_out, cfg.config_hash(),
-                 stage)
+    rows = _rows(
+        lake, spec.run_key, iteration, eval_id, _row_checkpoint(lake, checkpoint), held_out, cfg.config_hash(), stage
+    )
     lake.replace_run("evals", [rows], iteration=iteration, stage=eval_stage or stage, run_key=spec.run_key)
     plot = plot_success(lake, lake.root / "_reports" / "success_rate.png")
     overall = rows[-1]
-    return {"eval_id": eval_id, "run_key": spec.run_key, "iteration": iteration, "checkpoint": checkpoint,
-            "success_rate": overall["success_rate"], "ci_low": overall["ci_low"], "ci_high": overall["ci_high"],
-            "n_episodes": overall["n_episodes"], "parse_error_rate": overall["parse_error_rate"],
-            "plot": str(plot) if plot else None, "ran": summary.ran, "skipped": summary.skipped,
-            "per_task": {r["task_id"]: round(r["success_rate"], 3) for r in rows if not r["task_id"].startswith("__")}}
+    return {
+        "eval_id": eval_id,
+        "run_key": spec.run_key,
+        "iteration": iteration,
+        "checkpoint": checkpoint,
+        "success_rate": overall["success_rate"],
+        "ci_low": overall["ci_low"],
+        "ci_high": overall["ci_high"],
+        "n_episodes": overall["n_episodes"],
+        "parse_error_rate": overall["parse_error_rate"],
+        "plot": str(plot) if plot else None,
+        "ran": summary.ran,
+        "skipped": summary.skipped,
+        "per_task": {r["task_id"]: round(r["success_rate"], 3) for r in rows if not r["task_id"].startswith("__")},
+    }

@@ -64,32 +64,73 @@ def record_rows(path: Path, n: int, rec: Any, images: Path, git_sha: str | None)
         if not err:
             actions = _to_screen(actions, w, h)
         for j, act in enumerate(actions or [None]):
-            desc = str(val.get("action") or "")[:200] + (f" [part {j + 1} of {len(actions)}]" if len(actions) > 1 else "")
-            steps.append(dict(
-                episode_id=eid, step_idx=len(steps), is_final=False, screenshot=png, screen_w=w, screen_h=h,
-                ui_text=None, prompt_context=json.dumps({"source": "agentnet", "traj_index": st.get("index", k)}),
-                response_text=json.dumps(val, ensure_ascii=False), thought=val.get("thought"), action_desc=desc,
-                raw_action=json.dumps({"code": val.get("code")}),
-                action=act.model_dump_json() if act is not None else None, parse_ok=err is None, parse_error=err,
-                fallback_parse=False, exec_error=None, run_key=RUN_KEY, git_sha=git_sha, config_hash=None))
+            desc = str(val.get("action") or "")[:200] + (
+                f" [part {j + 1} of {len(actions)}]" if len(actions) > 1 else ""
+            )
+            steps.append(
+                dict(
+                    episode_id=eid,
+                    step_idx=len(steps),
+                    is_final=False,
+                    screenshot=png,
+                    screen_w=w,
+                    screen_h=h,
+                    ui_text=None,
+                    prompt_context=json.dumps({"source": "agentnet", "traj_index": st.get("index", k)}),
+                    response_text=json.dumps(val, ensure_ascii=False),
+                    thought=val.get("thought"),
+                    action_desc=desc,
+                    raw_action=json.dumps({"code": val.get("code")}),
+                    action=act.model_dump_json() if act is not None else None,
+                    parse_ok=err is None,
+                    parse_error=err,
+                    fallback_parse=False,
+                    exec_error=None,
+                    run_key=RUN_KEY,
+                    git_sha=git_sha,
+                    config_hash=None,
+                )
+            )
             n_bad += err is not None
     done = rec.get("task_completed")
     reward = 1.0 if done is True else 0.0 if done is False else None
     now = datetime.now(timezone.utc)
-    ep = dict(episode_id=eid, task_id=task_id, seed=0, split="train",
-              instruction=rec.get("instruction") or rec.get("natural_language_task") or rec.get("actual_task"),
-              env="agentnet", env_version="agentnet", policy=POLICY, policy_version="human", group_id=None,
-              sample_idx=0, task_reward=reward, success=reward == 1.0, n_steps=len(steps), n_parse_errors=n_bad,
-              status="ok", error=None, started_at=now, ended_at=now, duration_s=None, cost=0.0, run_key=RUN_KEY,
-              git_sha=git_sha, config_hash=None)
+    ep = dict(
+        episode_id=eid,
+        task_id=task_id,
+        seed=0,
+        split="train",
+        instruction=rec.get("instruction") or rec.get("natural_language_task") or rec.get("actual_task"),
+        env="agentnet",
+        env_version="agentnet",
+        policy=POLICY,
+        policy_version="human",
+        group_id=None,
+        sample_idx=0,
+        task_reward=reward,
+        success=reward == 1.0,
+        n_steps=len(steps),
+        n_parse_errors=n_bad,
+        status="ok",
+        error=None,
+        started_at=now,
+        ended_at=now,
+        duration_s=None,
+        cost=0.0,
+        run_key=RUN_KEY,
+        git_sha=git_sha,
+        config_hash=None,
+    )
     return ep, steps
 
 
-def import_agentnet(path: Path, lake: Lake, *, images: Path | None = None, iteration: int = 0,
-                    git_sha: str | None = None) -> ImportResult:
+def import_agentnet(
+    path: Path, lake: Lake, *, images: Path | None = None, iteration: int = 0, git_sha: str | None = None
+) -> ImportResult:
     path = Path(path)
     if not path.is_file():
         raise ImportError_(f"{path}: not an AgentNet file (JSON Lines of task records)")
     images = Path(images) if images else path.parent
-    return import_records(path, lake, lambda p, n, rec: record_rows(p, n, rec, images, git_sha), run_key=RUN_KEY,
-                          iteration=iteration)
+    return import_records(
+        path, lake, lambda p, n, rec: record_rows(p, n, rec, images, git_sha), run_key=RUN_KEY, iteration=iteration
+    )

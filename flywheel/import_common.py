@@ -69,22 +69,37 @@ def write_episode(lake: Lake, res: ImportResult, ep: dict, steps: list[dict], *,
     res.unparsed_steps += ep["n_parse_errors"]
 
 
-def import_records(path: Path, lake: Lake, rows_fn: Callable[[Path, int, Any], tuple[dict, list[dict]]], *,
-                   run_key: str, iteration: int = 0) -> ImportResult:
+def import_records(
+    path: Path,
+    lake: Lake,
+    rows_fn: Callable[[Path, int, Any], tuple[dict, list[dict]]],
+    *,
+    run_key: str,
+    iteration: int = 0,
+) -> ImportResult:
     """Every record of a JSON Lines file through `rows_fn` into the lake; malformed records are rejected with
     "file:row: reason" and the others still land."""
     res = ImportResult()
     for n, rec in read_records(path):
+
         def rows(rec=rec, n=n):
             if isinstance(rec, ImportError_):
                 raise rec
             return rows_fn(path, n, rec)
+
         import_one(lake, res, f"{path}:{n}", rows, iteration=iteration, run_key=run_key)
     return res
 
 
-def import_one(lake: Lake, res: ImportResult, where: str, rows: Callable[[], tuple[dict, list[dict]]], *,
-               iteration: int, run_key: str) -> None:
+def import_one(
+    lake: Lake,
+    res: ImportResult,
+    where: str,
+    rows: Callable[[], tuple[dict, list[dict]]],
+    *,
+    iteration: int,
+    run_key: str,
+) -> None:
     """Build one episode's rows and write them; a bad input becomes one rejected line naming `where`."""
     try:
         ep, steps = rows()

@@ -52,8 +52,10 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as e:
             raise ImportError_(f"{path}:{i}: not JSON ({e.msg})") from None
         if not isinstance(row, dict) or "action" not in row:
-            raise ImportError_(f"{path}:{i}: no 'action' field (an OSWorld traj.jsonl line has step_num, action, "
-                               "response, reward, done, info, screenshot_file)")
+            raise ImportError_(
+                f"{path}:{i}: no 'action' field (an OSWorld traj.jsonl line has step_num, action, "
+                "response, reward, done, info, screenshot_file)"
+            )
         if row.get("screenshot_file") is not None and not isinstance(row["screenshot_file"], str):
             raise ImportError_(f"{path}:{i}: screenshot_file must be a file name")
         row["_line"] = i
@@ -86,8 +88,11 @@ def _score(folder: Path) -> float | None:
 def _response_text(row: dict[str, Any]) -> str | None:
     resp = row.get("response")
     if resp is None:  # newer forks merge the agent's response dict into the line
-        extra = {k: v for k, v in row.items() if k not in ("step_num", "action_timestamp", "action", "reward",
-                                                           "done", "info", "screenshot_file", "_line")}
+        extra = {
+            k: v
+            for k, v in row.items()
+            if k not in ("step_num", "action_timestamp", "action", "reward", "done", "info", "screenshot_file", "_line")
+        }
         return json.dumps(extra, ensure_ascii=False) if extra else None
     return resp if isinstance(resp, str) else json.dumps(resp, ensure_ascii=False)
 
@@ -123,30 +128,70 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
             desc = f"{code.strip().splitlines()[0][:100] if code.strip() else '(empty)'}"
             if len(actions) > 1:
                 desc += f" [part {k + 1} of {len(actions)}]"
-            steps.append(dict(
-                common, step_idx=len(steps), is_final=False, screenshot=before,
-                screen_w=w if before else None, screen_h=h if before else None,
-                prompt_context=json.dumps({"source": "osworld", "traj_line": row["_line"], "part": k + 1,
-                                           "parts": len(actions) or 1}),
-                response_text=text, thought=None, action_desc=desc, raw_action=json.dumps({"code": code}),
-                action=act.model_dump_json() if act is not None else None, parse_ok=err is None,
-                parse_error=err, fallback_parse=False, exec_error=None,
-                reward=row.get("reward") if isinstance(row.get("reward"), (int, float)) else None))
+            steps.append(
+                dict(
+                    common,
+                    step_idx=len(steps),
+                    is_final=False,
+                    screenshot=before,
+                    screen_w=w if before else None,
+                    screen_h=h if before else None,
+                    prompt_context=json.dumps(
+                        {"source": "osworld", "traj_line": row["_line"], "part": k + 1, "parts": len(actions) or 1}
+                    ),
+                    response_text=text,
+                    thought=None,
+                    action_desc=desc,
+                    raw_action=json.dumps({"code": code}),
+                    action=act.model_dump_json() if act is not None else None,
+                    parse_ok=err is None,
+                    parse_error=err,
+                    fallback_parse=False,
+                    exec_error=None,
+                    reward=row.get("reward") if isinstance(row.get("reward"), (int, float)) else None,
+                )
+            )
             n_unparsed += err is not None
         if after is not None:
             before = after
     final_size = png_size(before) if before else (None, None)
-    steps.append(dict(common, step_idx=len(steps), is_final=True, screenshot=before, screen_w=final_size[0],
-                      screen_h=final_size[1]))
+    steps.append(
+        dict(
+            common,
+            step_idx=len(steps),
+            is_final=True,
+            screenshot=before,
+            screen_w=final_size[0],
+            screen_h=final_size[1],
+        )
+    )
     now = datetime.now(timezone.utc)
-    ep = dict(episode_id=eid, task_id=example_id, seed=0, split="train", instruction=instruction, env="osworld",
-              env_version=f"osworld {parts[0]}/{parts[1]}" if len(parts) >= 5 else "osworld",
-              policy=POLICY, policy_version=model, group_id=None, sample_idx=0, task_reward=score,
-              success=score is not None and score >= 1.0, n_steps=len(steps) - 1, n_parse_errors=n_unparsed,
-              status="ok" if score is not None else "error",
-              error=None if score is not None else "no result.txt: the run did not finish",
-              started_at=now, ended_at=now, duration_s=None, cost=0.0, run_key=RUN_KEY, git_sha=git_sha,
-              config_hash=None)
+    ep = dict(
+        episode_id=eid,
+        task_id=example_id,
+        seed=0,
+        split="train",
+        instruction=instruction,
+        env="osworld",
+        env_version=f"osworld {parts[0]}/{parts[1]}" if len(parts) >= 5 else "osworld",
+        policy=POLICY,
+        policy_version=model,
+        group_id=None,
+        sample_idx=0,
+        task_reward=score,
+        success=score is not None and score >= 1.0,
+        n_steps=len(steps) - 1,
+        n_parse_errors=n_unparsed,
+        status="ok" if score is not None else "error",
+        error=None if score is not None else "no result.txt: the run did not finish",
+        started_at=now,
+        ended_at=now,
+        duration_s=None,
+        cost=0.0,
+        run_key=RUN_KEY,
+        git_sha=git_sha,
+        config_hash=None,
+    )
     return ep, steps
 
 
@@ -160,6 +205,12 @@ def import_osworld(root: Path, lake: Lake, *, iteration: int = 0, git_sha: str |
         raise ImportError_(f"{root}: no traj.jsonl below it (expected <action_space>/<obs>/<model>/<domain>/<id>/)")
     res = ImportResult()
     for folder in folders:
-        import_one(lake, res, str(folder), lambda folder=folder: episode_rows(root, folder, git_sha),
-                   iteration=iteration, run_key=RUN_KEY)
+        import_one(
+            lake,
+            res,
+            str(folder),
+            lambda folder=folder: episode_rows(root, folder, git_sha),
+            iteration=iteration,
+            run_key=RUN_KEY,
+        )
     return res

@@ -97,7 +97,7 @@ def _with_pointer(text: str, pointer: list[float] | None) -> tuple[str, str | No
     j = text.find(CALL_CLOSE, i + 1) if i >= 0 else -1
     if i < 0:
         return text, None
-    body = text[i + len(CALL_OPEN): j if j >= 0 else len(text)]
+    body = text[i + len(CALL_OPEN) : j if j >= 0 else len(text)]
     try:
         call = json.loads(body)
         args = call["arguments"]
@@ -122,13 +122,17 @@ def _check(path: Path, n: int, rec: Any) -> tuple[str, list[dict], list[Any]]:
     if not isinstance(images, list):
         raise ImportError_(f"{where}: 'images' must be a list of base64 PNG data URIs")
     for k, m in enumerate(rec["messages"]):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") \
-                or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ("system", "user", "assistant")
+            or not isinstance(m.get("content"), str)
+        ):
             raise ImportError_(f"{where}: messages[{k}] needs a role (system, user or assistant) and string content")
     tags = sum(m["content"].count(IMAGE_TAG) for m in rec["messages"] if m["role"] == "user")
     if tags != len(images):
-        raise ImportError_(f"{where}: the user turns hold {tags} {IMAGE_TAG} placeholders but 'images' has "
-                           f"{len(images)} entries")
+        raise ImportError_(
+            f"{where}: the user turns hold {tags} {IMAGE_TAG} placeholders but 'images' has {len(images)} entries"
+        )
     if not any(m["role"] == "assistant" for m in rec["messages"]):
         raise ImportError_(f"{where}: no assistant turn")
     return where, rec["messages"], images
@@ -158,35 +162,73 @@ def record_rows(path: Path, n: int, rec: Any, coords: Coords, git_sha: str | Non
         action = res.action if err is None else None
         if action is not None and isinstance(res.raw_args, dict) and "coordinate" in res.raw_args:
             pointer = res.raw_args["coordinate"]
-        steps.append(dict(
-            episode_id=eid, step_idx=len(steps), is_final=False, screenshot=screen,
-            screen_w=size[0] if size else None, screen_h=size[1] if size else None, ui_text=None,
-            prompt_context=json.dumps({"source": "slime", "message": k,
-                                       "coords": coords if isinstance(coords, str) else "%dx%d" % coords}),
-            response_text=m["content"], thought=res.thought, action_desc=res.action_desc,
-            raw_action=json.dumps(res.raw_args) if res.raw_args is not None else None,
-            action=action.model_dump_json() if action is not None else None, parse_ok=err is None,
-            parse_error=err, fallback_parse=False, exec_error=None, run_key=RUN_KEY, git_sha=git_sha,
-            config_hash=None))
+        steps.append(
+            dict(
+                episode_id=eid,
+                step_idx=len(steps),
+                is_final=False,
+                screenshot=screen,
+                screen_w=size[0] if size else None,
+                screen_h=size[1] if size else None,
+                ui_text=None,
+                prompt_context=json.dumps(
+                    {"source": "slime", "message": k, "coords": coords if isinstance(coords, str) else "%dx%d" % coords}
+                ),
+                response_text=m["content"],
+                thought=res.thought,
+                action_desc=res.action_desc,
+                raw_action=json.dumps(res.raw_args) if res.raw_args is not None else None,
+                action=action.model_dump_json() if action is not None else None,
+                parse_ok=err is None,
+                parse_error=err,
+                fallback_parse=False,
+                exec_error=None,
+                run_key=RUN_KEY,
+                git_sha=git_sha,
+                config_hash=None,
+            )
+        )
         n_bad += err is not None
     reward = rec.get("reward")
     reward = float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None
     meta = rec.get("metadata") if isinstance(rec.get("metadata"), dict) else {}
     now = datetime.now(timezone.utc)
-    ep = dict(episode_id=eid, task_id=rec["task_id"], seed=0, split="train", instruction=_instruction(rec, messages),
-              env="osworld", env_version=f"slime osworld sft ({meta.get('domain') or 'unknown domain'})",
-              policy=POLICY, policy_version=str(rec.get("source_dataset") or "unknown"), group_id=None, sample_idx=0,
-              task_reward=reward, success=reward is not None and reward >= 1.0, n_steps=len(steps),
-              n_parse_errors=n_bad, status="ok", error=None, started_at=now, ended_at=now, duration_s=None, cost=0.0,
-              run_key=RUN_KEY, git_sha=git_sha, config_hash=None)
+    ep = dict(
+        episode_id=eid,
+        task_id=rec["task_id"],
+        seed=0,
+        split="train",
+        instruction=_instruction(rec, messages),
+        env="osworld",
+        env_version=f"slime osworld sft ({meta.get('domain') or 'unknown domain'})",
+        policy=POLICY,
+        policy_version=str(rec.get("source_dataset") or "unknown"),
+        group_id=None,
+        sample_idx=0,
+        task_reward=reward,
+        success=reward is not None and reward >= 1.0,
+        n_steps=len(steps),
+        n_parse_errors=n_bad,
+        status="ok",
+        error=None,
+        started_at=now,
+        ended_at=now,
+        duration_s=None,
+        cost=0.0,
+        run_key=RUN_KEY,
+        git_sha=git_sha,
+        config_hash=None,
+    )
     return ep, steps
 
 
-def import_slime(path: Path, lake: Lake, *, coords: Coords = "image", iteration: int = 0,
-                 git_sha: str | None = None) -> ImportResult:
+def import_slime(
+    path: Path, lake: Lake, *, coords: Coords = "image", iteration: int = 0, git_sha: str | None = None
+) -> ImportResult:
     """Every record of a slime SFT JSON Lines file into the lake (stage 'import'); already imported ones skipped."""
     path = Path(path)
     if not path.is_file():
         raise ImportError_(f"{path}: not a slime SFT file (JSON Lines of {{messages, images, reward, task_id}})")
-    return import_records(path, lake, lambda p, n, rec: record_rows(p, n, rec, coords, git_sha), run_key=RUN_KEY,
-                          iteration=iteration)
+    return import_records(
+        path, lake, lambda p, n, rec: record_rows(p, n, rec, coords, git_sha), run_key=RUN_KEY, iteration=iteration
+    )

@@ -25,12 +25,24 @@ from typing import Any
 
 
 def _summary(r: dict[str, Any]) -> dict[str, Any]:
-    return {"success_rate": round(r["success_rate"], 3), "ci": [round(r["ci_low"], 3), round(r["ci_high"], 3)],
-            "n": r["n_episodes"], "per_task": r["per_task"], "parse_error_rate": round(r["parse_error_rate"], 3)}
+    return {
+        "success_rate": round(r["success_rate"], 3),
+        "ci": [round(r["ci_low"], 3), round(r["ci_high"], 3)],
+        "n": r["n_episodes"],
+        "per_task": r["per_task"],
+        "parse_error_rate": round(r["parse_error_rate"], 3),
+    }
 
 
-def learning_bar(config: str | Path, workdir: Path, overrides: dict[str, Any] | None = None, *,
-                 baseline: bool = True, baseline_seeds: int = 5, progress: bool = True) -> dict[str, Any]:
+def learning_bar(
+    config: str | Path,
+    workdir: Path,
+    overrides: dict[str, Any] | None = None,
+    *,
+    baseline: bool = True,
+    baseline_seeds: int = 5,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Run the bar in `workdir` (its lake, checkpoints and student folder are replaced); returns the JSON dict."""
     workdir = Path(workdir).resolve()
     lake = workdir / "learn-lake"
@@ -45,8 +57,9 @@ def learning_bar(config: str | Path, workdir: Path, overrides: dict[str, Any] | 
             os.environ["FLYWHEEL_LAKE"] = before
 
 
-def _run(config, workdir: Path, lake: Path, overrides, baseline: bool, baseline_seeds: int,
-         progress: bool) -> dict[str, Any]:
+def _run(
+    config, workdir: Path, lake: Path, overrides, baseline: bool, baseline_seeds: int, progress: bool
+) -> dict[str, Any]:
     from configs.models import load_config
     from flywheel import stages
     from training.models import init_model
@@ -54,21 +67,33 @@ def _run(config, workdir: Path, lake: Path, overrides, baseline: bool, baseline_
     ckpts = workdir / "learn-checkpoints"
     for d in (lake, ckpts):
         shutil.rmtree(d, ignore_errors=True)
-    over = {**(overrides or {}), "lake.root": str(lake), "sft.output_root": str(ckpts),
-            "evaluate.held_out_tasks": False}
+    over = {
+        **(overrides or {}),
+        "lake.root": str(lake),
+        "sft.output_root": str(ckpts),
+        "evaluate.held_out_tasks": False,
+    }
     cfg = load_config(config, over)
     model_dir = workdir / f"learn-{cfg.student.size}-{cfg.student.arch}"
     shutil.rmtree(model_dir, ignore_errors=True)
     init_model(cfg.student.arch, cfg.student.size, model_dir, seed=0)
     over["student.model"] = str(model_dir)
     cfg = load_config(config, over)
-    out: dict[str, Any] = {"benchmark": "learning_bar", "config": str(config), "overrides": overrides or {},
-                           "model": f"{cfg.student.arch} {cfg.student.size}", "tasks": cfg.evaluate.selection.tasks,
-                           "sft_targets": cfg.sft.targets, "sft_max_minutes": cfg.sft.max_minutes, "phases_s": {}}
+    out: dict[str, Any] = {
+        "benchmark": "learning_bar",
+        "config": str(config),
+        "overrides": overrides or {},
+        "model": f"{cfg.student.arch} {cfg.student.size}",
+        "tasks": cfg.evaluate.selection.tasks,
+        "sft_targets": cfg.sft.targets,
+        "sft_max_minutes": cfg.sft.max_minutes,
+        "phases_s": {},
+    }
     stages.register_tasks(cfg)
     if baseline:
-        base_cfg = load_config(config, {**over, "evaluate.selection.seeds_per_task": baseline_seeds,
-                                        "env.max_steps": 2})
+        base_cfg = load_config(
+            config, {**over, "evaluate.selection.seeds_per_task": baseline_seeds, "env.max_steps": 2}
+        )
         t0 = time.time()
         out["before"] = _summary(stages.evaluate(base_cfg, 0, str(model_dir), progress=progress))
         out["phases_s"]["eval_untrained"] = round(time.time() - t0, 1)

@@ -44,12 +44,15 @@ METHOD = "midtrain"
 
 def _tasks(cfg: FlywheelConfig) -> list[str]:
     from envs import registry
+
     tasks = list(cfg.midtrain.tasks)
     bad = [t for t in tasks if not t.startswith("synth/") or t not in registry.TASKS_BY_ID]
     if bad or not tasks:
         known = sorted(t for t in registry.TASKS_BY_ID if t.startswith("synth/"))
-        raise UserError(f"midtrain.tasks must be synthetic task ids (synth/<kind>); not usable: {bad or '[]'}; "
-                        f"known: {', '.join(known)}")
+        raise UserError(
+            f"midtrain.tasks must be synthetic task ids (synth/<kind>); not usable: {bad or '[]'}; "
+            f"known: {', '.join(known)}"
+        )
     return tasks
 
 
@@ -57,15 +60,24 @@ def corpus_spec(cfg: FlywheelConfig):
     """The corpus run's RolloutSpec (its run key names the corpus: same kinds, seeds and env -> same key)."""
     from envs import registry
     from flywheel.stages import rollout_spec
+
     m = cfg.midtrain
     seeds = registry.seeds("train", m.episodes_per_task, offset=m.seed_offset)
-    return rollout_spec(cfg, iteration=0, stage=MIDTRAIN_STAGE, policy=PolicySpec("scripted", version="synth-oracle"),
-                        tasks=_tasks(cfg), seeds=seeds, split="train")
+    return rollout_spec(
+        cfg,
+        iteration=0,
+        stage=MIDTRAIN_STAGE,
+        policy=PolicySpec("scripted", version="synth-oracle"),
+        tasks=_tasks(cfg),
+        seeds=seeds,
+        split="train",
+    )
 
 
 def corpus(cfg: FlywheelConfig, *, progress: bool = True, on_result: Any = None) -> dict[str, Any]:
     """The oracle's episodes on the synthetic train pages (stage 'midtrain', iteration 0); idempotent by run key."""
     from dataclasses import asdict
+
     spec = corpus_spec(cfg)
     kw = {"on_result": on_result} if on_result is not None else {}
     summary = run_rollouts(spec, progress=progress, **kw)
@@ -75,13 +87,19 @@ def corpus(cfg: FlywheelConfig, *, progress: bool = True, on_result: Any = None)
 def corpus_sql(cfg: FlywheelConfig, run_key: str) -> str:
     """The dataset's selection: the curate query restricted to this corpus run (stage 'midtrain')."""
     from storage.curate import _sql_str, curate_sql
+
     cur = CurateConfig(reward_threshold=1.0, max_episodes_per_task=cfg.midtrain.episodes_per_task)
     return curate_sql(cur, 0, [], stage_filter=f"e.stage = '{MIDTRAIN_STAGE}' AND e.run_key = {_sql_str(run_key)}")
 
 
 def dataset_id_for(cfg: FlywheelConfig, run_key: str) -> str:
-    payload = {"corpus": run_key, "arch": cfg.student.arch, "history_images": cfg.student.history_images,
-               "use_ui_text": cfg.student.use_ui_text, "cap": cfg.midtrain.episodes_per_task}
+    payload = {
+        "corpus": run_key,
+        "arch": cfg.student.arch,
+        "history_images": cfg.student.history_images,
+        "use_ui_text": cfg.student.use_ui_text,
+        "cap": cfg.midtrain.episodes_per_task,
+    }
     return "midtrain-" + hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -90,26 +108,45 @@ def build_dataset(cfg: FlywheelConfig, run_key: str) -> dict[str, Any]:
     from flywheel.stages import lake_for
     from storage.catalog import connect
     from storage.curate import CurateError, manifest, write_dataset
+
     lake, dataset_id = lake_for(cfg), dataset_id_for(cfg, run_key)
     try:
         row = manifest(lake, dataset_id)
         if lake.fetch(row["path"]).exists():
-            return {"dataset_id": dataset_id, "n_episodes": row["n_episodes"], "n_steps": row["n_steps"], "reused": True}
+            return {
+                "dataset_id": dataset_id,
+                "n_episodes": row["n_episodes"],
+                "n_steps": row["n_steps"],
+                "reused": True,
+            }
     except CurateError:
         pass
     con = connect(lake)
     sql = corpus_sql(cfg, run_key)
     episodes = con.sql(sql).to_arrow_table().to_pylist()
     if not episodes:
-        raise UserError(f"the mid-training corpus {run_key} has no successful episode: the synthetic pages or the "
-                        f"oracle are broken (see `flywheel query \"SELECT task_id, status, error FROM episodes WHERE "
-                        f"run_key = '{run_key}'\"`)")
-    return write_dataset(cfg, lake, con, episodes, dataset_id=dataset_id, sql=sql, iteration=0, stage=MIDTRAIN_STAGE,
-                         name="midtrain", git_sha=git_sha())
+        raise UserError(
+            f"the mid-training corpus {run_key} has no successful episode: the synthetic pages or the "
+            f'oracle are broken (see `flywheel query "SELECT task_id, status, error FROM episodes WHERE '
+            f"run_key = '{run_key}'\"`)"
+        )
+    return write_dataset(
+        cfg,
+        lake,
+        con,
+        episodes,
+        dataset_id=dataset_id,
+        sql=sql,
+        iteration=0,
+        stage=MIDTRAIN_STAGE,
+        name="midtrain",
+        git_sha=git_sha(),
+    )
 
 
 def checkpoint_id_for(dataset: dict[str, Any], base: str, settings: Any) -> str:
     from training.sft import checkpoint_id_for as sft_id
+
     return sft_id(0, dataset, base, settings, prefix="base")
 
 
@@ -119,11 +156,22 @@ def train_base(cfg: FlywheelConfig, dataset_id: str, *, progress: bool = True) -
     from flywheel.stages import lake_for
     from training.models import ModelError
     from training.sft import sft_stage
+
     start = cfg.midtrain.base or cfg.student.model
     base_path = str(Path(start).expanduser().resolve()) if Path(start).expanduser().exists() else start
     try:
-        return sft_stage(cfg, 0, dataset_id, base_path, lake=lake_for(cfg), progress=progress, git_sha=git_sha(),
-                         method=METHOD, sft_cfg=cfg.midtrain.sft, id_prefix="base")
+        return sft_stage(
+            cfg,
+            0,
+            dataset_id,
+            base_path,
+            lake=lake_for(cfg),
+            progress=progress,
+            git_sha=git_sha(),
+            method=METHOD,
+            sft_cfg=cfg.midtrain.sft,
+            id_prefix="base",
+        )
     except ModelError as e:
         raise UserError(str(e).splitlines()[0]) from None
 
@@ -131,12 +179,21 @@ def train_base(cfg: FlywheelConfig, dataset_id: str, *, progress: bool = True) -
 def skill_report(cfg: FlywheelConfig, model: str, *, progress: bool = True) -> dict[str, Any] | None:
     """The model, greedy, on held-out synthetic pages of every corpus kind -> `evals` rows (stage 'midtrain')."""
     from flywheel.evaluate import evaluate_checkpoint
+
     n = cfg.midtrain.eval_seeds_per_task
     if n <= 0:
         return None
     sel = TaskSelection(tasks=_tasks(cfg), seeds_per_task=n)
-    res = evaluate_checkpoint(cfg, 0, model, progress=progress, selection=sel, held_out_tasks=False,
-                              stage=EVAL_STAGE, eval_stage=MIDTRAIN_STAGE)
+    res = evaluate_checkpoint(
+        cfg,
+        0,
+        model,
+        progress=progress,
+        selection=sel,
+        held_out_tasks=False,
+        stage=EVAL_STAGE,
+        eval_stage=MIDTRAIN_STAGE,
+    )
     return {k: res[k] for k in ("eval_id", "run_key", "success_rate", "ci_low", "ci_high", "n_episodes", "per_task")}
 
 
@@ -146,14 +203,25 @@ def base_checkpoint(cfg: FlywheelConfig) -> str:
     from flywheel.stages import lake_for
     from storage.catalog import connect
     from training.core import model_path_of
+
     lake = lake_for(cfg)
     dataset_id = dataset_id_for(cfg, corpus_spec(cfg).run_key)
-    rows = connect(lake, write_catalog_file=False).sql(
-        "SELECT * FROM checkpoints WHERE method = ? AND dataset_id = ? ORDER BY created_at DESC LIMIT 1",
-        params=[METHOD, dataset_id]).to_arrow_table().to_pylist() if lake.has_data("checkpoints") else []
+    rows = (
+        connect(lake, write_catalog_file=False)
+        .sql(
+            "SELECT * FROM checkpoints WHERE method = ? AND dataset_id = ? ORDER BY created_at DESC LIMIT 1",
+            params=[METHOD, dataset_id],
+        )
+        .to_arrow_table()
+        .to_pylist()
+        if lake.has_data("checkpoints")
+        else []
+    )
     if not rows:
-        raise UserError(f"midtrain.enabled, but the lake at {lake.location} has no base checkpoint for this corpus "
-                        f"({dataset_id}): run `flywheel stage midtrain` first (or pass --base)")
+        raise UserError(
+            f"midtrain.enabled, but the lake at {lake.location} has no base checkpoint for this corpus "
+            f"({dataset_id}): run `flywheel stage midtrain` first (or pass --base)"
+        )
     return model_path_of(rows[0], lake.root)
 
 
@@ -163,6 +231,7 @@ def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> dict[str, Any]:
     if not cfg.midtrain.enabled:
         return {"skipped": True, "stage": MIDTRAIN_STAGE, "reason": "midtrain.enabled is false"}
     import time
+
     t0 = time.monotonic()
     cor = corpus(cfg, progress=progress)
     t1 = time.monotonic()
@@ -172,7 +241,18 @@ def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> dict[str, Any]:
     t3 = time.monotonic()
     skills = skill_report(cfg, base["model_path"], progress=progress)
     t4 = time.monotonic()
-    return {"stage": MIDTRAIN_STAGE, "corpus_run_key": cor["run_key"], "corpus_episodes": cor.get("ran"),
-            "dataset_id": ds["dataset_id"], "n_samples": ds["n_steps"], **base, "skills": skills,
-            "timings_s": {"corpus": round(t1 - t0, 1), "dataset": round(t2 - t1, 1), "train": round(t3 - t2, 1),
-                          "skill_report": round(t4 - t3, 1)}}
+    return {
+        "stage": MIDTRAIN_STAGE,
+        "corpus_run_key": cor["run_key"],
+        "corpus_episodes": cor.get("ran"),
+        "dataset_id": ds["dataset_id"],
+        "n_samples": ds["n_steps"],
+        **base,
+        "skills": skills,
+        "timings_s": {
+            "corpus": round(t1 - t0, 1),
+            "dataset": round(t2 - t1, 1),
+            "train": round(t3 - t2, 1),
+            "skill_report": round(t4 - t3, 1),
+        },
+    }

@@ -7,8 +7,9 @@
 
 `up` starts every process in its own session and records pid, process group and start time in
 `.prefect/flywheel-up.json`; `down` signals only those groups, and only while the pid still belongs
-to the process `up` started (same start time: a reused pid is left alone). The server keeps its SQLite database and the workers'
-flow runs keep their persisted results under `.prefect/` (git-ignored), so history survives a restart.
+to the process `up` started (same start time: a reused pid is left alone). The server keeps its SQLite
+database and the workers' flow runs keep their persisted results under `.prefect/` (git-ignored), so
+history survives a restart.
 Prefect is imported inside the functions: `flywheel --help` stays fast.
 """
 
@@ -69,17 +70,25 @@ def local_settings() -> Iterator[None]:
     this process's own child (ephemeral) or a local one, and each flow run would otherwise wait up
     to a second for the heartbeat thread on exit (7 flow runs per iteration). Runs go to a running
     `flywheel up` server when there is one (so they show in its UI), else to an ephemeral API."""
-    from prefect.settings import (PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-                                  PREFECT_RESULTS_LOCAL_STORAGE_PATH,
-                                  PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings)
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+
     # read by the ephemeral server subprocess at start; offline it would log a telemetry DNS error
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    updates: dict[Any, Any] = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-                               PREFECT_RESULTS_LOCAL_STORAGE_PATH: str(results_dir()),
-                               # the first start creates and migrates the SQLite database: on a busy
-                               # 2-core box that took longer than the 20 s default and the run died
-                               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(
-                                   120, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())}
+    updates: dict[Any, Any] = {
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH: str(results_dir()),
+        # the first start creates and migrates the SQLite database: on a busy
+        # 2-core box that took longer than the 20 s default and the run died
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(
+            120, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+        ),
+    }
     if not PREFECT_API_URL.value():
         url = running_api_url()
         if url:
@@ -104,7 +113,7 @@ def _start_time(pid: int) -> str | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the command name in (...) may contain spaces
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name in (...) may contain spaces
     return None if fields[0] == "Z" else fields[19]
 
 
@@ -118,8 +127,15 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], cwd: Path, log_dir: 
     log = log_dir / f"{name}.log"
     with open(log, "ab") as fh:
         # own session = own process group: `down` can end it and every child it started
-        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+        p = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     return {"name": name, "pid": p.pid, "pgid": p.pid, "started": _start_time(p.pid), "argv": argv, "log": str(log)}
 
 
@@ -155,7 +171,9 @@ def work_pools(root: Path) -> dict[str, dict[str, Any]]:
     doc = yaml.safe_load((root / "prefect.yaml").read_text()) or {}
     pools = (doc.get("definitions") or {}).get("work_pools") or {}
     if not pools:
-        raise UserError(f"{root / 'prefect.yaml'}: definitions.work_pools is empty; declare the cpu and gpu pools there")
+        raise UserError(
+            f"{root / 'prefect.yaml'}: definitions.work_pools is empty; declare the cpu and gpu pools there"
+        )
     return pools
 
 
@@ -166,6 +184,7 @@ def _ensure_pools(api_url: str, pools: dict[str, dict[str, Any]]) -> None:
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.workers.process import ProcessWorker
+
     with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
         for p in pools.values():
             if p.get("type", "process") != "process":
@@ -174,9 +193,14 @@ def _ensure_pools(api_url: str, pools: dict[str, dict[str, Any]]) -> None:
                 client.read_work_pool(p["name"])
                 client.update_work_pool(p["name"], WorkPoolUpdate(concurrency_limit=p.get("concurrency_limit")))
             except ObjectNotFound:
-                client.create_work_pool(WorkPoolCreate(
-                    name=p["name"], type="process", concurrency_limit=p.get("concurrency_limit"),
-                    base_job_template=ProcessWorker.get_default_base_job_template()))
+                client.create_work_pool(
+                    WorkPoolCreate(
+                        name=p["name"],
+                        type="process",
+                        concurrency_limit=p.get("concurrency_limit"),
+                        base_job_template=ProcessWorker.get_default_base_job_template(),
+                    )
+                )
 
 
 def _wait_healthy(proc: dict[str, Any], api_url: str, timeout_s: float) -> None:
@@ -185,13 +209,22 @@ def _wait_healthy(proc: dict[str, Any], api_url: str, timeout_s: float) -> None:
         if _healthy(api_url):
             return
         if _start_time(proc["pid"]) is None:
-            raise UserError(f"the Prefect server exited during start; its log ({proc['log']}) ends:\n{_tail(proc['log'])}")
+            raise UserError(
+                f"the Prefect server exited during start; its log ({proc['log']}) ends:\n{_tail(proc['log'])}"
+            )
         time.sleep(0.5)
     raise UserError(f"the Prefect server did not answer at {api_url} within {timeout_s:.0f}s (log: {proc['log']})")
 
 
-def up(*, host: str = "127.0.0.1", port: int = 4200, root: Path | None = None, state_dir: Path | None = None,
-       extra_env: dict[str, str] | None = None, server_timeout_s: float = 90.0) -> dict[str, Any]:
+def up(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 4200,
+    root: Path | None = None,
+    state_dir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    server_timeout_s: float = 90.0,
+) -> dict[str, Any]:
     """Start a Prefect server, create the pools, deploy prefect.yaml, start one worker per pool.
 
     Returns the recorded state (api_url, ui_url, processes). On any failure, whatever was started
@@ -207,13 +240,23 @@ def up(*, host: str = "127.0.0.1", port: int = 4200, root: Path | None = None, s
         raise UserError(f"something already answers at {api_url}; pick another --port")
     pools = work_pools(root)
     prefect_bin = str(Path(sys.executable).with_name("prefect"))
-    env = {**os.environ, "PREFECT_HOME": str(state_dir / "home"), "PREFECT_API_URL": api_url,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(results_dir(root)), **(extra_env or {})}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(state_dir / "home"),
+        "PREFECT_API_URL": api_url,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(results_dir(root)),
+        **(extra_env or {}),
+    }
     # the lake the workers inherit (`flywheel up --lake` sets it): a deployed run checks that it uses the same one
     lake = str(Path(env["FLYWHEEL_LAKE"]).expanduser().resolve()) if env.get("FLYWHEEL_LAKE") else None
-    state = {"api_url": api_url, "ui_url": api_url.removesuffix("/api"), "root": str(root), "lake": lake,
-             "processes": []}
+    state = {
+        "api_url": api_url,
+        "ui_url": api_url.removesuffix("/api"),
+        "root": str(root),
+        "lake": lake,
+        "processes": [],
+    }
     logs = state_dir / "logs"
 
     def record(proc: dict[str, Any]) -> None:
@@ -224,18 +267,36 @@ def up(*, host: str = "127.0.0.1", port: int = 4200, root: Path | None = None, s
     try:
         # the UI (served by the server) must call this server's API, not the default port
         server_env = {**env, "PREFECT_UI_API_URL": api_url}
-        record(_spawn("server", [prefect_bin, "server", "start", "--host", host, "--port", str(port)],
-                      server_env, root, logs))
+        record(
+            _spawn(
+                "server", [prefect_bin, "server", "start", "--host", host, "--port", str(port)], server_env, root, logs
+            )
+        )
         _wait_healthy(state["processes"][0], api_url, server_timeout_s)
         _ensure_pools(api_url, pools)
-        dep = subprocess.run([prefect_bin, "--no-prompt", "deploy", "--all"], cwd=root, env=env,
-                             capture_output=True, text=True, timeout=300)
+        dep = subprocess.run(
+            [prefect_bin, "--no-prompt", "deploy", "--all"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if dep.returncode != 0:
             tail = "\n".join((dep.stdout + dep.stderr).strip().splitlines()[-15:])
             raise UserError(f"`prefect deploy --all` failed (exit {dep.returncode}):\n{tail}")
         for p in pools.values():
-            argv = [prefect_bin, "worker", "start", "--pool", p["name"], "--type", "process",
-                    "--name", f"{p['name']}-{os.uname().nodename}"]
+            argv = [
+                prefect_bin,
+                "worker",
+                "start",
+                "--pool",
+                p["name"],
+                "--type",
+                "process",
+                "--name",
+                f"{p['name']}-{os.uname().nodename}",
+            ]
             if p.get("worker_limit"):
                 argv += ["--limit", str(p["worker_limit"])]
             record(_spawn(f"worker-{p['name']}", argv, env, root, logs))
@@ -269,6 +330,7 @@ def _check_workers_lake(cfg: Any, api_url: str) -> None:
     """Deployed stages run in the workers `flywheel up` started, on the lake they inherited; this process reads the
     lake too (which stages to run, where to resume), so a run that resolves another lake would split an iteration."""
     from flywheel.stages import lake_for
+
     try:
         st = read_state(project_root() / ".prefect")
     except (UserError, OSError, ValueError):
@@ -277,28 +339,46 @@ def _check_workers_lake(cfg: Any, api_url: str) -> None:
         return  # another server, or workers on the config's lake.root: nothing recorded to compare
     mine = str(lake_for(cfg).root)
     if st["lake"] != mine:
-        raise UserError(f"the `flywheel up` workers use the lake {st['lake']} but this run resolves {mine}: pass "
-                        f"--lake {st['lake']}, or restart them with `flywheel down && flywheel up --lake {mine}`")
+        raise UserError(
+            f"the `flywheel up` workers use the lake {st['lake']} but this run resolves {mine}: pass "
+            f"--lake {st['lake']}, or restart them with `flywheel down && flywheel up --lake {mine}`"
+        )
 
 
-def run_flywheel(config: str, *, iterations: int | None = None, start_iteration: int | None = None, mode: str = "local",
-                 refresh: bool = False, overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def run_flywheel(
+    config: str,
+    *,
+    iterations: int | None = None,
+    start_iteration: int | None = None,
+    mode: str = "local",
+    refresh: bool = False,
+    overrides: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """Run the `flywheel` flow in this process (its stages in-process, or on their pools in deployed mode)."""
-    from flywheel.errors import USER_ERRORS
     from configs.models import load_config
+    from flywheel.errors import USER_ERRORS
+
     load_config(config, overrides)  # a bad config fails here, before Prefect starts
     if mode not in ("local", "deployed"):
         raise UserError(f"unknown --mode {mode!r}; use local or deployed")
     with local_settings():
         from prefect.settings import PREFECT_API_URL
+
         if mode == "deployed" and not PREFECT_API_URL.value():
             raise UserError("deployed mode needs a Prefect server: run `flywheel up` first, or set PREFECT_API_URL")
         if mode == "deployed":
             _check_workers_lake(load_config(config, overrides), PREFECT_API_URL.value())
         from flows.flywheel import flywheel
         from tasks.common import ConfigRef
-        state = flywheel(config=ConfigRef(path=str(config), overrides=overrides or {}), iterations=iterations,
-                         start_iteration=start_iteration, mode=mode, refresh=refresh, return_state=True)
+
+        state = flywheel(
+            config=ConfigRef(path=str(config), overrides=overrides or {}),
+            iterations=iterations,
+            start_iteration=start_iteration,
+            mode=mode,
+            refresh=refresh,
+            return_state=True,
+        )
         if state.is_completed():
             return state.result()
         exc = state.result(raise_on_failure=False)

@@ -31,7 +31,6 @@ from multiprocessing import connection, get_context
 from pathlib import Path
 from typing import Any, Callable
 
-
 from flywheel.episode import EpisodeJob, Provenance, error_episode
 from storage.lake import Lake
 from training.progress import ProgressLog, draws_bar
@@ -57,12 +56,15 @@ class PolicySpec:
 def build_policy(spec: PolicySpec):
     if spec.kind == "scripted":
         from agents.teacher import ScriptedTeacher
+
         return ScriptedTeacher(**spec.options)
     if spec.kind == "student":
         from agents.student import build_student_policy  # lands with the student issue
+
         return build_student_policy(**spec.options)
     if spec.kind == "claude":
         from agents.claude import ClaudePolicy  # the key comes from the worker's environment, never the spec
+
         return ClaudePolicy(**spec.options)
     raise RolloutError(f"unknown policy kind {spec.kind!r}; use 'scripted', 'student' or 'claude'")
 
@@ -99,6 +101,7 @@ class RolloutSpec:
 
     def lake(self) -> Lake:
         return Lake(self.lake_root, endpoint=self.lake_endpoint)
+
     # Rerun an episode that ended in status 'error' up to this many times before its error row stands (remote
     # envs: a dead server's episodes go to another server). Each retry replaces the same lake files.
     env_error_retries: int = 0
@@ -131,16 +134,28 @@ class RolloutSummary:
 @lru_cache(maxsize=1)
 def git_sha() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def make_jobs(run_key: str, tasks: list[str], seeds: list[int], *, group_size: int = 1,
-              policy_tag: str = "policy", split: str = "train",
-              max_steps: dict[str, int] | None = None) -> list[EpisodeJob]:
+def make_jobs(
+    run_key: str,
+    tasks: list[str],
+    seeds: list[int],
+    *,
+    group_size: int = 1,
+    policy_tag: str = "policy",
+    split: str = "train",
+    max_steps: dict[str, int] | None = None,
+) -> list[EpisodeJob]:
     """One job per (task, seed, sample); the G samples of a (task, seed) share a group id (GRPO)."""
     max_steps = max_steps or {}
     jobs = []
@@ -156,6 +171,7 @@ def make_jobs(run_key: str, tasks: list[str], seeds: list[int], *, group_size: i
 def _env_version(env_name: str) -> str | None:
     try:
         from importlib.metadata import version
+
         return f"{env_name} {version(env_name)}" if env_name == "miniwob" else env_name
     except Exception:  # noqa: BLE001
         return env_name
@@ -216,13 +232,15 @@ class _Runner:
     def start_worker(self) -> None:
         parent, child = self.ctx.Pipe(duplex=True)
         from flywheel.rollout_worker import worker_main  # lazy: the worker module imports this one
+
         p = self.ctx.Process(target=worker_main, args=(child, self.spec, self.prov), daemon=False)
         p.start()
         child.close()
         self.workers.append(_Worker(p, parent))
 
-    def retire(self, w: _Worker, status: str | None = None, error: str | None = None,
-               culprit: str | None = None) -> None:
+    def retire(
+        self, w: _Worker, status: str | None = None, error: str | None = None, culprit: str | None = None
+    ) -> None:
         """End a worker's process group; record its in-flight episodes (the `culprit` one with `status`,
         any others it was stepping alongside as errors)."""
         kill_group(w.proc.pid)
@@ -238,12 +256,28 @@ class _Runner:
 
     def write_failed(self, job: EpisodeJob, status: str, error: str) -> None:
         sp = self.spec
-        ep = error_episode(job, status=status, error=error, policy_name=sp.policy.kind,
-                           policy_version=sp.policy.version, env_name=sp.env.get("name"), prov=self.prov)
-        self.lake.write("episodes", [ep], iteration=sp.iteration, stage=sp.stage, run_key=job.run_key,
-                        part=job.episode_id)
-        self.on_result({"episode_id": job.episode_id, "task_id": job.task_id, "status": status,
-                        "success": False, "n_steps": 0, "error": error})
+        ep = error_episode(
+            job,
+            status=status,
+            error=error,
+            policy_name=sp.policy.kind,
+            policy_version=sp.policy.version,
+            env_name=sp.env.get("name"),
+            prov=self.prov,
+        )
+        self.lake.write(
+            "episodes", [ep], iteration=sp.iteration, stage=sp.stage, run_key=job.run_key, part=job.episode_id
+        )
+        self.on_result(
+            {
+                "episode_id": job.episode_id,
+                "task_id": job.task_id,
+                "status": status,
+                "success": False,
+                "n_steps": 0,
+                "error": error,
+            }
+        )
 
     def handle_message(self, w: _Worker, pending: deque) -> None:
         try:
@@ -279,8 +313,10 @@ class _Runner:
         if budget is not None and self.spent_usd >= budget and pending:
             self.budget_stopped += len(pending)
             import logging
+
             logging.getLogger(__name__).warning(
-                "budget reached: $%.4f of $%.4f spent; %d episode(s) not started", self.spent_usd, budget, len(pending))
+                "budget reached: $%.4f of $%.4f spent; %d episode(s) not started", self.spent_usd, budget, len(pending)
+            )
             pending.clear()
 
     def retry(self, job: EpisodeJob, payload: dict, pending: deque) -> bool:
@@ -320,8 +356,10 @@ class _Runner:
                         self.retire(w)
                         self.init_failures += 1
                         if self.init_failures >= 2:
-                            raise RolloutError(f"env workers exit while starting (exit code {w.proc.exitcode}); "
-                                               "run one episode with --envs 1 to see the worker's error")
+                            raise RolloutError(
+                                f"env workers exit while starting (exit code {w.proc.exitcode}); "
+                                "run one episode with --envs 1 to see the worker's error"
+                            )
                     else:
                         self.retire(w, "error", f"rollout worker died (exit code {w.proc.exitcode}) during the episode")
             self.enforce_deadlines()
@@ -331,6 +369,7 @@ class _Runner:
 
         A worker started later builds its policy from `self.spec.policy`, so the spec follows the reload."""
         from dataclasses import replace
+
         opts = dict(self.spec.policy.options, model=path)
         if isinstance(opts.get("config"), dict):
             opts["config"] = {**opts["config"], "model": path}
@@ -359,7 +398,9 @@ class _Runner:
             late = [eid for eid, (_, t) in w.jobs.items() if now - t > sp.episode_timeout_s + sp.kill_grace_s]
             if late:
                 # the worker is stuck inside a step (its own timeout check runs between steps)
-                self.retire(w, "timeout", f"episode exceeded {sp.episode_timeout_s:.0f}s; worker killed", culprit=late[0])
+                self.retire(
+                    w, "timeout", f"episode exceeded {sp.episode_timeout_s:.0f}s; worker killed", culprit=late[0]
+                )
             elif not w.ready and now - w.started > sp.worker_start_timeout_s:
                 self.retire(w)
                 self.init_failures += 1
@@ -421,8 +462,13 @@ class RolloutPool:
         self.close()
 
 
-def run_rollouts(spec: RolloutSpec, *, progress: bool = True, on_result: Callable[[dict], None] | None = None,
-                 pool: RolloutPool | None = None) -> RolloutSummary:
+def run_rollouts(
+    spec: RolloutSpec,
+    *,
+    progress: bool = True,
+    on_result: Callable[[dict], None] | None = None,
+    pool: RolloutPool | None = None,
+) -> RolloutSummary:
     """Run every job of the spec not already in the lake; returns counts for this call.
 
     Without a pool, workers start for this call and end with it; with one, they stay for the next run. `progress`
@@ -437,8 +483,9 @@ def run_rollouts(spec: RolloutSpec, *, progress: bool = True, on_result: Callabl
     t0 = time.monotonic()
     bar = _ProgressBar(len(todo), spec.run_key) if draws_bar(progress) and todo else None
     label = spec.stage if spec.stage != "rl" else f"rl {spec.policy.kind} rollouts"  # rl: the student's, the teacher's
-    plog = ProgressLog(label, len(todo), unit="episodes", unit_after=True, rate_unit="ep",
-                       quiet=bar is not None or not todo)
+    plog = ProgressLog(
+        label, len(todo), unit="episodes", unit_after=True, rate_unit="ep", quiet=bar is not None or not todo
+    )
 
     def record(r: dict) -> None:
         stats["ran"] += 1
@@ -480,9 +527,21 @@ def run_rollouts(spec: RolloutSpec, *, progress: bool = True, on_result: Callabl
         budget_stopped = runner.budget_stopped
     else:
         budget_stopped = 0
-    return RolloutSummary(spec.run_key, len(spec.jobs), len(spec.jobs) - len(todo), stats["ran"], stats["succ"],
-                          stats["steps"], stats["errors"], time.monotonic() - t0, stats["status"], timings,
-                          round(stats["cost"], 6), budget_stopped, retries)
+    return RolloutSummary(
+        spec.run_key,
+        len(spec.jobs),
+        len(spec.jobs) - len(todo),
+        stats["ran"],
+        stats["succ"],
+        stats["steps"],
+        stats["errors"],
+        time.monotonic() - t0,
+        stats["status"],
+        timings,
+        round(stats["cost"], 6),
+        budget_stopped,
+        retries,
+    )
 
 
 class _ProgressBar:
@@ -490,8 +549,15 @@ class _ProgressBar:
 
     def __init__(self, total: int, label: str):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        self.p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), transient=False)
+
+        self.p = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
         self.task = self.p.add_task(label, total=total, stats="")
 
     def start(self) -> None:

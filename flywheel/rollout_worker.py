@@ -16,6 +16,7 @@ from typing import Any
 from flywheel.episode import EpisodeJob, EpisodeRun, Provenance, timed_decisions
 from flywheel.rollout import RolloutSpec, build_policy
 
+
 class _Delayed:
     """Wraps a policy to add a fixed latency per decision (see RolloutSpec.step_delay_s)."""
 
@@ -36,6 +37,7 @@ class _Delayed:
 
 def _make_env(env_kwargs: dict[str, Any]):
     from envs.registry import make_env
+
     kw = dict(env_kwargs)
     return make_env(kw.pop("name", "miniwob"), **kw)
 
@@ -45,6 +47,7 @@ def _limit_threads(n: int) -> None:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(n)
     import torch  # the policy imports it next anyway; sizing the pools now means they are sized once
+
     torch.set_num_threads(n)
     try:
         torch.set_num_interop_threads(n)
@@ -70,6 +73,7 @@ def _start(spec: RolloutSpec):
 
     Several envs per worker only pay off for a policy that decides for all of them in one call (the student)."""
     from concurrent.futures import ThreadPoolExecutor
+
     slots = spec.envs_per_worker if spec.policy.kind == "student" else 1
     with ThreadPoolExecutor(max_workers=slots) as pool:
         futures = [pool.submit(_make_env, spec.env) for _ in range(slots)]
@@ -142,7 +146,9 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
             if msg is None:
                 stopping = True
                 break
-            if isinstance(msg, tuple) and msg[0] == "reload":  # new weights between RL rounds (runner: never mid-episode)
+            if (
+                isinstance(msg, tuple) and msg[0] == "reload"
+            ):  # new weights between RL rounds (runner: never mid-episode)
                 _, path, version = msg
                 try:
                     getattr(policy, "inner", policy).reload(path)
@@ -153,9 +159,16 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
                 clock.lap("policy")
                 continue
             job, slot = EpisodeJob(**msg), free.pop()
-            run = EpisodeRun(envs[slot], job, max_steps=spec.max_steps, timeout_s=spec.episode_timeout_s, prov=prov,
-                             end_on_parse_error=spec.end_on_parse_error, policy_name=spec.policy.kind,
-                             policy_version=current_version)
+            run = EpisodeRun(
+                envs[slot],
+                job,
+                max_steps=spec.max_steps,
+                timeout_s=spec.episode_timeout_s,
+                prov=prov,
+                end_on_parse_error=spec.end_on_parse_error,
+                policy_name=spec.policy.kind,
+                policy_version=current_version,
+            )
             run.start()
             try:
                 policy.reset(job.task_id, job.seed)
@@ -189,8 +202,17 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
                 lake.write("steps", steps, iteration=spec.iteration, stage=spec.stage, run_key=key, part=part)
             lake.write("episodes", [ep], iteration=spec.iteration, stage=spec.stage, run_key=key, part=part)
             clock.lap("lake")
-            conn.send(("done", {**{f: ep[f] for f in ("episode_id", "task_id", "status", "success", "n_steps", "error", "cost")},
-                                "worker_pid": os.getpid()}))
+            conn.send(
+                (
+                    "done",
+                    {
+                        **{
+                            f: ep[f] for f in ("episode_id", "task_id", "status", "success", "n_steps", "error", "cost")
+                        },
+                        "worker_pid": os.getpid(),
+                    },
+                )
+            )
             if ep["status"] == "error":  # the env may be broken: a fresh one for the next job
                 try:
                     envs[k].close()

@@ -53,6 +53,7 @@ class Spent:
 @dataclass
 class TeacherSpend:
     """Teacher spend rows per (iteration, stage, task): episodes, successes, usd."""
+
     rows: list[dict[str, Any]]
 
     def _by(self, key: str) -> dict[Any, Spent]:
@@ -91,14 +92,17 @@ class Limits:
         return self.per_task is not None or self.total is not None or self.usd is not None
 
     def describe(self) -> str:
-        parts = [f"{self.per_task} per task" if self.per_task is not None else "",
-                 f"{self.total} in all" if self.total is not None else "",
-                 f"${self.usd:g}" if self.usd is not None else ""]
+        parts = [
+            f"{self.per_task} per task" if self.per_task is not None else "",
+            f"{self.total} in all" if self.total is not None else "",
+            f"${self.usd:g}" if self.usd is not None else "",
+        ]
         return ", ".join(p for p in parts if p) or "no limit"
 
 
 def limits(cfg) -> Limits:
-    """The configured budget: teacher_budget.*, with bootstrap.max_demos_per_task as the per-task budget's older name."""
+    """The configured budget: teacher_budget.*, with bootstrap.max_demos_per_task as the per-task budget's
+    older name."""
     tb = cfg.teacher_budget
     per_task = tb.max_episodes_per_task if tb.max_episodes_per_task is not None else cfg.bootstrap.max_demos_per_task
     return Limits(per_task, tb.max_episodes, tb.usd)
@@ -127,14 +131,16 @@ def pool_left(con, lim: Limits) -> int | None:
 @dataclass
 class Cap:
     """What a teacher run's budget cut: `dropped` jobs of `jobs` (None = no budget configured)."""
+
     jobs: int
     dropped: int = 0
     budget_usd: float | None = None
     reason: str = ""
 
 
-def cap_jobs(jobs: list, done: set[str], *, per_task_left: dict[str, int] | None, total_left: int | None,
-             no_new: bool = False) -> list:
+def cap_jobs(
+    jobs: list, done: set[str], *, per_task_left: dict[str, int] | None, total_left: int | None, no_new: bool = False
+) -> list:
     """The jobs a teacher run may run: every job in `done` (episode ids its run key already holds, and free ones),
     then new jobs in order, at most per_task_left[task] per task and total_left in all (taken round-robin over the
     tasks, so a cut run keeps every task). Pure; `no_new`: only the done ones (the dollars are spent)."""
@@ -145,7 +151,7 @@ def cap_jobs(jobs: list, done: set[str], *, per_task_left: dict[str, int] | None
             if j.episode_id not in done:
                 queues.setdefault(j.task_id, []).append(j)
         if per_task_left is not None:
-            queues = {t: q[:max(0, per_task_left.get(t, 0))] for t, q in queues.items()}
+            queues = {t: q[: max(0, per_task_left.get(t, 0))] for t, q in queues.items()}
         if total_left is None:
             kept_ids.update(j.episode_id for q in queues.values() for j in q)
         else:
@@ -165,6 +171,7 @@ def spend_index(lake):
     and passes it to cap_teacher_spec, so each cap opens only the episode files written since the last one, not
     every file of the lake (seconds in a lake of thousands of per-episode files)."""
     from storage.catalog import FilteredRows
+
     return FilteredRows(lake, "episodes", "task_id, run_key, cost", TEACHER_SPEND)
 
 
@@ -197,8 +204,9 @@ def cap_teacher_spec(cfg, spec, *, run_usd: float | None = None, what: str = "te
     if spec.policy.kind not in PAID_POLICIES:  # the oracle on synthetic tasks is free: never cut
         done |= {j.episode_id for j in spec.jobs if j.task_id.startswith(SYNTH_PREFIX)}
     spent_total = sum(by_task.values())
-    per_task_left = None if lim.per_task is None else {t: lim.per_task - by_task.get(t, 0)
-                                                       for t in {j.task_id for j in spec.jobs}}
+    per_task_left = (
+        None if lim.per_task is None else {t: lim.per_task - by_task.get(t, 0) for t in {j.task_id for j in spec.jobs}}
+    )
     total_left = None if lim.total is None else lim.total - spent_total
     budget = run_usd
     if lim.usd is not None:  # the runner counts this run key's own dollars itself: give it what the others left
@@ -208,8 +216,10 @@ def cap_teacher_spec(cfg, spec, *, run_usd: float | None = None, what: str = "te
     cap = Cap(len(spec.jobs), len(spec.jobs) - len(jobs), budget)
     if cap.dropped:
         spent_usd = other_usd + sum(mine_usd.values())
-        cap.reason = (f"teacher budget ({lim.describe()}; spent {spent_total} episodes, ${spent_usd:.4g}): {what} gets "
-                      f"{len(jobs) - len(done & {j.episode_id for j in jobs})} new teacher episode(s), "
-                      f"{cap.dropped} of its {len(spec.jobs)} not run")
+        cap.reason = (
+            f"teacher budget ({lim.describe()}; spent {spent_total} episodes, ${spent_usd:.4g}): {what} gets "
+            f"{len(jobs) - len(done & {j.episode_id for j in jobs})} new teacher episode(s), "
+            f"{cap.dropped} of its {len(spec.jobs)} not run"
+        )
         log.warning("%s: %s", spec.run_key, cap.reason)
     return replace(spec, jobs=jobs, budget_usd=budget), cap

@@ -52,39 +52,66 @@ def main() -> None:
         from prefect.deployments import run_deployment
 
         from storage.catalog import connect
+
         con = connect(lake, write_catalog_file=False)
-        ds = con.execute("SELECT dataset_id FROM datasets WHERE iteration = ? ORDER BY created_at DESC LIMIT 1",
-                         [a.iteration]).fetchone()
+        ds = con.execute(
+            "SELECT dataset_id FROM datasets WHERE iteration = ? ORDER BY created_at DESC LIMIT 1", [a.iteration]
+        ).fetchone()
         if ds is None:
             raise SystemExit(f"no curated dataset for iteration {a.iteration} in {lake}: run curate first")
         config = {"path": a.config, "overrides": {}}
         runs = []
-        fr = run_deployment("sft/gpu", parameters={"config": config, "iteration": a.iteration, "dataset_id": ds[0]},
-                            flow_run_name=f"sft-it{a.iteration}", tags=["stage:sft", "gpu-demo"], timeout=a.timeout)
+        fr = run_deployment(
+            "sft/gpu",
+            parameters={"config": config, "iteration": a.iteration, "dataset_id": ds[0]},
+            flow_run_name=f"sft-it{a.iteration}",
+            tags=["stage:sft", "gpu-demo"],
+            timeout=a.timeout,
+        )
         runs.append(fr)
         con = connect(lake, write_catalog_file=False)
-        sft_ck = con.execute("SELECT path FROM checkpoints WHERE stage = 'sft' AND iteration = ? "
-                             "ORDER BY created_at DESC LIMIT 1", [a.iteration]).fetchone()
+        sft_ck = con.execute(
+            "SELECT path FROM checkpoints WHERE stage = 'sft' AND iteration = ? ORDER BY created_at DESC LIMIT 1",
+            [a.iteration],
+        ).fetchone()
         if fr.state.is_completed() and sft_ck:
             merged = lake / sft_ck[0] / "merged"
             start = str(merged if merged.is_dir() else lake / sft_ck[0])
-            runs.append(run_deployment("rl/gpu", parameters={"config": config, "iteration": a.iteration,
-                                                             "checkpoint": start},
-                                       flow_run_name=f"rl-it{a.iteration}", tags=["stage:rl", "gpu-demo"],
-                                       timeout=a.timeout))
+            runs.append(
+                run_deployment(
+                    "rl/gpu",
+                    parameters={"config": config, "iteration": a.iteration, "checkpoint": start},
+                    flow_run_name=f"rl-it{a.iteration}",
+                    tags=["stage:rl", "gpu-demo"],
+                    timeout=a.timeout,
+                )
+            )
         from prefect.client.orchestration import get_client
+
         with get_client(sync_client=True) as c:
             summary["flow_runs"] = []
             for r in runs:
                 r = c.read_flow_run(r.id)
-                summary["flow_runs"].append({"name": r.name, "deployment": str(r.deployment_id), "pool": r.work_pool_name,
-                                             "state": r.state.name, "message": (r.state.message or "")[:300],
-                                             "seconds": r.total_run_time.total_seconds()})
+                summary["flow_runs"].append(
+                    {
+                        "name": r.name,
+                        "deployment": str(r.deployment_id),
+                        "pool": r.work_pool_name,
+                        "state": r.state.name,
+                        "message": (r.state.message or "")[:300],
+                        "seconds": r.total_run_time.total_seconds(),
+                    }
+                )
         con = connect(lake, write_catalog_file=False)
-        rows = con.execute("SELECT checkpoint_id, method, path, parent_checkpoint, metrics FROM checkpoints "
-                           "WHERE iteration = ? ORDER BY created_at", [a.iteration]).fetchall()
-        summary["checkpoints"] = [{"id": r[0], "method": r[1], "path": r[2], "parent": r[3],
-                                   "metrics": json.loads(r[4] or "{}")} for r in rows]
+        rows = con.execute(
+            "SELECT checkpoint_id, method, path, parent_checkpoint, metrics FROM checkpoints "
+            "WHERE iteration = ? ORDER BY created_at",
+            [a.iteration],
+        ).fetchall()
+        summary["checkpoints"] = [
+            {"id": r[0], "method": r[1], "path": r[2], "parent": r[3], "metrics": json.loads(r[4] or "{}")}
+            for r in rows
+        ]
         for ck in summary["checkpoints"]:
             for name in ("sft_result.json", "rl_round.json"):
                 hits = sorted((lake / ck["path"]).glob(name)) + sorted((lake / ck["path"]).parent.glob(f"*/{name}"))
@@ -92,6 +119,7 @@ def main() -> None:
                     ck[name] = json.loads(hits[0].read_text())
         summary["rl_metrics_rows"] = con.execute("SELECT count(*) FROM rl_metrics").fetchone()[0]
         import torch
+
         summary["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     finally:
         print(flywheel("down", env=env)[-300:], file=sys.stderr)
@@ -102,6 +130,7 @@ def main() -> None:
             db = ROOT / ".prefect" / "home" / "prefect.db"
             if db.exists():  # sqlite's backup API: the WAL's pages too (a plain copy can miss the newest runs)
                 import sqlite3
+
                 src, dst = sqlite3.connect(db), sqlite3.connect(a.out / "prefect.db")
                 with dst:
                     src.backup(dst)

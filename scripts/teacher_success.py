@@ -37,20 +37,34 @@ def run_tasks(tasks: list[str], seeds: list[int], env_kwargs: dict) -> list[dict
                 ep, _ = run_episode(env, teacher, job, max_steps=max_steps_for(task), timeout_s=120)
                 eps.append(ep)
             wall = time.monotonic() - t0
-            errors = [f"seed {e['seed']}: status {e['status']}, reward {e['task_reward']}, {e['n_steps']} steps"
-                      + (f", {e['error']}" if e["error"] else "") for e in eps if not e["success"]]
-            out.append(dict(task_id=task, episodes=len(eps), successes=sum(bool(e["success"]) for e in eps),
-                            success_rate=sum(bool(e["success"]) for e in eps) / max(1, len(eps)),
-                            mean_steps=sum(e["n_steps"] for e in eps) / max(1, len(eps)),
-                            max_steps=max((e["n_steps"] for e in eps), default=0),
-                            step_cap=max_steps_for(task), s_per_episode=wall / max(1, len(eps)), failures=errors[:5]))
+            errors = [
+                f"seed {e['seed']}: status {e['status']}, reward {e['task_reward']}, {e['n_steps']} steps"
+                + (f", {e['error']}" if e["error"] else "")
+                for e in eps
+                if not e["success"]
+            ]
+            out.append(
+                dict(
+                    task_id=task,
+                    episodes=len(eps),
+                    successes=sum(bool(e["success"]) for e in eps),
+                    success_rate=sum(bool(e["success"]) for e in eps) / max(1, len(eps)),
+                    mean_steps=sum(e["n_steps"] for e in eps) / max(1, len(eps)),
+                    max_steps=max((e["n_steps"] for e in eps), default=0),
+                    step_cap=max_steps_for(task),
+                    s_per_episode=wall / max(1, len(eps)),
+                    failures=errors[:5],
+                )
+            )
     finally:
         env.close()
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    from envs.registry import seeds as split_seeds, teacher_tasks
+    from envs.registry import seeds as split_seeds
+    from envs.registry import teacher_tasks
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default="all", help="comma-separated task ids, or 'all' (held-out tasks included)")
     ap.add_argument("--seeds", type=int, default=20, help="episodes per task (the first N train seeds)")
@@ -68,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers <= 1:
         results = run_tasks(tasks, seeds, env_kwargs)
     else:
-        shards = [tasks[i::args.workers] for i in range(args.workers)]
+        shards = [tasks[i :: args.workers] for i in range(args.workers)]
         with ProcessPoolExecutor(args.workers) as pool:
             parts = list(pool.map(run_tasks, shards, [seeds] * len(shards), [env_kwargs] * len(shards)))
         by_id = {r["task_id"]: r for part in parts for r in part}
@@ -77,18 +91,29 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{'task':28s} {'success':>9s} {'rate':>6s} {'steps':>6s} {'max':>4s} {'cap':>4s} {'s/ep':>6s}")
     for r in results:
-        print(f"{r['task_id']:28s} {r['successes']:>4d}/{r['episodes']:<4d} {r['success_rate']:6.2f} "
-              f"{r['mean_steps']:6.2f} {r['max_steps']:4d} {r['step_cap']:4d} {r['s_per_episode']:6.2f}")
+        print(
+            f"{r['task_id']:28s} {r['successes']:>4d}/{r['episodes']:<4d} {r['success_rate']:6.2f} "
+            f"{r['mean_steps']:6.2f} {r['max_steps']:4d} {r['step_cap']:4d} {r['s_per_episode']:6.2f}"
+        )
         for f in r["failures"]:
             print(f"    {f}")
     n_ok = sum(r["successes"] for r in results)
     n = sum(r["episodes"] for r in results)
     passing = [r["task_id"] for r in results if r["success_rate"] >= args.min_success]
-    print(f"overall {n_ok}/{n} = {n_ok / max(1, n):.3f}; {len(passing)}/{len(results)} tasks "
-          f">= {args.min_success:.2f}; wall {wall:.1f}s with {args.workers} worker(s)")
-    summary = {"seeds": [seeds[0], seeds[-1]], "n_seeds": len(seeds), "workers": args.workers,
-               "wall_s": round(wall, 1), "overall": n_ok / max(1, n), "tasks_passing": len(passing),
-               "min_success": args.min_success, "results": results}
+    print(
+        f"overall {n_ok}/{n} = {n_ok / max(1, n):.3f}; {len(passing)}/{len(results)} tasks "
+        f">= {args.min_success:.2f}; wall {wall:.1f}s with {args.workers} worker(s)"
+    )
+    summary = {
+        "seeds": [seeds[0], seeds[-1]],
+        "n_seeds": len(seeds),
+        "workers": args.workers,
+        "wall_s": round(wall, 1),
+        "overall": n_ok / max(1, n),
+        "tasks_passing": len(passing),
+        "min_success": args.min_success,
+        "results": results,
+    }
     print(json.dumps(summary))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))

@@ -63,12 +63,14 @@ def view_sql(lake: Lake, table: str, *, relative: bool = False) -> str:
 
 def _read(files_sql: str, *, filename: bool = False) -> str:
     hive_types = ", ".join(f"'{k}': '{v}'" for k, v in PARTITION_COLUMNS.items())
-    return (f"SELECT * FROM read_parquet({files_sql}, hive_partitioning=true, union_by_name=true, "
-            f"hive_types={{{hive_types}}}{', filename=true' if filename else ''})")
+    return (
+        f"SELECT * FROM read_parquet({files_sql}, hive_partitioning=true, union_by_name=true, "
+        f"hive_types={{{hive_types}}}{', filename=true' if filename else ''})"
+    )
 
 
 def _empty_sql(table: str) -> str:
-    cols = [f"NULL::{duckdb_type(f.type)} AS \"{f.name}\"" for f in TABLES[table]]
+    cols = [f'NULL::{duckdb_type(f.type)} AS "{f.name}"' for f in TABLES[table]]
     cols += [f"NULL::{t} AS {k}" for k, t in PARTITION_COLUMNS.items()]
     return f"SELECT {', '.join(cols)} WHERE false"
 
@@ -104,9 +106,11 @@ class FilteredRows:
         new = [p for p, sig in files if self.kept.get(p, (None,))[0] != sig]
         got: dict[str, list[dict[str, Any]]] = {p: [] for p in new}
         for k in range(0, len(new), self.CHUNK):
-            part = ", ".join(_q(p) for p in new[k:k + self.CHUNK])
-            cur = con.execute(f"SELECT filename AS _file, {self.columns} FROM ({_read(f'[{part}]', filename=True)}) "
-                              f"WHERE {self.where}")
+            part = ", ".join(_q(p) for p in new[k : k + self.CHUNK])
+            cur = con.execute(
+                f"SELECT filename AS _file, {self.columns} FROM ({_read(f'[{part}]', filename=True)}) "
+                f"WHERE {self.where}"
+            )
             names = [d[0] for d in cur.description]
             for row in cur.fetchall():
                 got[row[0]].append(dict(zip(names[1:], row[1:])))
@@ -119,8 +123,9 @@ def create_views(con: duckdb.DuckDBPyConnection, lake: Lake, *, relative: bool =
         con.execute(f'CREATE OR REPLACE VIEW "{table}" AS {view_sql(lake, table, relative=relative)}')
 
 
-def connect(root: str | os.PathLike | Lake | None = None, *, threads: int | None = None,
-            write_catalog_file: bool = True) -> duckdb.DuckDBPyConnection:
+def connect(
+    root: str | os.PathLike | Lake | None = None, *, threads: int | None = None, write_catalog_file: bool = True
+) -> duckdb.DuckDBPyConnection:
     """In-memory DuckDB connection with a view per lake table. The lake must exist."""
     lake = root if isinstance(root, Lake) else Lake(root, create=False)
     con = duckdb.connect(":memory:")
@@ -178,13 +183,16 @@ _FILE_RE = re.compile(r"""(?:file|File)\s*["']?([^"'\s]+\.parquet)""")
 def explain_duckdb_error(e: Exception, lake: Lake | None = None) -> str:
     """Turn a DuckDB exception into one line a user can act on."""
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if isinstance(e, (duckdb.ParserException, duckdb.CatalogException, duckdb.BinderException,
-                      duckdb.ConversionException)):
+    if isinstance(
+        e, (duckdb.ParserException, duckdb.CatalogException, duckdb.BinderException, duckdb.ConversionException)
+    ):
         return f"SQL error: {msg}"
     m = _FILE_RE.search(str(e))
     if m and isinstance(e, (duckdb.IOException, duckdb.InvalidInputException)):
-        return (f"unreadable lake file {m.group(1)}: {msg[:200]} "
-                f"(run `flywheel lake verify --quarantine` to move bad files aside)")
+        return (
+            f"unreadable lake file {m.group(1)}: {msg[:200]} "
+            f"(run `flywheel lake verify --quarantine` to move bad files aside)"
+        )
     return f"query failed: {msg}"
 
 
@@ -196,6 +204,7 @@ def run_query(con: duckdb.DuckDBPyConnection, sql: str, lake: Lake | None = None
         rel = con.sql(sql)
         if rel is None:  # a statement without a result (SET, CREATE ...)
             import pyarrow as pa
+
             return pa.table({})
         return rel.to_arrow_table()
     except duckdb.Error as e:

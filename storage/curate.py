@@ -61,15 +61,24 @@ def curate_sql(curate_cfg: Any, iteration: int, held_out: list[str], stage_filte
     """The selection SQL for a CurateConfig, with its settings inlined (the manifest stores this text)."""
     ratio = curate_cfg.teacher_ratio
     held = "[" + ", ".join(_sql_str(t) for t in sorted(held_out)) + "]::VARCHAR[]"
-    return CURATE_EPISODES.format(threshold=float(curate_cfg.reward_threshold), iteration=int(iteration),
-                                  held_out=held, cap=int(curate_cfg.max_episodes_per_task), stage_filter=stage_filter,
-                                  ratio="NULL" if ratio is None else repr(float(ratio))).strip()
+    return CURATE_EPISODES.format(
+        threshold=float(curate_cfg.reward_threshold),
+        iteration=int(iteration),
+        held_out=held,
+        cap=int(curate_cfg.max_episodes_per_task),
+        stage_filter=stage_filter,
+        ratio="NULL" if ratio is None else repr(float(ratio)),
+    ).strip()
 
 
 def dataset_id_for(cfg: Any, iteration: int) -> str:
     """Deterministic id (= run key) of iteration N's dataset under this config's curate + prompt settings."""
-    payload = {"curate": cfg.curate.model_dump(mode="json"), "arch": cfg.student.arch,
-               "history_images": cfg.student.history_images, "use_ui_text": cfg.student.use_ui_text}
+    payload = {
+        "curate": cfg.curate.model_dump(mode="json"),
+        "arch": cfg.student.arch,
+        "history_images": cfg.student.history_images,
+        "use_ui_text": cfg.student.use_ui_text,
+    }
     h = hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     return f"curate-it{int(iteration)}-{h}"
 
@@ -78,12 +87,19 @@ def sft_features():
     """The export's HF `datasets` features: chat messages (role, content items) and images as Image()."""
     from datasets import Features, Image, List, Value
 
-    return Features({
-        "messages": List({"role": Value("string"), "content": List({"type": Value("string"), "text": Value("string")})}),
-        "images": List(Image()),
-        "episode_id": Value("string"), "step_idx": Value("int32"), "task_id": Value("string"),
-        "policy": Value("string"), "iteration": Value("int32"),
-    })
+    return Features(
+        {
+            "messages": List(
+                {"role": Value("string"), "content": List({"type": Value("string"), "text": Value("string")})}
+            ),
+            "images": List(Image()),
+            "episode_id": Value("string"),
+            "step_idx": Value("int32"),
+            "task_id": Value("string"),
+            "policy": Value("string"),
+            "iteration": Value("int32"),
+        }
+    )
 
 
 def _source(policy: str) -> str:
@@ -102,14 +118,23 @@ def _export_rows(con, episodes: list[dict[str, Any]], arch: str, opts) -> list[d
     rows = []
     for e in episodes:
         for smp in episode_samples(e["instruction"] or "", by_ep.get(e["episode_id"], []), arch, opts):
-            rows.append({"messages": smp["messages"], "images": [{"bytes": b, "path": None} for b in smp["images"]],
-                         "episode_id": e["episode_id"], "step_idx": smp["step_idx"], "task_id": e["task_id"],
-                         "policy": e["policy"], "iteration": e["iteration"]})
+            rows.append(
+                {
+                    "messages": smp["messages"],
+                    "images": [{"bytes": b, "path": None} for b in smp["images"]],
+                    "episode_id": e["episode_id"],
+                    "step_idx": smp["step_idx"],
+                    "task_id": e["task_id"],
+                    "policy": e["policy"],
+                    "iteration": e["iteration"],
+                }
+            )
     return rows
 
 
-def export_sft(con, episodes: list[dict[str, Any]], out: Path, arch: str, opts,
-               samples_by_source: Counter | None = None) -> int:
+def export_sft(
+    con, episodes: list[dict[str, Any]], out: Path, arch: str, opts, samples_by_source: Counter | None = None
+) -> int:
     """Write the SFT rows of `episodes` to `out` (Parquet, atomically); returns the number of rows.
     `samples_by_source` (a Counter) gets the rows per source ('teacher' / 'student')."""
     schema = sft_features().arrow_schema
@@ -119,7 +144,7 @@ def export_sft(con, episodes: list[dict[str, Any]], out: Path, arch: str, opts,
     try:
         with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
             for i in range(0, len(episodes), _CHUNK_EPISODES):
-                rows = _export_rows(con, episodes[i:i + _CHUNK_EPISODES], arch, opts)
+                rows = _export_rows(con, episodes[i : i + _CHUNK_EPISODES], arch, opts)
                 if rows:
                     w.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=256)
                     n += len(rows)
@@ -139,8 +164,11 @@ def source_counts(episodes: list[dict[str, Any]], samples: Counter | None = None
     by_src = Counter(f"{e['policy']}/it{e['iteration']}" for e in episodes)
     by_task = Counter(e["task_id"] for e in episodes)
     by_kind = Counter(e["source"] for e in episodes)
-    out: dict[str, Any] = {"by_policy_iteration": dict(sorted(by_src.items())), "by_task": dict(sorted(by_task.items())),
-                           "by_source": dict(sorted(by_kind.items()))}
+    out: dict[str, Any] = {
+        "by_policy_iteration": dict(sorted(by_src.items())),
+        "by_task": dict(sorted(by_task.items())),
+        "by_source": dict(sorted(by_kind.items())),
+    }
     if samples is not None:
         total = sum(samples.values())
         out["samples_by_source"] = {k: int(samples.get(k, 0)) for k in ("student", "teacher")}
@@ -148,8 +176,9 @@ def source_counts(episodes: list[dict[str, Any]], samples: Counter | None = None
     return out
 
 
-def curate(cfg: Any, iteration: int, lake: Lake | None = None, *, held_out: list[str] | None = None,
-           git_sha: str | None = None) -> dict[str, Any]:
+def curate(
+    cfg: Any, iteration: int, lake: Lake | None = None, *, held_out: list[str] | None = None, git_sha: str | None = None
+) -> dict[str, Any]:
     """Select, export and record iteration N's SFT dataset; returns its id, export folder and counts.
 
     held_out: task ids never to train on (default: the registry's held-out tasks)."""
@@ -157,6 +186,7 @@ def curate(cfg: Any, iteration: int, lake: Lake | None = None, *, held_out: list
         raise CurateError(f"iteration must be >= 0, got {iteration}")
     if held_out is None:
         from envs.registry import HELD_OUT
+
         held_out = HELD_OUT
     lake = lake or Lake(cfg.lake.root, endpoint=cfg.lake.s3_endpoint, cache_dir=cfg.lake.cache_dir)
     if not lake.has_data("episodes"):
@@ -165,14 +195,37 @@ def curate(cfg: Any, iteration: int, lake: Lake | None = None, *, held_out: list
     con = connect(lake)
     episodes = con.sql(sql).to_arrow_table().to_pylist()
     if not episodes:
-        raise CurateError(f"no successful train episodes up to iteration {iteration} with task_reward >= "
-                          f"{cfg.curate.reward_threshold} in {lake.location}")
-    return write_dataset(cfg, lake, con, episodes, dataset_id=dataset_id_for(cfg, iteration), sql=sql,
-                         iteration=iteration, stage="curate", name=f"sft it{iteration}", git_sha=git_sha)
+        raise CurateError(
+            f"no successful train episodes up to iteration {iteration} with task_reward >= "
+            f"{cfg.curate.reward_threshold} in {lake.location}"
+        )
+    return write_dataset(
+        cfg,
+        lake,
+        con,
+        episodes,
+        dataset_id=dataset_id_for(cfg, iteration),
+        sql=sql,
+        iteration=iteration,
+        stage="curate",
+        name=f"sft it{iteration}",
+        git_sha=git_sha,
+    )
 
 
-def write_dataset(cfg: Any, lake: Lake, con, episodes: list[dict[str, Any]], *, dataset_id: str, sql: str,
-                  iteration: int, stage: str, name: str, git_sha: str | None) -> dict[str, Any]:
+def write_dataset(
+    cfg: Any,
+    lake: Lake,
+    con,
+    episodes: list[dict[str, Any]],
+    *,
+    dataset_id: str,
+    sql: str,
+    iteration: int,
+    stage: str,
+    name: str,
+    git_sha: str | None,
+) -> dict[str, Any]:
     """Export the chosen episodes' SFT samples and write their `datasets` row (the manifest: ids, query, mix)."""
     from training.data import prompt_options
 
@@ -182,21 +235,42 @@ def write_dataset(cfg: Any, lake: Lake, con, episodes: list[dict[str, Any]], *, 
     lake.publish(folder)  # before the row: a reader that sees the row finds the whole export
     ids = [e["episode_id"] for e in episodes]
     counts = source_counts(episodes, samples)
-    row = dict(dataset_id=dataset_id, name=f"{name}: {len(ids)} episodes, {n_steps} steps", query=sql,
-               episode_ids=ids, n_episodes=len(ids), n_steps=n_steps,
-               source_counts=json.dumps(counts, sort_keys=True), path=lake.rel(folder),
-               created_at=datetime.now(timezone.utc), run_key=dataset_id, git_sha=git_sha,
-               config_hash=cfg.config_hash("curate"))
+    row = dict(
+        dataset_id=dataset_id,
+        name=f"{name}: {len(ids)} episodes, {n_steps} steps",
+        query=sql,
+        episode_ids=ids,
+        n_episodes=len(ids),
+        n_steps=n_steps,
+        source_counts=json.dumps(counts, sort_keys=True),
+        path=lake.rel(folder),
+        created_at=datetime.now(timezone.utc),
+        run_key=dataset_id,
+        git_sha=git_sha,
+        config_hash=cfg.config_hash("curate"),
+    )
     lake.replace_run("datasets", [[row]], iteration=iteration, stage=stage, run_key=dataset_id)
-    return {"dataset_id": dataset_id, "path": str(folder), "data_files": str(folder / EXPORT_FILE),
-            "n_episodes": len(ids), "n_steps": n_steps, "source_counts": counts}
+    return {
+        "dataset_id": dataset_id,
+        "path": str(folder),
+        "data_files": str(folder / EXPORT_FILE),
+        "n_episodes": len(ids),
+        "n_steps": n_steps,
+        "source_counts": counts,
+    }
 
 
 def manifest(lake: Lake, dataset_id: str) -> dict[str, Any]:
     """The `datasets` row of a dataset id (the newest if several iterations wrote it)."""
-    rows = connect(lake).sql(
-        "SELECT * EXCLUDE (stage) FROM datasets WHERE dataset_id = ? ORDER BY created_at DESC LIMIT 1",
-        params=[dataset_id]).to_arrow_table().to_pylist()
+    rows = (
+        connect(lake)
+        .sql(
+            "SELECT * EXCLUDE (stage) FROM datasets WHERE dataset_id = ? ORDER BY created_at DESC LIMIT 1",
+            params=[dataset_id],
+        )
+        .to_arrow_table()
+        .to_pylist()
+    )
     if not rows:
         raise CurateError(f"no dataset {dataset_id!r} in the lake at {lake.location}: run the curate stage first")
     return rows[0]

@@ -1,8 +1,8 @@
 """Lake health: per-table stats from Parquet footers, and a verifier for bad files.
 
-    stats = lake_stats(Lake("lake"))        # rows, bytes, files, partitions per table (reads footers only)
-    report = verify_lake(Lake("lake"))      # unreadable / schema-mismatched files, by path
-    for bad in report.bad: lake.quarantine(bad.path)   # moved aside, never deleted
+stats = lake_stats(Lake("lake"))        # rows, bytes, files, partitions per table (reads footers only)
+report = verify_lake(Lake("lake"))      # unreadable / schema-mismatched files, by path
+for bad in report.bad: lake.quarantine(bad.path)   # moved aside, never deleted
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ def _schema_problem(table: str, got: pa.Schema) -> tuple[str | None, bool]:
     return None, bool(missing)
 
 
-def verify_file(path: Path | str, table: str, *, full: bool = True, lake: Lake | None = None) -> tuple[str | None, bool]:
+def verify_file(
+    path: Path | str, table: str, *, full: bool = True, lake: Lake | None = None
+) -> tuple[str | None, bool]:
     try:
         pf = lake.parquet_file(path) if lake else pq.ParquetFile(path)
         problem, older = _schema_problem(table, pf.schema_arrow)

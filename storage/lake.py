@@ -64,8 +64,7 @@ def to_table(table: str, rows: Sequence[dict] | pa.Table) -> pa.Table:
         extra = set(rows.column_names) - set(schema.names)
         if extra:
             raise LakeError(f"{table}: unknown columns {sorted(extra)}")
-        cols = {f.name: (rows[f.name] if f.name in rows.column_names else pa.nulls(len(rows), f.type))
-                for f in schema}
+        cols = {f.name: (rows[f.name] if f.name in rows.column_names else pa.nulls(len(rows), f.type)) for f in schema}
         try:
             return pa.Table.from_arrays([c.cast(schema.field(n).type) for n, c in cols.items()], schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as e:
@@ -90,7 +89,9 @@ def _write_parquet(t: pa.Table, where, table_name: str | None) -> None:
         meta[b"flywheel.table"] = table_name.encode()
     t = t.replace_schema_metadata(meta)
     pq.write_table(
-        t, where, compression="zstd",
+        t,
+        where,
+        compression="zstd",
         use_dictionary=[c for c in t.column_names if c not in blobs],
         # Small row groups for blob tables keep a single-row lookup from decoding
         # megabytes of screenshots; text-only tables take the default.
@@ -131,16 +132,25 @@ def _name(path: Path | str) -> str:
 
 
 class Lake:
-    def __init__(self, root: str | os.PathLike | None = None, *, create: bool = True, endpoint: str | None = None,
-                 cache_dir: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        *,
+        create: bool = True,
+        endpoint: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+    ):
         """A lake on disk (a folder) or on an object store (`s3://bucket/prefix`; `endpoint`: an S3-compatible
         server's URL, default $FLYWHEEL_S3_ENDPOINT; `cache_dir`: local folder for its side files)."""
         raw = root if root is not None else (os.environ.get("FLYWHEEL_LAKE") or "lake")
         self.store: ObjectStore | None = None
         if is_object_uri(raw):
             self.store = ObjectStore(str(raw), endpoint=endpoint)  # checks the bucket: one line if it can't
-            self.root = Path(cache_dir).expanduser().resolve() if cache_dir else \
-                default_cache_dir(self.store.bucket, self.store.prefix)
+            self.root = (
+                Path(cache_dir).expanduser().resolve()
+                if cache_dir
+                else default_cache_dir(self.store.bucket, self.store.prefix)
+            )
             self.root.mkdir(parents=True, exist_ok=True)
             if not create and not self.store.list_dir(self.store.uri):
                 raise LakeError(f"no lake at {self.store.uri} (nothing under that prefix: run a stage to create one)")
@@ -227,8 +237,16 @@ class Lake:
         return local
 
     # ------------------------------------------------------------------ writes
-    def write(self, table: str, rows: Sequence[dict] | pa.Table, *, iteration: int, stage: str,
-              run_key: str, part: int | str = 0) -> Path | str:
+    def write(
+        self,
+        table: str,
+        rows: Sequence[dict] | pa.Table,
+        *,
+        iteration: int,
+        stage: str,
+        run_key: str,
+        part: int | str = 0,
+    ) -> Path | str:
         """Atomically write one part of a stage run (replacing the same part of an earlier attempt)."""
         t = to_table(table, rows)
         path = self.file_path(table, iteration=iteration, stage=stage, run_key=run_key, part=part)
@@ -239,11 +257,13 @@ class Lake:
         self.store.put_bytes(path, buf.getvalue())
         return path
 
-    def replace_run(self, table: str, parts: Iterable[Sequence[dict] | pa.Table], *, iteration: int,
-                    stage: str, run_key: str) -> list[Path | str]:
+    def replace_run(
+        self, table: str, parts: Iterable[Sequence[dict] | pa.Table], *, iteration: int, stage: str, run_key: str
+    ) -> list[Path | str]:
         """Write a whole stage run as parts 0..n-1, then drop parts of earlier attempts not rewritten."""
-        written = [self.write(table, p, iteration=iteration, stage=stage, run_key=run_key, part=i)
-                   for i, p in enumerate(parts)]
+        written = [
+            self.write(table, p, iteration=iteration, stage=stage, run_key=run_key, part=i) for i, p in enumerate(parts)
+        ]
         keep = set(written)
         for f in self.run_files(table, iteration=iteration, stage=stage, run_key=run_key):
             if f not in keep:
@@ -267,8 +287,11 @@ class Lake:
         if not prefixes:
             return []
         if self.store:
-            return [p for p, _ in self.store.list_files(self.store.join(table))
-                    if _name(p).startswith(prefixes) and _name(p).endswith(".parquet")]
+            return [
+                p
+                for p, _ in self.store.list_files(self.store.join(table))
+                if _name(p).startswith(prefixes) and _name(p).endswith(".parquet")
+            ]
         d = self.root / table
         return sorted(p for k in prefixes for p in d.glob(f"iteration=*/stage=*/{k}*.parquet"))
 
@@ -290,10 +313,12 @@ class Lake:
     # ------------------------------------------------------------------ reads
     def files(self, table: str | None = None) -> list[LakeFile]:
         out: list[LakeFile] = []
-        for name in ([table] if table else TABLES):
+        for name in [table] if table else TABLES:
             if self.store:
-                found = [(p, (size, 0), p[len(self.store.join(name)) + 1:].split("/"))
-                         for p, size in self.store.list_files(self.store.join(name))]
+                found = [
+                    (p, (size, 0), p[len(self.store.join(name)) + 1 :].split("/"))
+                    for p, size in self.store.list_files(self.store.join(name))
+                ]
             else:
                 d = self.root / name
                 paths = sorted(d.glob("iteration=*/stage=*/*.parquet")) if d.exists() else []

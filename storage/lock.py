@@ -44,12 +44,18 @@ def parent_lock(lake: Lake, what: str = "flywheel run") -> Iterator[None]:
         except BlockingIOError:
             h = holder(lake) or {}
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["started"])) if h.get("started") else "?"
-            raise LakeBusy(f"another {h.get('what', 'flywheel run')} is running on the lake {lake.root} "
-                           f"(pid {h.get('pid', '?')} on {h.get('host', '?')}, since {since}); wait for it to end, "
-                           "or give this run its own --lake") from None
+            raise LakeBusy(
+                f"another {h.get('what', 'flywheel run')} is running on the lake {lake.root} "
+                f"(pid {h.get('pid', '?')} on {h.get('host', '?')}, since {since}); wait for it to end, "
+                "or give this run its own --lake"
+            ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"what": what, "pid": os.getpid(), "host": socket.gethostname(),
-                                 "started": time.time()}).encode())
+        os.write(
+            fd,
+            json.dumps(
+                {"what": what, "pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+            ).encode(),
+        )
         yield
     finally:
         os.close(fd)  # closing releases the flock

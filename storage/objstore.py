@@ -40,8 +40,10 @@ def parse_uri(uri: str) -> tuple[str, str]:
     """(bucket, prefix without slashes at either end) of an s3:// URI, or a LakeError saying what is wrong."""
     m = _URI_RE.match(uri.rstrip("/"))
     if not m:
-        raise LakeError(f"invalid lake URI {uri!r}: use s3://bucket/prefix (bucket: lowercase letters, digits, "
-                        "dots and hyphens; prefix: letters, digits and _ . = + - /)")
+        raise LakeError(
+            f"invalid lake URI {uri!r}: use s3://bucket/prefix (bucket: lowercase letters, digits, "
+            "dots and hyphens; prefix: letters, digits and _ . = + - /)"
+        )
     prefix = (m.group(2) or "").strip("/")
     if ".." in prefix.split("/"):
         raise LakeError(f"invalid lake URI {uri!r}: '..' is not allowed in the prefix")
@@ -53,13 +55,24 @@ def explain(e: BaseException, where: str, endpoint: str | None) -> str:
     at = f" at {endpoint}" if endpoint else ""
     name = type(e).__name__
     text = str(e).splitlines()[0][:200] if str(e) else name
-    if "EndpointConnectionError" in name or "ConnectTimeout" in name or "ConnectionError" in name \
-            or isinstance(e, (ConnectionError, TimeoutError)):
+    if (
+        "EndpointConnectionError" in name
+        or "ConnectTimeout" in name
+        or "ConnectionError" in name
+        or isinstance(e, (ConnectionError, TimeoutError))
+    ):
         return f"cannot reach the object store{at} for {where}: {text} (check lake.s3_endpoint / ${ENDPOINT_ENV})"
-    if isinstance(e, PermissionError) or "AccessDenied" in text or "InvalidAccessKeyId" in text \
-            or "SignatureDoesNotMatch" in text or "Forbidden" in text:
-        return (f"access denied by the object store{at} for {where}: {text} (check $AWS_ACCESS_KEY_ID / "
-                "$AWS_SECRET_ACCESS_KEY or the profile in use)")
+    if (
+        isinstance(e, PermissionError)
+        or "AccessDenied" in text
+        or "InvalidAccessKeyId" in text
+        or "SignatureDoesNotMatch" in text
+        or "Forbidden" in text
+    ):
+        return (
+            f"access denied by the object store{at} for {where}: {text} (check $AWS_ACCESS_KEY_ID / "
+            "$AWS_SECRET_ACCESS_KEY or the profile in use)"
+        )
     if isinstance(e, FileNotFoundError) and "bucket" in text.lower():
         return f"no bucket for {where}{at}: {text} (create the bucket first; the lake never creates buckets)"
     return f"object store error{at} for {where}: {name}: {text}"
@@ -75,13 +88,19 @@ class ObjectStore:
         try:
             import s3fs
         except ImportError:
-            raise LakeError(f"lake {self.uri} is on an object store: install the s3 extra "
-                            "(pip install -e '.[s3]')") from None
+            raise LakeError(
+                f"lake {self.uri} is on an object store: install the s3 extra (pip install -e '.[s3]')"
+            ) from None
         # No listing cache: other machines write to the same prefix, and a cached listing would hide their files.
         # No read-ahead cache either: DuckDB asks for exactly the column chunks a query needs (and caches them
         # itself), and a read-ahead block would pull in the screenshot bytes next to them.
-        self.fs = s3fs.S3FileSystem(endpoint_url=self.endpoint, use_listings_cache=False, skip_instance_cache=True,
-                                    config_kwargs=_CONFIG, default_cache_type="none")
+        self.fs = s3fs.S3FileSystem(
+            endpoint_url=self.endpoint,
+            use_listings_cache=False,
+            skip_instance_cache=True,
+            config_kwargs=_CONFIG,
+            default_cache_type="none",
+        )
         if check:
             self.call("the bucket check", self.fs.ls, self.bucket, refresh=True)
 
@@ -111,7 +130,7 @@ class ObjectStore:
         base = self.uri.removeprefix("s3://")
         if s != base and not s.startswith(base + "/"):
             raise LakeError(f"{uri} is not under the lake {self.uri}")
-        return s[len(base):].lstrip("/")
+        return s[len(base) :].lstrip("/")
 
     # ------------------------------------------------------------------ objects
     def put_bytes(self, uri: str, data: bytes) -> None:
@@ -173,7 +192,7 @@ class ObjectStore:
                 self.call(f"downloading {src}", self.fs.get_file, src, str(tmp))
             else:
                 for uri, _ in objs:
-                    dest = tmp / uri[len(src) + 1:]
+                    dest = tmp / uri[len(src) + 1 :]
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     self.call(f"downloading {uri}", self.fs.get_file, uri, str(dest))
             if local.exists():  # another process won the race: keep its copy
@@ -189,5 +208,7 @@ class ObjectStore:
 
 def default_cache_dir(bucket: str, prefix: str) -> Path:
     """Local folder for an object-store lake's side files (downloaded exports and checkpoints, reports, lock)."""
-    base = os.environ.get(CACHE_ENV) or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "flywheel", "lakes")
+    base = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or "~/.cache", "flywheel", "lakes"
+    )
     return (Path(base).expanduser() / bucket / (prefix or "_root")).resolve()

@@ -40,7 +40,8 @@ WHERE e.task_reward >= {threshold}
 #   toward low seeds or early iterations the way ORDER BY seed would be;
 # - ratio: per task, keep the largest n <= cap with round(ratio * n) teacher and the rest student
 #   episodes; a task with only one source keeps that source (up to cap) instead of vanishing.
-CURATE_EPISODES = """
+CURATE_EPISODES = (
+    """
 WITH candidates AS (
     SELECT e.episode_id, e.task_id, e.seed, e.instruction, e.policy, e.iteration, e.stage,
            CASE WHEN e.policy = 'student' THEN 'student' ELSE 'teacher' END AS source
@@ -55,7 +56,9 @@ WITH candidates AS (
 signatures AS (
     SELECT s.episode_id,
            string_agg(coalesce(s.action, 'null'), ' | ' ORDER BY s.step_idx) AS actions,
-           count(*) FILTER (""" + FIT_STEP + """) AS fit_steps
+           count(*) FILTER ("""
+    + FIT_STEP
+    + """) AS fit_steps
     FROM steps AS s JOIN candidates USING (episode_id)
     WHERE NOT s.is_final
     GROUP BY s.episode_id
@@ -98,16 +101,21 @@ WHERE CASE WHEN {ratio} IS NULL THEN r.task_rank <= {cap}
            ELSE r.source_rank <= q.n_keep - q.keep_teacher END
 ORDER BY r.task_id, r.source, r.source_rank
 """
+)
 
 # Every action step of the chosen episodes ($1: VARCHAR[] of episode ids), in order, with the
 # screenshot (this is the only curate query that reads screenshot bytes) and the fit flag.
-CURATE_EXPORT_STEPS = """
+CURATE_EXPORT_STEPS = (
+    """
 SELECT s.episode_id, s.step_idx, s.screenshot, s.screen_w, s.screen_h, s.ui_text, s.thought, s.action_desc,
-       s.raw_action, s.action, s.parse_error, s.exec_error, (""" + FIT_STEP + """) AS fit
+       s.raw_action, s.action, s.parse_error, s.exec_error, ("""
+    + FIT_STEP
+    + """) AS fit
 FROM steps AS s
 WHERE NOT s.is_final AND list_contains($1, s.episode_id)
 ORDER BY s.episode_id, s.step_idx
 """
+)
 
 PER_TASK_SUCCESS = """
 SELECT task_id, count(*) AS episodes, round(avg(success::INT), 3) AS success_rate,
@@ -119,6 +127,7 @@ GROUP BY task_id ORDER BY task_id
 
 def curate_steps_sql(threshold: float = 1.0) -> str:
     return CURATE_STEPS.format(threshold=float(threshold))
+
 
 # Dollars per verified success by task (paid teachers, e.g. the Claude bootstrap): what every episode of the
 # task cost, over the episodes whose binary task reward passed (status 'ok'). NULL when none succeeded.

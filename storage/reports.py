@@ -9,8 +9,8 @@ What counts as teacher spend (TEACHER_SPEND): every episode of a policy other th
 itself ran, whichever stage ran it (bootstrap and curriculum top-ups, the RL stage's rl.guide and rl.clone_fresh,
 ...). Not spend: imported demos (stage 'import': someone else ran them), the evaluate stage (a teacher checkpoint
 measured on held-out seeds is never training data), mid-training's corpus (stages 'midtrain*') and the free oracle's
-episodes on synthetic tasks (synth/<kind> at no cost). A rerun of a run key replaces its rows (same episode ids), so an episode
-counts once however often its stage ran. Errored episodes count: their steps (and dollars) were spent.
+episodes on synthetic tasks (synth/<kind> at no cost). A rerun of a run key replaces its rows (same episode ids), so
+an episode counts once however often its stage ran. Errored episodes count: their steps (and dollars) were spent.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from storage.queries import FIT_STEP
 # come with a programmatic oracle and unlimited instances: its episodes on them are free (issue 28: RL on synth tasks
 # spends no teacher budget); a paid teacher's episodes on them (cost > 0) are spend like any other.
 SYNTH_PREFIX = "synth/"
-TEACHER_SPEND = ("policy <> 'student' AND stage NOT IN ('import', 'evaluate') AND stage NOT LIKE 'midtrain%' "
-                 f"AND NOT (task_id LIKE '{SYNTH_PREFIX}%' AND coalesce(cost, 0) = 0)")
+TEACHER_SPEND = (
+    "policy <> 'student' AND stage NOT IN ('import', 'evaluate') AND stage NOT LIKE 'midtrain%' "
+    f"AND NOT (task_id LIKE '{SYNTH_PREFIX}%' AND coalesce(cost, 0) = 0)"
+)
 
 TEACHER_SPEND_SQL = f"""
 SELECT iteration, stage, task_id, count(*) AS episodes, count(*) FILTER (success) AS successes,

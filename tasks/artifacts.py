@@ -20,8 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.artifacts import (create_link_artifact, create_markdown_artifact, create_progress_artifact,
-                               create_table_artifact, update_progress_artifact)
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from configs.models import FlywheelConfig
 
@@ -45,6 +50,7 @@ def stage_stats(cfg: FlywheelConfig, stage: str, result: dict[str, Any]) -> list
     if stage in ROLLOUT_STAGES and result.get("run_key"):
         from flywheel.stages import lake_for
         from storage.catalog import connect
+
         con = connect(lake_for(cfg), write_catalog_file=False)
         cur = con.execute(_STATS_SQL, [result["run_key"]])
         names = [d[0] for d in cur.description]
@@ -63,15 +69,28 @@ def lake_links(cfg: FlywheelConfig, stage: str, iteration: int, result: dict[str
     """(link text, file:// URL) for the lake partitions a stage wrote and the checkpoint it made."""
     from flywheel.stages import lake_for
     from tasks.common import checkpoint_of
+
     if result.get("skipped"):  # e.g. rl with rl.enabled false: nothing was written
         return []
     lake = lake_for(cfg)
     root = lake.root
-    table = {"bootstrap": "episodes", "rollouts": "episodes", "evaluate": "evals", "curate": "datasets",
-             "sft": "checkpoints", "rl": "checkpoints", "midtrain": "checkpoints"}[stage]
-    links = [(f"lake: {table}/iteration={iteration}/stage={stage}",
-              lake.partition_dir(table, iteration, stage) if lake.remote else
-              (root / table / f"iteration={iteration}" / f"stage={stage}").as_uri())]
+    table = {
+        "bootstrap": "episodes",
+        "rollouts": "episodes",
+        "evaluate": "evals",
+        "curate": "datasets",
+        "sft": "checkpoints",
+        "rl": "checkpoints",
+        "midtrain": "checkpoints",
+    }[stage]
+    links = [
+        (
+            f"lake: {table}/iteration={iteration}/stage={stage}",
+            lake.partition_dir(table, iteration, stage)
+            if lake.remote
+            else (root / table / f"iteration={iteration}" / f"stage={stage}").as_uri(),
+        )
+    ]
     ck = checkpoint_of(result) if stage in ("sft", "rl", "midtrain") else None
     if ck:
         links.append((f"checkpoint: {ck}", Path(ck).resolve().as_uri()))
@@ -80,24 +99,32 @@ def lake_links(cfg: FlywheelConfig, stage: str, iteration: int, result: dict[str
     return links
 
 
-def publish_stage(cfg: FlywheelConfig, stage: str, result: dict[str, Any], *, iteration: int,
-                  wall_s: float, cached: bool) -> None:
+def publish_stage(
+    cfg: FlywheelConfig, stage: str, result: dict[str, Any], *, iteration: int, wall_s: float, cached: bool
+) -> None:
     """A table of the stage's stats and links to what it wrote, on the current flow run."""
     try:
         rows = stage_stats(cfg, stage, result)
         for r in rows:
             r["stage_wall_s"] = round(wall_s, 2)
         how = "cached result of an earlier run" if cached else f"ran in {wall_s:.1f}s"
-        create_table_artifact(rows, key=artifact_key(cfg.name, stage, "stats"),
-                              description=f"{stage}, iteration {iteration} ({how})")
+        create_table_artifact(
+            rows, key=artifact_key(cfg.name, stage, "stats"), description=f"{stage}, iteration {iteration} ({how})"
+        )
         for text, url in lake_links(cfg, stage, iteration, result):
             create_link_artifact(url, link_text=text)
         if stage == "evaluate" and result.get("plot") and Path(result["plot"]).exists():
-            create_markdown_artifact(plot_markdown(result["plot"]), key=artifact_key(cfg.name, "success-rate-plot"),
-                                     description="held-out success rate per iteration")
+            create_markdown_artifact(
+                plot_markdown(result["plot"]),
+                key=artifact_key(cfg.name, "success-rate-plot"),
+                description="held-out success rate per iteration",
+            )
         if stage == "rl" and result.get("plot") and Path(result["plot"]).exists():
-            create_markdown_artifact(plot_markdown(result["plot"], "RL metrics"), key=artifact_key(cfg.name, "rl-metrics"),
-                                     description="RL: loss, entropy, clip fraction, KL, grad norm, round success")
+            create_markdown_artifact(
+                plot_markdown(result["plot"], "RL metrics"),
+                key=artifact_key(cfg.name, "rl-metrics"),
+                description="RL: loss, entropy, clip fraction, KL, grad norm, round success",
+            )
     except Exception as e:  # noqa: BLE001 - reporting must never fail a finished stage
         get_run_logger().warning(f"{stage}: stats artifact skipped ({type(e).__name__}: {e})")
 
@@ -114,29 +141,50 @@ def _fmt(v: Any) -> str:
     return "–" if v is None else str(v)
 
 
-def iteration_markdown(cfg: FlywheelConfig, iteration: int, rows: list[dict[str, Any]],
-                       evaluation: dict[str, Any] | None, viewer: Path | None = None) -> str:
+def iteration_markdown(
+    cfg: FlywheelConfig,
+    iteration: int,
+    rows: list[dict[str, Any]],
+    evaluation: dict[str, Any] | None,
+    viewer: Path | None = None,
+) -> str:
     """The iteration report: one line per stage (what it produced, how long, cached or not), the
     held-out success rate with its interval, and where everything lives."""
     from flywheel.stages import lake_for
-    lines = [f"# {cfg.name}: iteration {iteration}", "",
-             "| stage | status | wall s | episodes | success | output |", "|---|---|---|---|---|---|"]
+
+    lines = [
+        f"# {cfg.name}: iteration {iteration}",
+        "",
+        "| stage | status | wall s | episodes | success | output |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['stage']} | {r['status']} | {r['wall_s']:.1f} | {_fmt(r.get('episodes'))} | "
-                     f"{_fmt(r.get('success_rate'))} | {r.get('output') or ''} |")
+        lines.append(
+            f"| {r['stage']} | {r['status']} | {r['wall_s']:.1f} | {_fmt(r.get('episodes'))} | "
+            f"{_fmt(r.get('success_rate'))} | {r.get('output') or ''} |"
+        )
     if evaluation:
-        lines += ["", f"**Held-out success**: {evaluation['success_rate']:.1%} "
-                      f"(95% CI {evaluation['ci_low']:.1%}–{evaluation['ci_high']:.1%}, "
-                      f"{evaluation.get('n_episodes', '?')} episodes) for `{evaluation.get('checkpoint')}`"]
+        lines += [
+            "",
+            f"**Held-out success**: {evaluation['success_rate']:.1%} "
+            f"(95% CI {evaluation['ci_low']:.1%}–{evaluation['ci_high']:.1%}, "
+            f"{evaluation.get('n_episodes', '?')} episodes) for `{evaluation.get('checkpoint')}`",
+        ]
         per_task = evaluation.get("per_task") or {}
         if per_task:
             lines += ["", "| task | success |", "|---|---|"] + [f"| {t} | {s:.0%} |" for t, s in per_task.items()]
-    lines += ["", f"Lake: `{lake_for(cfg).root}` (query: `flywheel query \"SELECT * FROM episodes "
-                  f"WHERE iteration = {iteration} LIMIT 5\"`)"]
+    lines += [
+        "",
+        f'Lake: `{lake_for(cfg).root}` (query: `flywheel query "SELECT * FROM episodes '
+        f'WHERE iteration = {iteration} LIMIT 5"`)',
+    ]
     if viewer is not None:
-        lines += ["", f"**Viewer**: [iteration report]({(viewer / 'report.html').resolve().as_uri()}) · "
-                      f"[episodes]({(viewer / 'index.html').resolve().as_uri()}) (`flywheel view --serve` shows "
-                      "every episode)"]
+        lines += [
+            "",
+            f"**Viewer**: [iteration report]({(viewer / 'report.html').resolve().as_uri()}) · "
+            f"[episodes]({(viewer / 'index.html').resolve().as_uri()}) (`flywheel view --serve` shows "
+            "every episode)",
+        ]
     if evaluation and evaluation.get("plot") and Path(evaluation["plot"]).exists():
         lines += ["", plot_markdown(evaluation["plot"])]
     return "\n".join(lines)
@@ -146,11 +194,14 @@ def build_viewer(cfg: FlywheelConfig, max_pages: int = 200) -> Path | None:
     """Refresh the static viewer in `<lake>/_reports/view` (the newest episodes get pages); None if it failed."""
     from flywheel.stages import lake_for
     from viewer.site import build_site
+
     try:
         out = lake_for(cfg).root / "_reports" / "view"
         res = build_site(lake_for(cfg).root, out, max_pages=max_pages)
-        get_run_logger().info(f"viewer: {res['episodes']} episodes, {res['pages']} pages in {res['total_s']:.1f} s "
-                              f"-> {out / 'index.html'}")
+        get_run_logger().info(
+            f"viewer: {res['episodes']} episodes, {res['pages']} pages in {res['total_s']:.1f} s "
+            f"-> {out / 'index.html'}"
+        )
         return out
     except Exception as e:  # noqa: BLE001 - see publish_stage
         get_run_logger().warning(f"viewer skipped ({type(e).__name__}: {e})")
@@ -158,12 +209,19 @@ def build_viewer(cfg: FlywheelConfig, max_pages: int = 200) -> Path | None:
 
 
 def curriculum_markdown(decisions: list[dict[str, Any]]) -> str:
-    lines = ["", "**Curriculum** (`curriculum` table)", "", "| task | decision | success | demos | rollout seeds | RL | why |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "**Curriculum** (`curriculum` table)",
+        "",
+        "| task | decision | success | demos | rollout seeds | RL | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for d in decisions:
         sr = "–" if d.get("success_rate") is None else f"{d['success_rate']:.0%}"
-        lines.append(f"| {d['task_id']} | {d['decision']} | {sr} | {d.get('teacher_demos') or 0} | "
-                     f"{d.get('rollout_seeds') or 0} | {'yes' if d.get('rl') else 'no'} | {d.get('reason', '')} |")
+        lines.append(
+            f"| {d['task_id']} | {d['decision']} | {sr} | {d.get('teacher_demos') or 0} | "
+            f"{d.get('rollout_seeds') or 0} | {'yes' if d.get('rl') else 'no'} | {d.get('reason', '')} |"
+        )
     return "\n".join(lines)
 
 
@@ -179,6 +237,7 @@ def flywheel_markdown(cfg: FlywheelConfig, iteration: int) -> str:
     from flywheel.teacher_budget import Spent, TeacherSpend, limits, teacher_spend
     from storage.catalog import connect
     from storage.reports import iteration_table
+
     con = connect(lake_for(cfg), write_catalog_file=False)
     try:
         table, spend = iteration_table(con, iteration=iteration), teacher_spend(con)
@@ -188,15 +247,25 @@ def flywheel_markdown(cfg: FlywheelConfig, iteration: int) -> str:
     mine = [r for r in spend.rows if r["iteration"] == iteration]
     stages = ", ".join(f"{k} {v.episodes}" for k, v in TeacherSpend(mine).by_stage().items()) or "none"
     lake_stages = ", ".join(f"{k} {v.episodes}" for k, v in spend.by_stage().items()) or "none"
-    lines = ["", f"**Teacher budget** ({lim.describe()}): this iteration spent {sum(r['episodes'] for r in mine)} "
-                 f"teacher episodes, ${sum(r['usd'] for r in mine):.4g} ({stages}); the lake {total.episodes} episodes, "
-                 f"${total.usd:.4g} ({lake_stages})"]
+    lines = [
+        "",
+        f"**Teacher budget** ({lim.describe()}): this iteration spent {sum(r['episodes'] for r in mine)} "
+        f"teacher episodes, ${sum(r['usd'] for r in mine):.4g} ({stages}); the lake {total.episodes} episodes, "
+        f"${total.usd:.4g} ({lake_stages})",
+    ]
     if mine:
         lines += ["", "| stage | task | teacher episodes | successes | $ |", "|---|---|---|---|---|"]
-        lines += [f"| {r['stage']} | {r['task_id']} | {r['episodes']} | {r['successes']} | {r['usd']:.4g} |" for r in mine]
-    lines += ["", f"**Per task** (iteration {iteration}; attempts = the student's rollout and RL episodes)", "",
-              "| task | attempts | successes | teacher episodes | teacher $ | teacher budget left (now) | SFT samples | "
-              "student share | held-out success |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"| {r['stage']} | {r['task_id']} | {r['episodes']} | {r['successes']} | {r['usd']:.4g} |" for r in mine
+        ]
+    lines += [
+        "",
+        f"**Per task** (iteration {iteration}; attempts = the student's rollout and RL episodes)",
+        "",
+        "| task | attempts | successes | teacher episodes | teacher $ | teacher budget left (now) | SFT samples | "
+        "student share | held-out success |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in table:
         t = r["task_id"]
         if lim.per_task is not None and not t.startswith("__"):
@@ -206,23 +275,34 @@ def flywheel_markdown(cfg: FlywheelConfig, iteration: int) -> str:
         else:
             left = "–"
         held = "–" if r["heldout_success"] is None else f"{r['heldout_success']:.0%} (n={r['heldout_n']})"
-        lines.append(f"| {'all' if t == '__all__' else t} | {r['attempts']} | {r['successes']} | {r['teacher_episodes']} | "
-                     f"{r['teacher_usd']:.4g} | {left} | {r['sft_samples']} | {_pct(r['student_share'])} | {held} |")
+        lines.append(
+            f"| {'all' if t == '__all__' else t} | {r['attempts']} | {r['successes']} | {r['teacher_episodes']} | "
+            f"{r['teacher_usd']:.4g} | {left} | {r['sft_samples']} | {_pct(r['student_share'])} | {held} |"
+        )
     return "\n".join(lines)
 
 
-def publish_iteration(cfg: FlywheelConfig, iteration: int, rows: list[dict[str, Any]],
-                      evaluation: dict[str, Any] | None, curriculum: list[dict[str, Any]] | None = None) -> None:
+def publish_iteration(
+    cfg: FlywheelConfig,
+    iteration: int,
+    rows: list[dict[str, Any]],
+    evaluation: dict[str, Any] | None,
+    curriculum: list[dict[str, Any]] | None = None,
+) -> None:
     viewer = build_viewer(cfg)
     try:
         md = iteration_markdown(cfg, iteration, rows, evaluation, viewer)
         try:
             md += flywheel_markdown(cfg, iteration)
         except Exception as e:  # noqa: BLE001 - see publish_stage
-            get_run_logger().warning(f"iteration report: teacher budget / per-task table skipped ({type(e).__name__}: {e})")
-        create_markdown_artifact(md + (curriculum_markdown(curriculum) if curriculum else ""),
-                                 key=artifact_key(cfg.name, "iteration-report"),
-                                 description=f"flywheel iteration {iteration}")
+            get_run_logger().warning(
+                f"iteration report: teacher budget / per-task table skipped ({type(e).__name__}: {e})"
+            )
+        create_markdown_artifact(
+            md + (curriculum_markdown(curriculum) if curriculum else ""),
+            key=artifact_key(cfg.name, "iteration-report"),
+            description=f"flywheel iteration {iteration}",
+        )
     except Exception as e:  # noqa: BLE001 - see publish_stage
         get_run_logger().warning(f"iteration report skipped ({type(e).__name__}: {e})")
 

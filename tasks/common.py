@@ -27,8 +27,9 @@ class ConfigRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: str = Field("configs/local.yaml", description="YAML config, relative to the project folder the flow runs in")
-    overrides: dict[str, Any] = Field(default_factory=dict,
-                                      description='Dotted keys over the YAML, e.g. {"rollout.envs": 1, "sft.epochs": 1}')
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description='Dotted keys over the YAML, e.g. {"rollout.envs": 1, "sft.epochs": 1}'
+    )
 
     def load(self) -> FlywheelConfig:
         """The validated config (ConfigError names file, key and expectation)."""
@@ -39,6 +40,7 @@ def lake_identity(cfg: FlywheelConfig) -> str:
     """The lake a run writes to: its resolved root plus the root folder's inode, so a deleted and
     re-created lake (same path, empty) never matches results cached for the old one."""
     from flywheel.stages import lake_for
+
     lake = lake_for(cfg)
     if lake.remote:  # an object-store lake is its bucket + prefix, the same from every machine
         return lake.uri

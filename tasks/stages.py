@@ -31,6 +31,7 @@ PERSISTED: dict[str, Any] = {"persist_result": True, "cache_key_fn": stage_cache
 def expected_episodes(cfg: FlywheelConfig, stage: str) -> int:
     """Episodes a rollout-type stage will run (the progress bar's 100%): tasks x seeds x group."""
     from envs import registry
+
     if stage == "bootstrap":
         sel, group = cfg.bootstrap.selection, 1
     elif stage == "rollouts":
@@ -65,10 +66,16 @@ def plan_curriculum(config: ConfigRef, iteration: int) -> dict[str, Any]:
     from dataclasses import asdict
 
     from flywheel.curriculum import plan_for
+
     cfg = config.load()
     plan = plan_for(cfg, stages.lake_for(cfg), iteration)
-    return {"decisions": [asdict(d) for d in plan.decisions], "bootstrap_tasks": plan.bootstrap_tasks,
-            "rollout_seeds": plan.rollout_seeds, "rl_tasks": plan.rl_tasks, "run_sft": plan.run_sft}
+    return {
+        "decisions": [asdict(d) for d in plan.decisions],
+        "bootstrap_tasks": plan.bootstrap_tasks,
+        "rollout_seeds": plan.rollout_seeds,
+        "rl_tasks": plan.rl_tasks,
+        "run_sft": plan.run_sft,
+    }
 
 
 @task(name="bootstrap", **PERSISTED)
@@ -113,4 +120,5 @@ def midtrain(config: ConfigRef, iteration: int = 0) -> dict[str, Any]:
     """Mid-training (flywheel/midtrain.py): the base checkpoint the first SFT starts from; `iteration` is only
     part of the cache key (the base belongs to the lake, not to an iteration)."""
     from flywheel.midtrain import midtrain as run
+
     return run(config.load(), progress=False)

@@ -79,8 +79,14 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         srv = self.server
         with srv.lock:
-            srv.requests.append({"path": path, "query": self.path.partition("?")[2],
-                                 "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+            srv.requests.append(
+                {
+                    "path": path,
+                    "query": self.path.partition("?")[2],
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
+                    "body": body,
+                }
+            )
             if path == MESSAGES:
                 name = srv.queue.popleft() if srv.queue else "error_invalid_request"  # unplanned: fail loudly
             elif path.startswith("/v1/models/"):
@@ -88,8 +94,11 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 name = None
         if name is None:
-            reply = {"status": 404, "headers": {}, "body": {"type": "error", "error": {
-                "type": "not_found_error", "message": f"no route {path}"}}}
+            reply = {
+                "status": 404,
+                "headers": {},
+                "body": {"type": "error", "error": {"type": "not_found_error", "message": f"no route {path}"}},
+            }
         else:
             reply = fixture(name)
         data = json.dumps(reply["body"]).encode()

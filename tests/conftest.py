@@ -15,6 +15,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
+
         has_cuda = torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         has_cuda = False

@@ -64,24 +64,33 @@ class HubServer:
                     body = req["json"]
                     kind = body.get("type") or "model"
                     prefix = "" if kind == "model" else f"{kind}s/"
-                    return self._reply(200, {"url": f"{hub.url}/{prefix}{body['organization']}/{body['name']}",
-                                             "name": f"{body['organization']}/{body['name']}"})
+                    return self._reply(
+                        200,
+                        {
+                            "url": f"{hub.url}/{prefix}{body['organization']}/{body['name']}",
+                            "name": f"{body['organization']}/{body['name']}",
+                        },
+                    )
                 if path == "/api/validate-yaml":  # the card's YAML header must parse to a mapping
                     try:
                         ok = isinstance(yaml.safe_load(req["json"]["content"].split("---")[1]), dict)
                     except (yaml.YAMLError, IndexError):
                         ok = False
-                    return self._reply(200 if ok else 400, {"errors": [] if ok else [{"message": "invalid YAML"}],
-                                                            "warnings": []})
+                    return self._reply(
+                        200 if ok else 400, {"errors": [] if ok else [{"message": "invalid YAML"}], "warnings": []}
+                    )
                 m = re.fullmatch(_REPO, path)
                 if m and m.group(3) == "preupload":
-                    files = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                             for f in req["json"]["files"]]
+                    files = [
+                        {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                        for f in req["json"]["files"]
+                    ]
                     return self._reply(200, {"files": files, "commitOid": "0" * 40})
                 if m and m.group(3) == "commit":
                     prefix = "" if m.group(1) == "model" else f"{m.group(1)}s/"
-                    return self._reply(200, {"commitUrl": f"{hub.url}/{prefix}{m.group(2)}/commit/{'a' * 40}",
-                                             "commitOid": "a" * 40})
+                    return self._reply(
+                        200, {"commitUrl": f"{hub.url}/{prefix}{m.group(2)}/commit/{'a' * 40}", "commitOid": "a" * 40}
+                    )
                 self._reply(404, {"error": f"no route {path}"})
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

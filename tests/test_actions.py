@@ -14,13 +14,34 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from agents.actions import (ACTION_ADAPTER, ActionType, Click, Done, DoubleClick, Drag, Fail, Key, Move, RightClick,
-                            Scroll, Type, Wait, action_from_dict, action_to_json)
-from agents.compile import (UnsupportedAction, miniwob_key, normalize_key, normalize_keys, to_computer13,
-                            to_miniwob, to_pyautogui)
-from agents.coords import (CoordSpace, CoordTransform, claude_scaled_size, qwen_smart_resize)
-from agents.parsing import (MAX_RESPONSE_CHARS, ParseResult, action_text_for_history, format_response,
-                            parse_response)
+from agents.actions import (
+    ACTION_ADAPTER,
+    ActionType,
+    Click,
+    Done,
+    DoubleClick,
+    Drag,
+    Fail,
+    Key,
+    Move,
+    RightClick,
+    Scroll,
+    Type,
+    Wait,
+    action_from_dict,
+    action_to_json,
+)
+from agents.compile import (
+    UnsupportedAction,
+    miniwob_key,
+    normalize_key,
+    normalize_keys,
+    to_computer13,
+    to_miniwob,
+    to_pyautogui,
+)
+from agents.coords import CoordSpace, CoordTransform, claude_scaled_size, qwen_smart_resize
+from agents.parsing import MAX_RESPONSE_CHARS, ParseResult, action_text_for_history, format_response, parse_response
 
 SW, SH = 1920, 1080
 
@@ -116,8 +137,12 @@ def test_qwen_smart_resize_known_values():
 
 
 @settings(max_examples=1000, deadline=None, derandomize=True, database=None)
-@given(h=st.integers(1, 5000), w=st.integers(1, 5000), factor=st.sampled_from([28, 32]),
-       max_pixels=st.sampled_from([28 * 28 * 1280, 1003520, 12845056, 2_000_000]))
+@given(
+    h=st.integers(1, 5000),
+    w=st.integers(1, 5000),
+    factor=st.sampled_from([28, 32]),
+    max_pixels=st.sampled_from([28 * 28 * 1280, 1003520, 12845056, 2_000_000]),
+)
 def test_qwen_smart_resize_matches_transformers(h, w, factor, max_pixels):
     ref = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
     if max(h, w) / min(h, w) > 200:
@@ -180,8 +205,9 @@ def test_format_parse_round_trip(space, action):
     assert res.thought == "I see the dialog.\nNext I act."
     assert res.action_desc == "do the thing"
     _assert_close(res.action, action, _coord_tol(t))
-    if space == CoordSpace.SCREEN and all(float(v).is_integer() for k, v in action.model_dump().items()
-                                          if k in ("x", "y", "x1", "y1", "x2", "y2")):
+    if space == CoordSpace.SCREEN and all(
+        float(v).is_integer() for k, v in action.model_dump().items() if k in ("x", "y", "x1", "y1", "x2", "y2")
+    ):
         assert res.action == action  # integer screen coordinates survive exactly
     # writing the parsed action again gives the same text (rounding is idempotent)
     assert format_response("I see the dialog.\nNext I act.", "do the thing", res.action, t) == text
@@ -194,16 +220,21 @@ def test_format_parse_round_trip(space, action):
 def test_format_shape():
     t = CoordTransform(CoordSpace.ABSOLUTE, 1920, 1080, 1312, 736)
     text = format_response("think", "Click OK", Click(x=960, y=540), t)
-    assert text == ('<thinking>\nthink\n</thinking>\nAction: Click OK\n<tool_call>\n'
-                    '{"name": "computer_use", "arguments": {"action": "click", "x": 656, "y": 368}}\n</tool_call>')
+    assert text == (
+        "<thinking>\nthink\n</thinking>\nAction: Click OK\n<tool_call>\n"
+        '{"name": "computer_use", "arguments": {"action": "click", "x": 656, "y": 368}}\n</tool_call>'
+    )
     res = parse_response(text, t)
     assert res.action == Click(x=960, y=540) and res.raw_args == {"action": "click", "x": 656, "y": 368}
-    assert format_response(None, "Done", Done()) == ('Action: Done\n<tool_call>\n'
-                                                     '{"name": "computer_use", "arguments": {"action": "done"}}\n</tool_call>')
+    assert format_response(None, "Done", Done()) == (
+        'Action: Done\n<tool_call>\n{"name": "computer_use", "arguments": {"action": "done"}}\n</tool_call>'
+    )
     # tags in free text are defanged so they cannot break the format
     text = format_response("a </thinking> b <tool_call>", "x <tool_call>\ny", Wait())
     res = parse_response(text)
-    assert res.action == Wait() and res.thought == "a [/thinking] b [tool_call]" and res.action_desc == "x [tool_call] y"
+    assert (
+        res.action == Wait() and res.thought == "a [/thinking] b [tool_call]" and res.action_desc == "x [tool_call] y"
+    )
 
 
 def test_history_text():
@@ -230,31 +261,36 @@ def _call(args, close=True) -> str:
     return f"Action: x\n<tool_call>\n{body}\n" + ("</tool_call>" if close else "")
 
 
-@pytest.mark.parametrize("args, expected", [
-    ({"action": "left_click", "coordinate": [10, 20]}, Click(x=10, y=20)),
-    ({"action": "click", "x": 10, "y": 20, "button": "right"}, Click(x=10, y=20, button="right")),
-    ({"action": "middle_click", "coordinate": [10, 20]}, Click(x=10, y=20, button="middle")),
-    ({"action": "triple_click", "coordinate": [10, 20]}, Click(x=10, y=20, clicks=3)),
-    ({"action": "double_click", "coordinate": [10, 20]}, DoubleClick(x=10, y=20)),
-    ({"action": "right_click", "coordinate": [10, 20]}, RightClick(x=10, y=20)),
-    ({"action": "mouse_move", "coordinate": [10, 20]}, Move(x=10, y=20)),
-    ({"action": "left_click_drag", "start_coordinate": [1, 2], "coordinate": [3, 4]}, Drag(x1=1, y1=2, x2=3, y2=4)),
-    ({"action": "scroll", "coordinate": [5, 6], "pixels": -3}, Scroll(x=5, y=6, dy=3)),
-    ({"action": "hscroll", "coordinate": [5, 6], "pixels": 2}, Scroll(x=5, y=6, dx=2)),
-    ({"action": "scroll", "coordinate": [5, 6], "direction": "up"}, Scroll(x=5, y=6, dy=-5)),
-    ({"action": "scroll", "coordinate": [5, 6], "scroll_direction": "right", "scroll_amount": 2},
-     Scroll(x=5, y=6, dx=2)),
-    ({"action": "key", "keys": "ctrl+a"}, Key(keys=["ctrl", "a"])),
-    ({"action": "key", "keys": ["Control", "Shift", "T"]}, Key(keys=["ctrl", "shift", "t"])),
-    ({"action": "key", "keys": ["ctrl+c"]}, Key(keys=["ctrl", "c"])),
-    ({"action": "key", "keys": "ctrl++"}, Key(keys=["ctrl", "+"])),
-    ({"action": "key", "key": "Return"}, Key(keys=["enter"])),
-    ({"action": "key", "text": "Page_Down"}, Key(keys=["pagedown"])),
-    ({"action": "wait", "time": 2}, Wait(seconds=2)),
-    ({"action": "wait", "duration": 0.5}, Wait(seconds=0.5)),
-    ({"action": "terminate", "status": "success"}, Done()),
-    ({"action": "terminate", "status": "failure"}, Fail()),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ({"action": "left_click", "coordinate": [10, 20]}, Click(x=10, y=20)),
+        ({"action": "click", "x": 10, "y": 20, "button": "right"}, Click(x=10, y=20, button="right")),
+        ({"action": "middle_click", "coordinate": [10, 20]}, Click(x=10, y=20, button="middle")),
+        ({"action": "triple_click", "coordinate": [10, 20]}, Click(x=10, y=20, clicks=3)),
+        ({"action": "double_click", "coordinate": [10, 20]}, DoubleClick(x=10, y=20)),
+        ({"action": "right_click", "coordinate": [10, 20]}, RightClick(x=10, y=20)),
+        ({"action": "mouse_move", "coordinate": [10, 20]}, Move(x=10, y=20)),
+        ({"action": "left_click_drag", "start_coordinate": [1, 2], "coordinate": [3, 4]}, Drag(x1=1, y1=2, x2=3, y2=4)),
+        ({"action": "scroll", "coordinate": [5, 6], "pixels": -3}, Scroll(x=5, y=6, dy=3)),
+        ({"action": "hscroll", "coordinate": [5, 6], "pixels": 2}, Scroll(x=5, y=6, dx=2)),
+        ({"action": "scroll", "coordinate": [5, 6], "direction": "up"}, Scroll(x=5, y=6, dy=-5)),
+        (
+            {"action": "scroll", "coordinate": [5, 6], "scroll_direction": "right", "scroll_amount": 2},
+            Scroll(x=5, y=6, dx=2),
+        ),
+        ({"action": "key", "keys": "ctrl+a"}, Key(keys=["ctrl", "a"])),
+        ({"action": "key", "keys": ["Control", "Shift", "T"]}, Key(keys=["ctrl", "shift", "t"])),
+        ({"action": "key", "keys": ["ctrl+c"]}, Key(keys=["ctrl", "c"])),
+        ({"action": "key", "keys": "ctrl++"}, Key(keys=["ctrl", "+"])),
+        ({"action": "key", "key": "Return"}, Key(keys=["enter"])),
+        ({"action": "key", "text": "Page_Down"}, Key(keys=["pagedown"])),
+        ({"action": "wait", "time": 2}, Wait(seconds=2)),
+        ({"action": "wait", "duration": 0.5}, Wait(seconds=0.5)),
+        ({"action": "terminate", "status": "success"}, Done()),
+        ({"action": "terminate", "status": "failure"}, Fail()),
+    ],
+)
 def test_aliases(args, expected):
     res = parse_response(_call(args))
     assert res.error is None and res.action == expected and res.raw_args == args
@@ -266,41 +302,46 @@ def test_missing_close_tag_is_fine_and_end_tokens_are_ignored():
     assert parse_response(_call({"action": "done"}, close=False) + "<|im_end|>").action == Done()
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("I will click the OK button.", "no <tool_call> block"),
-    ("", "no <tool_call> block"),
-    ("<tool_call>\n{not json}\n</tool_call>", "invalid JSON"),
-    ("<tool_call>\n</tool_call>", "empty <tool_call> block"),
-    (_call({"action": "jump"}), "unknown action 'jump'"),
-    (_call({"action": "click", "y": 3}), "x: field required"),
-    (_call({"action": "click", "x": 1, "y": 2, "why": "ok"}), "why: extra inputs are not permitted"),
-    (_call({"action": "click", "x": "1", "y": 2}), "x: must be a number"),
-    (_call({"action": "click", "x": True, "y": 2}), "x: must be a number"),
-    (_call({"action": "click", "x": 1e300, "y": 2}), "x: number too large"),
-    (_call({"action": "click", "coordinate": [1, 2, 3]}), "coordinate: must be a list [x, y]"),
-    (_call({"action": "click", "coordinate": [1, 2], "x": 5, "y": 2}), "both 'coordinate' and 'x' given"),
-    (_call({"action": "left_click_drag", "coordinate": [1, 2]}), "drag: needs a start point"),
-    (_call({"action": "key", "keys": ["hyper"]}), "unknown key 'hyper'"),
-    (_call({"action": "key", "keys": 5}), "keys: must be a string or a list of strings"),
-    (_call({"action": "terminate", "status": "maybe"}), "terminate: status must be"),
-    (_call({"action": "scroll", "coordinate": [1, 2], "direction": "sideways"}), "direction: must be"),
-    (_call({"action": "type", "text": ""}), "text: string should have at least 1 character"),
-    (_call({"action": "click", "x": 1, "y": 2}) + "\nand then more", "unexpected text after </tool_call>"),
-    (_call({"action": "done"}) + _call({"action": "done"}), "multiple <tool_call> blocks (2)"),
-    ('<tool_call>{"name": "bash", "arguments": {"cmd": "rm -rf /"}}</tool_call>', "unknown tool 'bash'"),
-    ('<tool_call>{"name": "computer_use"}</tool_call>', "tool call: 'arguments' missing"),
-    ('<tool_call>{"name": "computer_use", "arguments": "{}"}</tool_call>', "arguments: must be an object"),
-    ('<tool_call>{"name": "computer_use", "arguments": {"action": "done"}, "id": 1}</tool_call>',
-     "tool call: unexpected key 'id'"),
-    ('<tool_call>[1, 2]</tool_call>', "tool call: must be a JSON object"),
-    ('<tool_call>{"name": "computer_use", "arguments": {"action": "click", "x": NaN, "y": 1}}', "invalid JSON"),
-    ('<tool_call>{"name": "computer_use", "arguments": {"action": "click", "x": 1, "x": 2}}', "duplicate key 'x'"),
-    ('<tool_call>{"name": "computer_use", "arguments": {"action": "done"}} {"extra": 1}', "extra data"),
-    ("<thinking> I am thinking and then the generation got cut", "unclosed <thinking> block"),
-    ("</tool_call>", "</tool_call> without <tool_call>"),
-    ("x" * (MAX_RESPONSE_CHARS + 1), "response too long"),
-    ("<tool_call>" + "[" * 15000, "invalid JSON"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("I will click the OK button.", "no <tool_call> block"),
+        ("", "no <tool_call> block"),
+        ("<tool_call>\n{not json}\n</tool_call>", "invalid JSON"),
+        ("<tool_call>\n</tool_call>", "empty <tool_call> block"),
+        (_call({"action": "jump"}), "unknown action 'jump'"),
+        (_call({"action": "click", "y": 3}), "x: field required"),
+        (_call({"action": "click", "x": 1, "y": 2, "why": "ok"}), "why: extra inputs are not permitted"),
+        (_call({"action": "click", "x": "1", "y": 2}), "x: must be a number"),
+        (_call({"action": "click", "x": True, "y": 2}), "x: must be a number"),
+        (_call({"action": "click", "x": 1e300, "y": 2}), "x: number too large"),
+        (_call({"action": "click", "coordinate": [1, 2, 3]}), "coordinate: must be a list [x, y]"),
+        (_call({"action": "click", "coordinate": [1, 2], "x": 5, "y": 2}), "both 'coordinate' and 'x' given"),
+        (_call({"action": "left_click_drag", "coordinate": [1, 2]}), "drag: needs a start point"),
+        (_call({"action": "key", "keys": ["hyper"]}), "unknown key 'hyper'"),
+        (_call({"action": "key", "keys": 5}), "keys: must be a string or a list of strings"),
+        (_call({"action": "terminate", "status": "maybe"}), "terminate: status must be"),
+        (_call({"action": "scroll", "coordinate": [1, 2], "direction": "sideways"}), "direction: must be"),
+        (_call({"action": "type", "text": ""}), "text: string should have at least 1 character"),
+        (_call({"action": "click", "x": 1, "y": 2}) + "\nand then more", "unexpected text after </tool_call>"),
+        (_call({"action": "done"}) + _call({"action": "done"}), "multiple <tool_call> blocks (2)"),
+        ('<tool_call>{"name": "bash", "arguments": {"cmd": "rm -rf /"}}</tool_call>', "unknown tool 'bash'"),
+        ('<tool_call>{"name": "computer_use"}</tool_call>', "tool call: 'arguments' missing"),
+        ('<tool_call>{"name": "computer_use", "arguments": "{}"}</tool_call>', "arguments: must be an object"),
+        (
+            '<tool_call>{"name": "computer_use", "arguments": {"action": "done"}, "id": 1}</tool_call>',
+            "tool call: unexpected key 'id'",
+        ),
+        ("<tool_call>[1, 2]</tool_call>", "tool call: must be a JSON object"),
+        ('<tool_call>{"name": "computer_use", "arguments": {"action": "click", "x": NaN, "y": 1}}', "invalid JSON"),
+        ('<tool_call>{"name": "computer_use", "arguments": {"action": "click", "x": 1, "x": 2}}', "duplicate key 'x'"),
+        ('<tool_call>{"name": "computer_use", "arguments": {"action": "done"}} {"extra": 1}', "extra data"),
+        ("<thinking> I am thinking and then the generation got cut", "unclosed <thinking> block"),
+        ("</tool_call>", "</tool_call> without <tool_call>"),
+        ("x" * (MAX_RESPONSE_CHARS + 1), "response too long"),
+        ("<tool_call>" + "[" * 15000, "invalid JSON"),
+    ],
+)
 def test_errors(text, reason):
     res = parse_response(text)
     assert res.action is None and res.error and reason in res.error, res.error
@@ -375,15 +416,21 @@ def test_normalize_keys():
 
 def test_to_pyautogui():
     assert to_pyautogui(Click(x=412.4, y=229.6)) == "pyautogui.click(x=412, y=230)"
-    assert to_pyautogui(Click(x=1, y=2, button="right", clicks=2)) == "pyautogui.click(x=1, y=2, button='right', clicks=2)"
+    assert (
+        to_pyautogui(Click(x=1, y=2, button="right", clicks=2)) == "pyautogui.click(x=1, y=2, button='right', clicks=2)"
+    )
     assert to_pyautogui(DoubleClick(x=1, y=2)) == "pyautogui.doubleClick(x=1, y=2)"
     assert to_pyautogui(RightClick(x=1, y=2)) == "pyautogui.rightClick(x=1, y=2)"
     assert to_pyautogui(Move(x=1, y=2)) == "pyautogui.moveTo(1, 2)"
-    assert to_pyautogui(Drag(x1=1, y1=2, x2=3, y2=4)) == \
-        "pyautogui.moveTo(1, 2); pyautogui.dragTo(3, 4, duration=0.5, button='left')"
+    assert (
+        to_pyautogui(Drag(x1=1, y1=2, x2=3, y2=4))
+        == "pyautogui.moveTo(1, 2); pyautogui.dragTo(3, 4, duration=0.5, button='left')"
+    )
     assert to_pyautogui(Scroll(x=5, y=6, dy=3)) == "pyautogui.scroll(-3, x=5, y=6)"  # down = negative
     assert to_pyautogui(Scroll(x=5, y=6, dx=2)) == "pyautogui.hscroll(2, x=5, y=6)"
-    assert to_pyautogui(Scroll(x=5, y=6, dx=-1, dy=-2)) == "pyautogui.scroll(2, x=5, y=6); pyautogui.hscroll(-1, x=5, y=6)"
+    assert (
+        to_pyautogui(Scroll(x=5, y=6, dx=-1, dy=-2)) == "pyautogui.scroll(2, x=5, y=6); pyautogui.hscroll(-1, x=5, y=6)"
+    )
     assert to_pyautogui(Type(text="hello")) == "pyautogui.write('hello')"
     assert to_pyautogui(Key(keys=["Return"])) == "pyautogui.press('enter')"
     assert to_pyautogui(Key(keys=["ctrl", "a"])) == "pyautogui.hotkey('ctrl', 'a')"
@@ -398,8 +445,21 @@ def test_to_pyautogui():
 
 
 NASTY_TEXTS = [
-    "it's", 'say "hi"', "back\\slash", "new\nline", "tab\tand\rcr", "'''", '"""', "\\'; import os; os.system('x') #",
-    "'); import os; os.system('rm -rf /'); ('", "\x00nul", "ünïcode 🙂 \u202e rtl", "{}", "\\", "\\\\'", "\n",
+    "it's",
+    'say "hi"',
+    "back\\slash",
+    "new\nline",
+    "tab\tand\rcr",
+    "'''",
+    '"""',
+    "\\'; import os; os.system('x') #",
+    "'); import os; os.system('rm -rf /'); ('",
+    "\x00nul",
+    "ünïcode 🙂 \u202e rtl",
+    "{}",
+    "\\",
+    "\\\\'",
+    "\n",
 ]
 
 
@@ -418,24 +478,30 @@ def test_pyautogui_escaping(text):
     _assert_single_call_literal(to_pyautogui(Type(text=text)), "pyautogui.write", text)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(st.text(min_size=1, max_size=512))
 def test_pyautogui_escaping_property(text):
     _assert_single_call_literal(to_pyautogui(Type(text=text)), "pyautogui.write", text)
 
 
 def test_to_computer13():
-    assert to_computer13(Click(x=1.4, y=2)) == {"action_type": "CLICK",
-                                                "parameters": {"button": "left", "x": 1, "y": 2, "num_clicks": 1}}
+    assert to_computer13(Click(x=1.4, y=2)) == {
+        "action_type": "CLICK",
+        "parameters": {"button": "left", "x": 1, "y": 2, "num_clicks": 1},
+    }
     assert to_computer13(DoubleClick(x=1, y=2)) == {"action_type": "DOUBLE_CLICK", "parameters": {"x": 1, "y": 2}}
     assert to_computer13(RightClick(x=1, y=2)) == {"action_type": "RIGHT_CLICK", "parameters": {"x": 1, "y": 2}}
     assert to_computer13(Move(x=1, y=2)) == {"action_type": "MOVE_TO", "parameters": {"x": 1, "y": 2}}
     assert to_computer13(Drag(x1=1, y1=2, x2=3, y2=4)) == [
         {"action_type": "MOVE_TO", "parameters": {"x": 1, "y": 2}},
-        {"action_type": "DRAG_TO", "parameters": {"x": 3, "y": 4}}]
+        {"action_type": "DRAG_TO", "parameters": {"x": 3, "y": 4}},
+    ]
     assert to_computer13(Scroll(x=5, y=6, dx=1, dy=3)) == [
         {"action_type": "MOVE_TO", "parameters": {"x": 5, "y": 6}},
-        {"action_type": "SCROLL", "parameters": {"dx": 1, "dy": -3}}]  # vscroll > 0 is up
+        {"action_type": "SCROLL", "parameters": {"dx": 1, "dy": -3}},
+    ]  # vscroll > 0 is up
     assert to_computer13(Type(text="a'b")) == {"action_type": "TYPING", "parameters": {"text": "a'b"}}
     assert to_computer13(Key(keys=["Return"])) == {"action_type": "PRESS", "parameters": {"key": "enter"}}
     assert to_computer13(Key(keys=["ctrl", "S"])) == {"action_type": "HOTKEY", "parameters": {"keys": ["ctrl", "s"]}}
@@ -508,8 +574,15 @@ def test_miniwob_click_and_type_on_real_env(miniwob_env):
     assert cfg.allowed_keys[k["key"]] == "C-a"
     assert cfg.action_types[to_miniwob(Wait(), u)[0]["action_type"]] == ActionTypes.NONE
     assert len(to_miniwob(Scroll(x=1, y=2, dy=-3), u)) == 3
-    for bad in (RightClick(x=1, y=2), Drag(x1=1, y1=2, x2=3, y2=4), Key(keys=["ctrl", "z"]),
-                Scroll(x=1, y=2, dx=1), Click(x=1, y=2, button="right"), Done(), Fail()):
+    for bad in (
+        RightClick(x=1, y=2),
+        Drag(x1=1, y1=2, x2=3, y2=4),
+        Key(keys=["ctrl", "z"]),
+        Scroll(x=1, y=2, dx=1),
+        Click(x=1, y=2, button="right"),
+        Done(),
+        Fail(),
+    ):
         with pytest.raises(UnsupportedAction):
             to_miniwob(bad, u)
 

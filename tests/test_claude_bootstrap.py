@@ -8,9 +8,9 @@ import logging
 
 import pyarrow.parquet as pq
 import pytest
+from claude_replay import ClaudeReplay, fixture
 
 from agents.claude import Price
-from claude_replay import ClaudeReplay, fixture
 from configs.models import parse_config
 from flywheel.errors import UserError
 from storage.catalog import connect
@@ -32,12 +32,17 @@ def server():
 
 
 def config(server, tmp_path, **over):
-    data = {"lake": {"root": str(tmp_path / "lake")},
-            "env": {"screenshot_scale": over.pop("scale", 1)},
-            "rollout": {"envs": 1, "episode_timeout_s": 60},
-            "bootstrap": {"policy": over.pop("policy", "claude"), "budget_usd": over.pop("budget", None),
-                          "selection": {"tasks": ["click-test"], "seeds_per_task": over.pop("seeds", 2)}},
-            "claude": {"base_url": server.url, "max_retries": 3, "thinking_budget": 1024}}
+    data = {
+        "lake": {"root": str(tmp_path / "lake")},
+        "env": {"screenshot_scale": over.pop("scale", 1)},
+        "rollout": {"envs": 1, "episode_timeout_s": 60},
+        "bootstrap": {
+            "policy": over.pop("policy", "claude"),
+            "budget_usd": over.pop("budget", None),
+            "selection": {"tasks": ["click-test"], "seeds_per_task": over.pop("seeds", 2)},
+        },
+        "claude": {"base_url": server.url, "max_retries": 3, "thinking_budget": 1024},
+    }
     return parse_config(data)
 
 
@@ -50,12 +55,19 @@ def env(monkeypatch, tmp_path):
 @pytest.mark.browser
 def test_claude_bootstrap_fills_the_lake_that_curate_consumes(server, tmp_path, env, caplog):
     from flywheel import stages
+
     caplog.set_level(logging.DEBUG)
     # click-test at screenshot_scale 8: a 1280x1680 screen, which Claude sees downscaled to 936x1228.
     # seed 0: a 429 and a 529 on the way (retried by the SDK), a screenshot request (answered without an env
     # step), a zoom (not in our action set: a recorded error Claude is told about), then the click.
-    server.plan("error_rate_limit", "screenshot_first", "zoom_unsupported", "error_overloaded", "click_ct_seed0",
-                "click_ct_seed1")
+    server.plan(
+        "error_rate_limit",
+        "screenshot_first",
+        "zoom_unsupported",
+        "error_overloaded",
+        "click_ct_seed0",
+        "click_ct_seed1",
+    )
     cfg = config(server, tmp_path, scale=8)
     res = stages.bootstrap(cfg, 0, progress=False)
     assert (res["policy"], res["ran"], res["successes"], res["errors"]) == ("claude", 2, 2, 0)
@@ -78,7 +90,9 @@ def test_claude_bootstrap_fills_the_lake_that_curate_consumes(server, tmp_path, 
     assert (act["x"], act["y"]) == pytest.approx((176 * 1280 / 936, 830 * 1680 / 1228))
     assert click0[4].startswith("The 'Click Me!' button") and click0[7] == pytest.approx(cost("click_ct_seed0"))
     assert (click0[8], click0[9]) == (4010 + 1200, 141)
-    eps = con.execute("SELECT seed, cost, input_tokens, output_tokens, policy, policy_version FROM episodes ORDER BY seed").fetchall()
+    eps = con.execute(
+        "SELECT seed, cost, input_tokens, output_tokens, policy, policy_version FROM episodes ORDER BY seed"
+    ).fetchall()
     assert eps[0][1] == pytest.approx(zoom[7] + click0[7]) and eps[1][1] == pytest.approx(click1[7])
     assert eps[0][2:] == (1890 + 3420 + 4010 + 1200, 64 + 96 + 141, "claude", "claude-sonnet-4-6")
     # "dollars per verified success by task" (README)
@@ -88,7 +102,9 @@ def test_claude_bootstrap_fills_the_lake_that_curate_consumes(server, tmp_path, 
     # what Claude saw and was told: the scaled screenshot size, the beta header, the zoom error fed back
     first = server.sent()[0]
     assert first["headers"]["anthropic-beta"] == "computer-use-2025-11-24"
-    assert first["body"]["tools"][0]["display_width_px"] == 936 and first["body"]["tools"][0]["display_height_px"] == 1228
+    assert (
+        first["body"]["tools"][0]["display_width_px"] == 936 and first["body"]["tools"][0]["display_height_px"] == 1228
+    )
     after_zoom = server.sent()[3]["body"]["messages"][-1]["content"][0]
     assert after_zoom["tool_use_id"] == "toolu_02Zoom" and after_zoom["is_error"] is True
 
@@ -106,17 +122,24 @@ def test_claude_bootstrap_fills_the_lake_that_curate_consumes(server, tmp_path, 
 
     # ... and SFT trains on that export unchanged (a tiny student, two optimizer steps)
     from training.models import init_model
+
     base = init_model("qwen3-vl", "tiny", tmp_path / "student", seed=0)
-    scfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"method": "full", "max_steps": 2, "batch_size": 2}),
-                                  "student": cfg.student.model_copy(update={"model": str(base), "size": "tiny"})})
+    scfg = cfg.model_copy(
+        update={
+            "sft": cfg.sft.model_copy(update={"method": "full", "max_steps": 2, "batch_size": 2}),
+            "student": cfg.student.model_copy(update={"model": str(base), "size": "tiny"}),
+        }
+    )
     trained = stages.sft(scfg, 0, cur["dataset_id"], base=str(base), progress=False)
     assert trained["steps"] == 2 and 0 < trained["final_loss"] < 20
     ck = connect(tmp_path / "lake").execute("SELECT dataset_id, method FROM checkpoints WHERE stage = 'sft'").fetchall()
     assert ck == [(cur["dataset_id"], "sft")]
 
     # the key reaches no lake row, no export, no log line
-    dump = [repr(con.execute(f"SELECT * EXCLUDE ({'screenshot' if t == 'steps' else 'run_key'}) FROM {t}").fetchall())
-            for t in ("steps", "episodes", "datasets")]
+    dump = [
+        repr(con.execute(f"SELECT * EXCLUDE ({'screenshot' if t == 'steps' else 'run_key'}) FROM {t}").fetchall())
+        for t in ("steps", "episodes", "datasets")
+    ]
     files = [p.read_bytes() for p in (tmp_path / "lake").rglob("*") if p.is_file()]
     assert not [d for d in dump if KEY in d] and not [f for f in files if KEY.encode() in f]
     assert KEY not in caplog.text and KEY not in json.dumps(res, default=str)
@@ -125,6 +148,7 @@ def test_claude_bootstrap_fills_the_lake_that_curate_consumes(server, tmp_path, 
 @pytest.mark.browser
 def test_budget_stops_new_episodes_and_keeps_finished_ones(server, tmp_path, env):
     from flywheel import stages
+
     server.plan("click_small_seed0")
     one = cost("click_small_seed0")
     cfg = config(server, tmp_path, seeds=3, budget=one * 0.9)  # the first episode already spends it
@@ -147,6 +171,7 @@ def test_budget_stops_new_episodes_and_keeps_finished_ones(server, tmp_path, env
 
 def test_auto_uses_claude_with_a_key_and_falls_back_without(server, tmp_path, monkeypatch, caplog):
     from flywheel.stages import teacher_policy
+
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     cfg = config(server, tmp_path, policy="auto")
     with caplog.at_level(logging.INFO):

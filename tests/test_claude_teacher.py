@@ -14,6 +14,7 @@ import logging
 import traceback
 
 import pytest
+from claude_replay import ClaudeReplay, fixture
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -22,7 +23,6 @@ from agents.actions import Click, Done, Drag, Fail, Key, Move, RightClick, Scrol
 from agents.base import StepRecord
 from agents.claude import ClaudeError, ClaudePolicy, Price, check_claude, map_tool_use, tool_version_for
 from agents.coords import CoordTransform, claude_scaled_size
-from claude_replay import ClaudeReplay, fixture
 from configs.models import ClaudeConfig, ConfigError, parse_config
 from envs.base import Observation
 
@@ -59,6 +59,7 @@ def make_policy(server, monkeypatch):
         p = ClaudePolicy(kw.pop("model", MODEL), base_url=server.url, **kw)
         made.append(p)
         return p
+
     yield make
     for p in made:
         p.close()
@@ -76,8 +77,14 @@ def usage_cost(name: str, price: Price) -> float:
 
 # ---- coordinates -------------------------------------------------------------------------------
 
-SCREENS = [(160 * k, 210 * k) for k in (1, 2, 4, 8)] + [(1024, 768), (1280, 800), (1366, 768), (1920, 1080),
-                                                       (2560, 1440), (3840, 2160)]
+SCREENS = [(160 * k, 210 * k) for k in (1, 2, 4, 8)] + [
+    (1024, 768),
+    (1280, 800),
+    (1366, 768),
+    (1920, 1080),
+    (2560, 1440),
+    (3840, 2160),
+]
 
 
 @pytest.mark.parametrize("w,h", SCREENS)
@@ -113,25 +120,34 @@ T = CoordTransform.for_claude(1920, 1080)  # 1429x804: a real downscale
 S = 1920 / 1429, 1080 / 804
 
 
-@pytest.mark.parametrize("inp, want", [
-    ({"action": "left_click", "coordinate": [100, 200]}, Click(x=100 * S[0], y=200 * S[1])),
-    ({"action": "right_click", "coordinate": [100, 200]}, RightClick(x=100 * S[0], y=200 * S[1])),
-    ({"action": "middle_click", "coordinate": [10, 20]}, Click(x=10 * S[0], y=20 * S[1], button="middle")),
-    ({"action": "double_click", "coordinate": [10, 20]}, None),  # checked below: DoubleClick
-    ({"action": "triple_click", "coordinate": [10, 20]}, Click(x=10 * S[0], y=20 * S[1], clicks=3)),
-    ({"action": "mouse_move", "coordinate": [0, 0]}, Move(x=0, y=0)),
-    ({"action": "left_click_drag", "start_coordinate": [1, 2], "coordinate": [300, 400]},
-     Drag(x1=1 * S[0], y1=2 * S[1], x2=300 * S[0], y2=400 * S[1])),
-    ({"action": "scroll", "coordinate": [50, 60], "scroll_direction": "down", "scroll_amount": 3},
-     Scroll(x=50 * S[0], y=60 * S[1], dy=3)),
-    ({"action": "scroll", "coordinate": [50, 60], "scroll_direction": "left", "scroll_amount": 2},
-     Scroll(x=50 * S[0], y=60 * S[1], dx=-2)),
-    ({"action": "type", "text": "hello world"}, Type(text="hello world")),
-    ({"action": "key", "text": "ctrl+a"}, Key(keys=["ctrl", "a"])),
-    ({"action": "key", "text": "Return"}, Key(keys=["enter"])),
-    ({"action": "wait", "duration": 2}, Wait(seconds=2)),
-    ({"action": "left_click", "coordinate": [1429, 804]}, Click(x=1919, y=1079)),  # far edge: clamped on screen
-])
+@pytest.mark.parametrize(
+    "inp, want",
+    [
+        ({"action": "left_click", "coordinate": [100, 200]}, Click(x=100 * S[0], y=200 * S[1])),
+        ({"action": "right_click", "coordinate": [100, 200]}, RightClick(x=100 * S[0], y=200 * S[1])),
+        ({"action": "middle_click", "coordinate": [10, 20]}, Click(x=10 * S[0], y=20 * S[1], button="middle")),
+        ({"action": "double_click", "coordinate": [10, 20]}, None),  # checked below: DoubleClick
+        ({"action": "triple_click", "coordinate": [10, 20]}, Click(x=10 * S[0], y=20 * S[1], clicks=3)),
+        ({"action": "mouse_move", "coordinate": [0, 0]}, Move(x=0, y=0)),
+        (
+            {"action": "left_click_drag", "start_coordinate": [1, 2], "coordinate": [300, 400]},
+            Drag(x1=1 * S[0], y1=2 * S[1], x2=300 * S[0], y2=400 * S[1]),
+        ),
+        (
+            {"action": "scroll", "coordinate": [50, 60], "scroll_direction": "down", "scroll_amount": 3},
+            Scroll(x=50 * S[0], y=60 * S[1], dy=3),
+        ),
+        (
+            {"action": "scroll", "coordinate": [50, 60], "scroll_direction": "left", "scroll_amount": 2},
+            Scroll(x=50 * S[0], y=60 * S[1], dx=-2),
+        ),
+        ({"action": "type", "text": "hello world"}, Type(text="hello world")),
+        ({"action": "key", "text": "ctrl+a"}, Key(keys=["ctrl", "a"])),
+        ({"action": "key", "text": "Return"}, Key(keys=["enter"])),
+        ({"action": "wait", "duration": 2}, Wait(seconds=2)),
+        ({"action": "left_click", "coordinate": [1429, 804]}, Click(x=1919, y=1079)),  # far edge: clamped on screen
+    ],
+)
 def test_claude_actions_map_to_the_schema(inp, want):
     action, err = map_tool_use("computer", inp, T)
     assert err is None, err
@@ -141,18 +157,21 @@ def test_claude_actions_map_to_the_schema(inp, want):
         assert action.model_dump() == pytest.approx(want.model_dump()) if hasattr(want, "x") else action == want
 
 
-@pytest.mark.parametrize("name, inp, why", [
-    ("computer", {"action": "zoom", "region": [0, 0, 10, 10]}, "unknown action 'zoom'"),
-    ("computer", {"action": "hold_key", "text": "shift", "duration": 1}, "unknown action 'hold_key'"),
-    ("computer", {"action": "left_mouse_down"}, "unknown action 'left_mouse_down'"),
-    ("computer", {"action": "left_click", "coordinate": [5, 5], "text": "shift"}, "while holding keys"),
-    ("computer", {"action": "fly_to_moon"}, "unknown action"),
-    ("computer", {"action": "left_click", "coordinate": [2000, 5]}, "outside the image"),
-    ("computer", {"action": "key", "text": "hyper+q"}, "unknown key"),
-    ("computer", "not a dict", "needs a string 'action'"),
-    ("bash", {"command": "rm -rf /"}, "unknown tool 'bash'"),
-    ("finish", {"status": "maybe"}, "status must be"),
-])
+@pytest.mark.parametrize(
+    "name, inp, why",
+    [
+        ("computer", {"action": "zoom", "region": [0, 0, 10, 10]}, "unknown action 'zoom'"),
+        ("computer", {"action": "hold_key", "text": "shift", "duration": 1}, "unknown action 'hold_key'"),
+        ("computer", {"action": "left_mouse_down"}, "unknown action 'left_mouse_down'"),
+        ("computer", {"action": "left_click", "coordinate": [5, 5], "text": "shift"}, "while holding keys"),
+        ("computer", {"action": "fly_to_moon"}, "unknown action"),
+        ("computer", {"action": "left_click", "coordinate": [2000, 5]}, "outside the image"),
+        ("computer", {"action": "key", "text": "hyper+q"}, "unknown key"),
+        ("computer", "not a dict", "needs a string 'action'"),
+        ("bash", {"command": "rm -rf /"}, "unknown tool 'bash'"),
+        ("finish", {"status": "maybe"}, "status must be"),
+    ],
+)
 def test_unknown_or_unsupported_actions_are_errors_not_crashes(name, inp, why):
     action, err = map_tool_use(name, inp, T)
     assert action is None and why in err
@@ -164,6 +183,7 @@ def test_finish_maps_to_done_and_fail():
 
 
 # ---- requests, thinking, cost --------------------------------------------------------------------
+
 
 def test_first_step_request_thinking_and_cost(server, make_policy):
     server.plan("screenshot_first", "click_ct_seed0")
@@ -190,10 +210,15 @@ def test_first_step_request_thinking_and_cost(server, make_policy):
     # the decision: Claude's (176, 830) on the 936x1228 image, in screen pixels
     assert isinstance(d.action, Click)
     assert (d.action.x, d.action.y) == pytest.approx((176 * 1280 / 936, 830 * 1680 / 1228))
-    assert d.thought.startswith("The 'Click Me!' button") and d.raw_action == {"action": "left_click", "coordinate": [176, 830]}
+    assert d.thought.startswith("The 'Click Me!' button") and d.raw_action == {
+        "action": "left_click",
+        "coordinate": [176, 830],
+    }
     assert d.action_desc == "I'll click the button."
     price = Price(3, 15, 3.75, 0.3)
-    assert d.extra["cost_usd"] == pytest.approx(usage_cost("screenshot_first", price) + usage_cost("click_ct_seed0", price))
+    assert d.extra["cost_usd"] == pytest.approx(
+        usage_cost("screenshot_first", price) + usage_cost("click_ct_seed0", price)
+    )
     assert d.extra["api_calls"] == 2 and len(json.loads(d.extra["raw_response"])) == 2
     assert d.completion_tokens == 64 + 141 and d.prompt_tokens == 1890 + 4010 + 1200
 
@@ -202,7 +227,9 @@ def test_errors_are_fed_back_and_the_next_turn_continues(server, make_policy):
     server.plan("zoom_unsupported", "finish_done")
     policy = make_policy()
     d0 = policy.act(obs(), [])
-    assert d0.action is None and "unknown action 'zoom'" in d0.parse_error and d0.thought.startswith("The button is small")
+    assert (
+        d0.action is None and "unknown action 'zoom'" in d0.parse_error and d0.thought.startswith("The button is small")
+    )
     hist = [StepRecord(0, d0.thought, d0.action_desc, None, f"parse error: {d0.parse_error}")]
     d1 = policy.act(obs(), hist)
     assert d1.action == Done()
@@ -229,6 +256,7 @@ def test_only_the_last_screenshots_are_resent(server, make_policy):
 
 # ---- failures: retries and one-line errors ------------------------------------------------------
 
+
 def test_429_529_and_500_are_retried(server, make_policy):
     server.plan("error_rate_limit", "error_overloaded", "error_api_500", "click_ct_seed1")
     d = make_policy(max_retries=3).act(obs(), [])
@@ -246,8 +274,11 @@ def test_retries_run_out_with_one_line(server, make_policy):
 
 def test_bad_key_and_unknown_model_are_one_line(server, make_policy, monkeypatch):
     server.plan("error_auth")
-    with pytest.raises(ClaudeError, match=r"rejected the API key \(HTTP 401 authentication_error: invalid x-api-key\); "
-                                          r"set ANTHROPIC_API_KEY"):
+    with pytest.raises(
+        ClaudeError,
+        match=r"rejected the API key \(HTTP 401 authentication_error: invalid x-api-key\); "
+        r"set ANTHROPIC_API_KEY",
+    ):
         make_policy().act(obs(), [])
     server.plan("error_not_found")
     with pytest.raises(ClaudeError, match=r"unknown Claude model 'claude-sonnet-4-6' \(HTTP 404 not_found_error"):
@@ -274,6 +305,7 @@ def test_config_rules():
 
 # ---- the key -------------------------------------------------------------------------------------
 
+
 def test_api_key_never_leaves_the_header(server, make_policy, caplog):
     caplog.set_level(logging.DEBUG)  # the SDK's own debug logging included
     policy = make_policy(max_retries=1)
@@ -287,6 +319,6 @@ def test_api_key_never_leaves_the_header(server, make_policy, caplog):
     d = policy.act(obs(), [])
     seen += [repr(d), json.dumps(d.extra), d.response_text, caplog.text]
     assert all(sent_key(r) == KEY for r in server.sent())  # it was sent
-    leaks = [s[max(0, s.find(KEY) - 150):s.find(KEY) + 50] for s in seen if KEY in s]
+    leaks = [s[max(0, s.find(KEY) - 150) : s.find(KEY) + 50] for s in seen if KEY in s]
     assert not leaks
     assert "***" in repr(policy)

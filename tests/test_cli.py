@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def fw(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "flywheel", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "flywheel", *args], capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +41,18 @@ def test_query_table_json_csv_parquet(lake, tmp_path):
     assert json.loads(r.stdout) == [{"n": 24}]
     r = fw("query", "SELECT task_id FROM episodes ORDER BY 1 LIMIT 2", "--format", "csv", "--lake", str(lake.root))
     import csv
+
     assert list(csv.reader(r.stdout.splitlines())) == [["task_id"], ["click-button"], ["click-button"]]
     # nested values (a list, a struct) print as JSON text, as --format json writes them
-    r = fw("query", "SELECT task_id, list(seed ORDER BY seed) AS seeds, {'n': count(*)} AS s FROM episodes "
-           "GROUP BY 1 ORDER BY 1 LIMIT 1", "--format", "csv", "--lake", str(lake.root))
+    r = fw(
+        "query",
+        "SELECT task_id, list(seed ORDER BY seed) AS seeds, {'n': count(*)} AS s FROM episodes "
+        "GROUP BY 1 ORDER BY 1 LIMIT 1",
+        "--format",
+        "csv",
+        "--lake",
+        str(lake.root),
+    )
     assert r.returncode == 0, r.stderr
     head, row = list(csv.reader(r.stdout.splitlines()))
     assert head == ["task_id", "seeds", "s"] and row[0] == "click-button"
@@ -53,11 +62,14 @@ def test_query_table_json_csv_parquet(lake, tmp_path):
     assert r.returncode == 0 and pq.read_table(out).num_rows == 12
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["query", "SELEC nonsense"], "SQL error"),
-    (["query", "SELECT * FROM nope"], "SQL error"),
-    (["query", "SELECT 1", "--format", "xml"], "unknown --format"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["query", "SELEC nonsense"], "SQL error"),
+        (["query", "SELECT * FROM nope"], "SQL error"),
+        (["query", "SELECT 1", "--format", "xml"], "unknown --format"),
+    ],
+)
 def test_query_user_errors_are_one_line(lake, args, needle):
     r = fw(*args, "--lake", str(lake.root))
     assert r.returncode == 2
@@ -75,6 +87,7 @@ def test_lake_stats_and_verify(lake, tmp_path):
     assert stats["episodes"]["rows"] == 12 and stats["steps"]["rows"] == 24 and stats["evals"]["files"] == 0
     # corrupt a copy of the lake and verify names the file; quarantine makes the rest queryable
     import shutil
+
     copy = tmp_path / "lake"
     shutil.copytree(lake.root, copy)
     bad = next(copy.glob("episodes/*/*/*.parquet"))
@@ -119,6 +132,7 @@ def _one_line_error(r) -> str:
 
 def _offline_env(**extra) -> dict:
     import os
+
     env = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_LAKE"}
     return {**env, "HF_HUB_OFFLINE": "1", "COLUMNS": "400", **extra}
 
@@ -128,8 +142,20 @@ def test_missing_model_is_one_line_before_any_worker(tmp_path):
     r = fw("stage", "evaluate", "--checkpoint", "/nonexistent", "--lake", str(lake), env=_offline_env())
     assert "no model folder at /nonexistent" in _one_line_error(r)
     # a path that could be a Hub id, offline: named as both
-    r = fw("rollout", "--policy", "student", "--model", "wrong/path", "--tasks", "click-test", "--seeds", "0",
-           "--lake", str(lake), env=_offline_env())
+    r = fw(
+        "rollout",
+        "--policy",
+        "student",
+        "--model",
+        "wrong/path",
+        "--tasks",
+        "click-test",
+        "--seeds",
+        "0",
+        "--lake",
+        str(lake),
+        env=_offline_env(),
+    )
     line = _one_line_error(r)
     assert "no model folder at wrong/path" in line and "Hugging Face Hub" in line
     assert not lake.exists()  # checked up front: nothing was written, no worker started
@@ -139,12 +165,33 @@ def test_evaluate_defaults_to_the_lakes_newest_checkpoint(tmp_path):
     """After `stage sft`, a bare `stage evaluate` scores the lake's newest checkpoint of this iteration or an
     earlier one (not the config's start weights); a later iteration's row is not picked for iteration 0."""
     from datetime import datetime, timezone
+
     lk = Lake(tmp_path / "lake")
     for it, name in ((0, "sft-it0-a"), (1, "sft-it1-b")):
-        lk.replace_run("checkpoints", [[dict(
-            checkpoint_id=name, path=f"_checkpoints/{name}", method="sft", base_model="m", parent_checkpoint=None,
-            dataset_id="d", adapter=False, metrics="{}", created_at=datetime.now(timezone.utc), run_key=name,
-            git_sha=None, config_hash="abc")]], iteration=it, stage="sft", run_key=name)
+        lk.replace_run(
+            "checkpoints",
+            [
+                [
+                    dict(
+                        checkpoint_id=name,
+                        path=f"_checkpoints/{name}",
+                        method="sft",
+                        base_model="m",
+                        parent_checkpoint=None,
+                        dataset_id="d",
+                        adapter=False,
+                        metrics="{}",
+                        created_at=datetime.now(timezone.utc),
+                        run_key=name,
+                        git_sha=None,
+                        config_hash="abc",
+                    )
+                ]
+            ],
+            iteration=it,
+            stage="sft",
+            run_key=name,
+        )
     # the folders were never written, so the one-line error names the checkpoint the command chose
     for it, name in (("0", "sft-it0-a"), ("1", "sft-it1-b"), ("3", "sft-it1-b")):
         line = _one_line_error(fw("stage", "evaluate", "-i", it, "--lake", str(lk.root), env=_offline_env()))
@@ -156,16 +203,42 @@ def test_rollout_error_from_the_workers_is_one_line(tmp_path):
     bad = tmp_path / "bad-model"
     bad.mkdir()
     (bad / "config.json").write_text('{"model_type": "bert"}')
-    r = fw("rollout", "--policy", "student", "--model", str(bad), "--tasks", "click-test", "--seeds", "0",
-           "--lake", str(tmp_path / "lake"), "-c", str(ROOT / "configs" / "tiny.yaml"), env=_offline_env())
+    r = fw(
+        "rollout",
+        "--policy",
+        "student",
+        "--model",
+        str(bad),
+        "--tasks",
+        "click-test",
+        "--seeds",
+        "0",
+        "--lake",
+        str(tmp_path / "lake"),
+        "-c",
+        str(ROOT / "configs" / "tiny.yaml"),
+        env=_offline_env(),
+    )
     line = _one_line_error(r)
     assert "env workers cannot start" in line and "is not Qwen3-VL or Qwen2.5-VL" in line
 
 
 # ---------------------------------------------------------------------------- --lake on every lake command
-@pytest.mark.parametrize("cmd", [["run"], ["rollout"], ["up"], ["stage", "curate"], ["stage", "sft"],
-                                 ["stage", "evaluate"], ["stage", "rl"], ["query"], ["lake", "stats"],
-                                 ["lake", "verify"]])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["run"],
+        ["rollout"],
+        ["up"],
+        ["stage", "curate"],
+        ["stage", "sft"],
+        ["stage", "evaluate"],
+        ["stage", "rl"],
+        ["query"],
+        ["lake", "stats"],
+        ["lake", "verify"],
+    ],
+)
 def test_lake_option_on_every_lake_command(cmd):
     r = fw(*cmd, "--help", env=_offline_env())
     assert r.returncode == 0 and "--lake" in r.stdout, (cmd, r.stdout)
@@ -175,8 +248,20 @@ def test_lake_option_outranks_the_environment(tmp_path):
     """--lake > $FLYWHEEL_LAKE > lake.root, for a command whose workers write the lake and a stage that reads it."""
     lake, decoy = tmp_path / "mine", tmp_path / "decoy"
     env = _offline_env(FLYWHEEL_LAKE=str(decoy))
-    r = fw("rollout", "--policy", "scripted", "--tasks", "click-test", "--seeds", "0-1", "--envs", "1",
-           "--lake", str(lake), env=env)
+    r = fw(
+        "rollout",
+        "--policy",
+        "scripted",
+        "--tasks",
+        "click-test",
+        "--seeds",
+        "0-1",
+        "--envs",
+        "1",
+        "--lake",
+        str(lake),
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(list(lake.glob("episodes/iteration=0/stage=rollouts/*.parquet"))) == 2  # written by the workers
     r = fw("stage", "curate", "-i", "0", "--lake", str(lake), env=env)

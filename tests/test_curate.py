@@ -28,8 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 TASKS, SEEDS = ("click-test", "focus-text"), (0, 1, 2)
 
 
-def _variant(lake: Lake, ep: dict, steps: list[dict], tag: str, *, iteration: int, stage: str = "rollouts",
-             step_edit=None, **ep_changes) -> str:
+def _variant(
+    lake: Lake,
+    ep: dict,
+    steps: list[dict],
+    tag: str,
+    *,
+    iteration: int,
+    stage: str = "rollouts",
+    step_edit=None,
+    **ep_changes,
+) -> str:
     """Write a copy of a real episode (new id) with changed fields; step_edit(step_row) edits each step."""
     eid = hashlib.sha1(f"{ep['episode_id']}|{tag}".encode()).hexdigest()[:16]
     new_steps = []
@@ -39,8 +48,14 @@ def _variant(lake: Lake, ep: dict, steps: list[dict], tag: str, *, iteration: in
             step_edit(s)
         new_steps.append(s)
     lake.write("steps", new_steps, iteration=iteration, stage=stage, run_key=tag, part=eid)
-    lake.write("episodes", [dict(ep, episode_id=eid, run_key=tag, **ep_changes)], iteration=iteration, stage=stage,
-               run_key=tag, part=eid)
+    lake.write(
+        "episodes",
+        [dict(ep, episode_id=eid, run_key=tag, **ep_changes)],
+        iteration=iteration,
+        stage=stage,
+        run_key=tag,
+        part=eid,
+    )
     return eid
 
 
@@ -59,13 +74,24 @@ def _shift_clicks(s: dict) -> None:
 def lake(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("curate") / "lake"
     jobs = make_jobs("boot", list(TASKS), list(SEEDS), policy_tag="scripted:0")
-    spec = RolloutSpec(run_key="boot", iteration=0, stage="bootstrap", lake_root=str(root), jobs=jobs,
-                       policy=PolicySpec("scripted"), max_steps=6, episode_timeout_s=60, n_envs=2)
+    spec = RolloutSpec(
+        run_key="boot",
+        iteration=0,
+        stage="bootstrap",
+        lake_root=str(root),
+        jobs=jobs,
+        policy=PolicySpec("scripted"),
+        max_steps=6,
+        episode_timeout_s=60,
+        n_envs=2,
+    )
     assert run_rollouts(spec, progress=False).successes == len(TASKS) * len(SEEDS)
     lk = Lake(root)
     con = connect(lk)
-    eps = {(e["task_id"], e["seed"]): e for e in con.sql("SELECT * EXCLUDE (iteration, stage) FROM episodes")
-           .to_arrow_table().to_pylist()}
+    eps = {
+        (e["task_id"], e["seed"]): e
+        for e in con.sql("SELECT * EXCLUDE (iteration, stage) FROM episodes").to_arrow_table().to_pylist()
+    }
     steps = {}
     for s in con.sql("SELECT * EXCLUDE (iteration, stage) FROM steps ORDER BY step_idx").to_arrow_table().to_pylist():
         steps.setdefault(s["episode_id"], []).append(s)
@@ -74,30 +100,60 @@ def lake(tmp_path_factory) -> dict:
     E = lambda t, sd: eps[(t, sd)]  # noqa: E731
     # iteration 1: an exact duplicate of a teacher demo, and student successes (different clicks)
     ids["duplicate"] = [_variant(lk, E("click-test", 0), S("click-test", 0), "dup", iteration=1)]
-    ids["student"] = [_variant(lk, E(t, sd), S(t, sd), f"stu-{t}-{sd}", iteration=1, step_edit=_shift_clicks,
-                               policy="student") for t in TASKS for sd in SEEDS]
+    ids["student"] = [
+        _variant(lk, E(t, sd), S(t, sd), f"stu-{t}-{sd}", iteration=1, step_edit=_shift_clicks, policy="student")
+        for t in TASKS
+        for sd in SEEDS
+    ]
 
     # a student episode whose first action came from a fallback parse: only its second step is a target
     def two_steps(s):  # the real click, preceded by an unfit copy of itself
         _shift_clicks(s)
+
     ep, st = E("click-test", 1), S("click-test", 1)
     unfit = dict(st[0], step_idx=0, fallback_parse=True)
     fit = dict(st[0], step_idx=1)
     final = dict(st[-1], step_idx=2)
-    ids["fallback"] = [_variant(lk, dict(ep, n_steps=2), [unfit, fit, final], "fallback", iteration=1,
-                                step_edit=two_steps, policy="student")]
+    ids["fallback"] = [
+        _variant(
+            lk, dict(ep, n_steps=2), [unfit, fit, final], "fallback", iteration=1, step_edit=two_steps, policy="student"
+        )
+    ]
     # never selected: failed (high shaped reward), error-only steps, held-out task, eval split, later iteration
     ids["excluded"] = [
-        _variant(lk, E("click-test", 2), S("click-test", 2), "failed", iteration=1, task_reward=0.0, success=False,
-                 shaped_reward=1.0, policy="student"),
-        _variant(lk, E("focus-text", 2), S("focus-text", 2), "exec-err", iteration=1, policy="student",
-                 step_edit=lambda s: s.update(exec_error="element not interactable")),
+        _variant(
+            lk,
+            E("click-test", 2),
+            S("click-test", 2),
+            "failed",
+            iteration=1,
+            task_reward=0.0,
+            success=False,
+            shaped_reward=1.0,
+            policy="student",
+        ),
+        _variant(
+            lk,
+            E("focus-text", 2),
+            S("focus-text", 2),
+            "exec-err",
+            iteration=1,
+            policy="student",
+            step_edit=lambda s: s.update(exec_error="element not interactable"),
+        ),
         _variant(lk, E("click-test", 0), S("click-test", 0), "held", iteration=1, task_id="click-test-2"),
         _variant(lk, E("focus-text", 0), S("focus-text", 0), "eval", iteration=1, split="eval"),
         _variant(lk, E("focus-text", 1), S("focus-text", 1), "later", iteration=2, step_edit=_shift_clicks),
         # the mid-training corpus: the base checkpoint learned from it, the flywheel's datasets never hold it
-        _variant(lk, E("click-test", 1), S("click-test", 1), "midtrain", iteration=0, stage="midtrain",
-                 step_edit=_shift_clicks),
+        _variant(
+            lk,
+            E("click-test", 1),
+            S("click-test", 1),
+            "midtrain",
+            iteration=0,
+            stage="midtrain",
+            step_edit=_shift_clicks,
+        ),
     ]
     return {"root": root, "ids": ids}
 
@@ -124,7 +180,10 @@ def test_selection_dedupes_and_excludes(lake):
     assert res["source_counts"]["by_source"] == {"student": 7, "teacher": 6}
     # the mix in samples (the SFT rows), which is what the student's share of the data means
     by_policy = {p: sum(r["policy"] == p for r in rows) for p in ("student", "scripted")}
-    assert res["source_counts"]["samples_by_source"] == {"student": by_policy["student"], "teacher": by_policy["scripted"]}
+    assert res["source_counts"]["samples_by_source"] == {
+        "student": by_policy["student"],
+        "teacher": by_policy["scripted"],
+    }
     assert res["source_counts"]["student_sample_share"] == round(by_policy["student"] / len(rows), 4)
     # iteration 0 sees only the teacher demos
     assert curate(_cfg(lake["root"]), iteration=0)["n_episodes"] == 6
@@ -174,19 +233,30 @@ def test_load_dataset_roundtrip_same_prompt_as_rollouts(lake, tmp_path):
     assert img.size == (160, 210)  # decodable PIL image
     # rebuild the prompt as the student policy would, from the lake rows, and compare with the export
     con = connect(lake["root"])
-    steps = con.sql(f"SELECT * FROM steps WHERE episode_id = '{fb}' AND NOT is_final ORDER BY step_idx") \
-        .to_arrow_table().to_pylist()
+    steps = (
+        con.sql(f"SELECT * FROM steps WHERE episode_id = '{fb}' AND NOT is_final ORDER BY step_idx")
+        .to_arrow_table()
+        .to_pylist()
+    )
     instruction = con.sql(f"SELECT instruction FROM episodes WHERE episode_id = '{fb}'").fetchall()[0][0]
     t = transform_for(cfg.student.arch, steps[1]["screen_w"], steps[1]["screen_h"])
-    prompt = build_prompt(instruction, steps[1]["screenshot"], steps[1]["ui_text"], [history_record(steps[0], t)],
-                          prompt_options(cfg.student), t)
-    got = [{"role": m["role"], "content": [{k: v for k, v in c.items() if v is not None} for c in m["content"]]}
-           for m in row["messages"]]
+    prompt = build_prompt(
+        instruction,
+        steps[1]["screenshot"],
+        steps[1]["ui_text"],
+        [history_record(steps[0], t)],
+        prompt_options(cfg.student),
+        t,
+    )
+    got = [
+        {"role": m["role"], "content": [{k: v for k, v in c.items() if v is not None} for c in m["content"]]}
+        for m in row["messages"]
+    ]
     target = got[-1]["content"][0]["text"]
     assert got == sft_messages(prompt, target)
     assert "Step 1:" in got[1]["content"][1]["text"] and "[ok]" in got[1]["content"][1]["text"]  # unfit step in history
     # the teacher's Action line cites the clicked element's UI line, in the model's space as the UI text shows it
-    cited = re.search(r'Step 1: Click (.*? @ \(\d+,\d+\)) ->', got[1]["content"][1]["text"]).group(1)
+    cited = re.search(r"Step 1: Click (.*? @ \(\d+,\d+\)) ->", got[1]["content"][1]["text"]).group(1)
     assert cited in got[1]["content"][-1]["text"] and cited != history_record(steps[0]).action_desc
     # the target parses back (strictly) to the executed screen action, in the 0-1000 convention
     parsed = parse_response(target, t)
@@ -199,8 +269,12 @@ def test_load_dataset_roundtrip_same_prompt_as_rollouts(lake, tmp_path):
 
 def test_episode_samples_rejects_incomplete_steps():
     with pytest.raises(ValueError, match="complete and ordered"):
-        episode_samples("x", [{"episode_id": "e", "step_idx": 1, "fit": True}], "qwen3-vl", prompt_options(
-            load_config(ROOT / "configs" / "tiny.yaml").student))
+        episode_samples(
+            "x",
+            [{"episode_id": "e", "step_idx": 1, "fit": True}],
+            "qwen3-vl",
+            prompt_options(load_config(ROOT / "configs" / "tiny.yaml").student),
+        )
 
 
 def test_empty_lake_and_cli(lake, tmp_path):
@@ -210,8 +284,13 @@ def test_empty_lake_and_cli(lake, tmp_path):
         curate(_cfg(lake["root"]), iteration=0, held_out=list(TASKS))
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(f"lake:\n  root: {lake['root']}\n")
-    r = subprocess.run([sys.executable, "-m", "flywheel", "stage", "curate", "--iteration", "1", "-c", str(cfg_file)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120,
-                       env={**os.environ, "COLUMNS": "400"})  # rich would fold the long path at 80 columns
+    r = subprocess.run(
+        [sys.executable, "-m", "flywheel", "stage", "curate", "--iteration", "1", "-c", str(cfg_file)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )  # rich would fold the long path at 80 columns
     assert r.returncode == 0, r.stderr
     assert "13 episodes" in r.stdout and "train.parquet" in r.stdout

@@ -15,24 +15,51 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cfg_with(tmp_path: Path, **overrides):
-    return load_config(ROOT / "configs" / "tiny.yaml", {"lake.root": str(tmp_path / "lake"), "curriculum.enabled": True,
-                                                        **overrides})
+    return load_config(
+        ROOT / "configs" / "tiny.yaml", {"lake.root": str(tmp_path / "lake"), "curriculum.enabled": True, **overrides}
+    )
 
 
 def test_decisions_follow_success_and_the_teacher_budget(tmp_path):
-    cfg = cfg_with(tmp_path, **{"bootstrap.max_demos_per_task": 30, "curriculum.top_up_demos": 20,
-                                "curriculum.solved_threshold": 0.9, "curriculum.check_seeds": 1,
-                                "rollouts.selection.seeds_per_task": 4})
-    ev = {"never": Evidence(0.0, 25, "evaluate", 1), "spent": Evidence(0.0, 25, "evaluate", 1),
-          "half": Evidence(0.5, 25, "evaluate", 1), "solved": Evidence(0.96, 25, "rollouts", 1)}
+    cfg = cfg_with(
+        tmp_path,
+        **{
+            "bootstrap.max_demos_per_task": 30,
+            "curriculum.top_up_demos": 20,
+            "curriculum.solved_threshold": 0.9,
+            "curriculum.check_seeds": 1,
+            "rollouts.selection.seeds_per_task": 4,
+        },
+    )
+    ev = {
+        "never": Evidence(0.0, 25, "evaluate", 1),
+        "spent": Evidence(0.0, 25, "evaluate", 1),
+        "half": Evidence(0.5, 25, "evaluate", 1),
+        "solved": Evidence(0.96, 25, "rollouts", 1),
+    }
     spent = {"never": 15, "spent": 30, "half": 15, "solved": 15, "new": 0}
     d = {x.task_id: x for x in decide(["never", "spent", "half", "solved", "new"], ev, spent, cfg, iteration=2)}
-    assert (d["never"].decision, d["never"].teacher_demos, d["never"].rollout_seeds, d["never"].rl) == ("teacher", 15, 4, False)
+    assert (d["never"].decision, d["never"].teacher_demos, d["never"].rollout_seeds, d["never"].rl) == (
+        "teacher",
+        15,
+        4,
+        False,
+    )
     assert "15 teacher demos, 0 left in its budget of 30" in d["never"].reason
-    assert (d["spent"].decision, d["spent"].teacher_demos, d["spent"].rollout_seeds, d["spent"].rl) == ("park", 0, 0, False)
+    assert (d["spent"].decision, d["spent"].teacher_demos, d["spent"].rollout_seeds, d["spent"].rl) == (
+        "park",
+        0,
+        0,
+        False,
+    )
     assert "budget of 30 demos is spent" in d["spent"].reason
     assert (d["half"].decision, d["half"].teacher_demos, d["half"].rollout_seeds, d["half"].rl) == ("train", 0, 4, True)
-    assert (d["solved"].decision, d["solved"].teacher_demos, d["solved"].rollout_seeds, d["solved"].rl) == ("check", 0, 1, False)
+    assert (d["solved"].decision, d["solved"].teacher_demos, d["solved"].rollout_seeds, d["solved"].rl) == (
+        "check",
+        0,
+        1,
+        False,
+    )
     assert d["solved"].evidence == "rollouts it1" and d["half"].success_rate == 0.5
     # no evidence and no demos yet: the teacher bootstraps it (within budget)
     assert (d["new"].decision, d["new"].teacher_demos, d["new"].rl) == ("bootstrap", 3, True)
@@ -42,21 +69,48 @@ def test_decisions_follow_success_and_the_teacher_budget(tmp_path):
 
 
 def _evals(lake: Lake, iteration: int, rates: dict[str, float]) -> None:
-    lake.write("evals", [dict(eval_id=f"e{iteration}", checkpoint_id=f"ck{iteration}", task_id=t, split="eval-seed",
-                              n_episodes=20, successes=int(r * 20), success_rate=r, run_key=f"ev{iteration}")
-                         for t, r in rates.items()], iteration=iteration, stage="evaluate", run_key=f"ev{iteration}")
+    lake.write(
+        "evals",
+        [
+            dict(
+                eval_id=f"e{iteration}",
+                checkpoint_id=f"ck{iteration}",
+                task_id=t,
+                split="eval-seed",
+                n_episodes=20,
+                successes=int(r * 20),
+                success_rate=r,
+                run_key=f"ev{iteration}",
+            )
+            for t, r in rates.items()
+        ],
+        iteration=iteration,
+        stage="evaluate",
+        run_key=f"ev{iteration}",
+    )
 
 
 def test_entropulse_runs_sft_on_collapse_or_plateau_only(tmp_path):
-    cfg = cfg_with(tmp_path, **{"curriculum.sft_every_iteration": False, "curriculum.entropy_floor": 0.05,
-                                "curriculum.plateau_points": 2.0})
+    cfg = cfg_with(
+        tmp_path,
+        **{"curriculum.sft_every_iteration": False, "curriculum.entropy_floor": 0.05, "curriculum.plateau_points": 2.0},
+    )
     lake = Lake(tmp_path / "lake")
     _evals(lake, 0, {"__all__": 0.40})
     _evals(lake, 1, {"__all__": 0.55})
 
     def metrics(entropy: float) -> None:
-        lake.write("rl_metrics", [dict(round=r, update_step=0, global_step=r, entropy=entropy if r == 1 else 0.9,
-                                       run_key="rl1") for r in (0, 1)], iteration=1, stage="rl", run_key="rl1")
+        lake.write(
+            "rl_metrics",
+            [
+                dict(round=r, update_step=0, global_step=r, entropy=entropy if r == 1 else 0.9, run_key="rl1")
+                for r in (0, 1)
+            ],
+            iteration=1,
+            stage="rl",
+            run_key="rl1",
+        )
+
     metrics(0.30)
     con = connect(lake, write_catalog_file=False)
     assert sft_decision(con, 0, cfg).decision == "sft"  # the first iteration trains on the demos
@@ -74,20 +128,32 @@ def test_entropulse_runs_sft_on_collapse_or_plateau_only(tmp_path):
 
 
 def test_plan_is_written_once_and_the_stages_follow_it(tmp_path):
-    from flywheel.stages import _demo_seeds, rollout_spec
     from flywheel.rollout import PolicySpec
+    from flywheel.stages import _demo_seeds, rollout_spec
+
     cfg = cfg_with(tmp_path, **{"bootstrap.max_demos_per_task": 5, "curriculum.top_up_demos": 4})
     lake = Lake(tmp_path / "lake")
     _evals(lake, 0, {"click-test": 0.0, "focus-text": 0.5, "__all__": 0.25})
-    lake.write("episodes", [dict(episode_id=f"d{t}{s}", task_id=t, seed=s, policy="scripted", status="ok",
-                                 run_key="boot") for t in ("click-test", "focus-text") for s in range(3)],
-               iteration=0, stage="bootstrap", run_key="boot")
+    lake.write(
+        "episodes",
+        [
+            dict(episode_id=f"d{t}{s}", task_id=t, seed=s, policy="scripted", status="ok", run_key="boot")
+            for t in ("click-test", "focus-text")
+            for s in range(3)
+        ],
+        iteration=0,
+        stage="bootstrap",
+        run_key="boot",
+    )
     plan = plan_for(cfg, lake, 1)
     by = {d.task_id: d for d in plan.decisions}
     assert by["click-test"].decision == "teacher" and by["click-test"].teacher_demos == 2  # 5 - 3 spent
     assert by["focus-text"].decision == "train" and plan.rl_tasks == ["focus-text"] and plan.run_sft
-    rows = connect(lake, write_catalog_file=False).execute(
-        "SELECT task_id, decision, demos_spent FROM curriculum WHERE iteration = 1 ORDER BY task_id").fetchall()
+    rows = (
+        connect(lake, write_catalog_file=False)
+        .execute("SELECT task_id, decision, demos_spent FROM curriculum WHERE iteration = 1 ORDER BY task_id")
+        .fetchall()
+    )
     assert rows == [("__sft__", "sft", 0), ("click-test", "teacher", 3), ("focus-text", "train", 3)]
     # later calls read the stored plan, even when the evidence changed since
     _evals(lake, 0, {"click-test": 1.0, "focus-text": 1.0, "__all__": 1.0})
@@ -96,24 +162,43 @@ def test_plan_is_written_once_and_the_stages_follow_it(tmp_path):
     # bootstrap takes the seeds after the task's 3 demos; the job list holds exactly those
     seeds = _demo_seeds(cfg, 1, ["click-test", "focus-text"])
     assert seeds == {"click-test": [3, 4]}
-    spec = rollout_spec(cfg, iteration=1, stage="bootstrap", policy=PolicySpec("scripted"),
-                        tasks=["click-test", "focus-text"], seeds=[0, 1, 2], split="train", task_seeds=seeds)
+    spec = rollout_spec(
+        cfg,
+        iteration=1,
+        stage="bootstrap",
+        policy=PolicySpec("scripted"),
+        tasks=["click-test", "focus-text"],
+        seeds=[0, 1, 2],
+        split="train",
+        task_seeds=seeds,
+    )
     assert [(j.task_id, j.seed) for j in spec.jobs] == [("click-test", 3), ("click-test", 4)]
 
 
 def test_budget_without_curriculum_caps_the_plain_bootstrap(tmp_path):
     from flywheel.stages import _demo_seeds
-    cfg = load_config(ROOT / "configs" / "tiny.yaml", {"lake.root": str(tmp_path / "lake"),
-                                                       "bootstrap.max_demos_per_task": 4})
+
+    cfg = load_config(
+        ROOT / "configs" / "tiny.yaml", {"lake.root": str(tmp_path / "lake"), "bootstrap.max_demos_per_task": 4}
+    )
     lake = Lake(tmp_path / "lake")
     assert _demo_seeds(cfg, 0, ["click-test", "focus-text"]) == {"click-test": [0, 1, 2], "focus-text": [0, 1, 2]}
-    lake.write("episodes", [dict(episode_id=f"d{s}", task_id="click-test", seed=s, policy="scripted", status="ok",
-                                 run_key="boot") for s in range(3)], iteration=0, stage="bootstrap", run_key="boot")
+    lake.write(
+        "episodes",
+        [
+            dict(episode_id=f"d{s}", task_id="click-test", seed=s, policy="scripted", status="ok", run_key="boot")
+            for s in range(3)
+        ],
+        iteration=0,
+        stage="bootstrap",
+        run_key="boot",
+    )
     assert _demo_seeds(cfg, 1, ["click-test", "focus-text"]) == {"click-test": [3], "focus-text": [0, 1, 2]}
     assert _demo_seeds(load_config(default_config_path()), 0, ["click-test"]) is None  # no cap: the plain selection
 
 
 def test_bad_curriculum_config_is_one_clear_error(tmp_path):
     from configs.models import ConfigError
+
     with pytest.raises(ConfigError, match="curriculum.solved_threshold"):
         cfg_with(tmp_path, **{"curriculum.solved_threshold": 1.5})

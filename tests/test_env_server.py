@@ -31,7 +31,12 @@ pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "test-token-5f1c9a"
-FAST = ("--idle-timeout", "2", "--health-interval", "1")  # what the servers and the rollout workers read from $FLYWHEEL_ENV_TOKEN
+FAST = (
+    "--idle-timeout",
+    "2",
+    "--health-interval",
+    "1",
+)  # what the servers and the rollout workers read from $FLYWHEEL_ENV_TOKEN
 
 
 class Server:
@@ -42,9 +47,27 @@ class Server:
         env = dict(os.environ, FLYWHEEL_ENV_TOKEN=TOKEN, OMP_NUM_THREADS="1")
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "flywheel", "env", "serve", "--env", "miniwob", "--slots", str(slots),
-                 "--port", "0", *extra], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "flywheel",
+                    "env",
+                    "serve",
+                    "--env",
+                    "miniwob",
+                    "--slots",
+                    str(slots),
+                    "--port",
+                    "0",
+                    *extra,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                start_new_session=True,
+            )
         self.url = self._read_url(deadline=time.monotonic() + 60)
         self.http = httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
         self.wait_ready(slots)
@@ -118,9 +141,19 @@ def token_env(monkeypatch):
 
 def _remote_spec(lake_root, run_key, urls, tasks, seeds, **kw) -> RolloutSpec:
     jobs = make_jobs(run_key, list(tasks), list(seeds), policy_tag="scripted:0")
-    return RolloutSpec(run_key=run_key, iteration=0, stage="rollouts", lake_root=str(lake_root), jobs=jobs,
-                       policy=PolicySpec("scripted"), env={"name": "remote", "servers": list(urls)},
-                       max_steps=6, episode_timeout_s=60, env_error_retries=2, **kw)
+    return RolloutSpec(
+        run_key=run_key,
+        iteration=0,
+        stage="rollouts",
+        lake_root=str(lake_root),
+        jobs=jobs,
+        policy=PolicySpec("scripted"),
+        env={"name": "remote", "servers": list(urls)},
+        max_steps=6,
+        episode_timeout_s=60,
+        env_error_retries=2,
+        **kw,
+    )
 
 
 # ------------------------------------------------------------------------------------------ HTTP surface
@@ -140,18 +173,21 @@ def test_bad_tokens_malformed_actions_and_oversized_bodies_get_clear_4xx(servers
         assert obs["width"] == 160 and obs["instruction"]
         png = a.http.get(f"{base}/screenshot")
         assert png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
-        bad = [({"action": {"action": "exec", "code": "import os"}}, "invalid action"),
-               ({"action": {"action": "click", "x": 10}}, "click.y"),
-               ({"action": {"action": "type", "text": "hi", "run": True}}, "type.run"),
-               ({"action": "pyautogui.click(1, 2)"}, "invalid request"),
-               ({"action": {"action": "done"}, "extra": 1}, "invalid request")]
+        bad = [
+            ({"action": {"action": "exec", "code": "import os"}}, "invalid action"),
+            ({"action": {"action": "click", "x": 10}}, "click.y"),
+            ({"action": {"action": "type", "text": "hi", "run": True}}, "type.run"),
+            ({"action": "pyautogui.click(1, 2)"}, "invalid request"),
+            ({"action": {"action": "done"}, "extra": 1}, "invalid request"),
+        ]
         for body, expect in bad:
             r = a.http.post(f"{base}/step", json=body)
             assert r.status_code == 422 and expect in r.json()["error"], (body, r.text)
         r = a.http.post(f"{base}/reset", json={"task_id": "no-such-task"})
         assert r.status_code == 400 and "no-such-task" in r.json()["error"]
-        r = a.http.post(f"{base}/step", content=b"{" + b" " * (2 << 20) + b"}",
-                        headers={"content-type": "application/json"})
+        r = a.http.post(
+            f"{base}/step", content=b"{" + b" " * (2 << 20) + b"}", headers={"content-type": "application/json"}
+        )
         assert r.status_code == 413 and "limit" in r.json()["error"]
         r = a.http.post(f"{base}/step", json={"action": {"action": "done"}})  # the session survived all that
         assert r.status_code == 200 and r.json()["done"] is True
@@ -181,8 +217,12 @@ def _browsers(server: Server) -> list[int]:
             cmd = (d / "cmdline").read_bytes()  # Chromium rewrites its children's: one string, no NULs
         except OSError:
             continue
-        if int(stat[2]) == server.proc.pid and stat[0] != "Z" and b"chromium" in cmd.split(b" ")[0] and \
-                b"--type=" not in cmd:
+        if (
+            int(stat[2]) == server.proc.pid
+            and stat[0] != "Z"
+            and b"chromium" in cmd.split(b" ")[0]
+            and b"--type=" not in cmd
+        ):
             out.append(int(d.name))
     return out
 
@@ -214,16 +254,29 @@ def test_crashed_slot_is_restarted_and_its_episode_is_an_error(servers, token_en
 def test_no_reachable_server_is_one_clear_error(lake_root, token_env):
     with pytest.raises(EnvError, match="no usable env server.*127.0.0.1:9.*unreachable"):
         RemoteEnv(["http://127.0.0.1:9"])
-    spec = _remote_spec(lake_root, "none", ["http://127.0.0.1:9", "http://127.0.0.1:7"], ["click-test"], [0],
-                        n_envs=1, worker_start_timeout_s=30)
+    spec = _remote_spec(
+        lake_root,
+        "none",
+        ["http://127.0.0.1:9", "http://127.0.0.1:7"],
+        ["click-test"],
+        [0],
+        n_envs=1,
+        worker_start_timeout_s=30,
+    )
     with pytest.raises(RolloutError, match="no usable env server"):
         run_rollouts(spec, progress=False)
 
 
 def test_serve_refuses_a_public_bind_without_a_token():
     env = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_ENV_TOKEN"}
-    out = subprocess.run([sys.executable, "-m", "flywheel", "env", "serve", "--host", "0.0.0.0", "--port", "0"],
-                         capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "flywheel", "env", "serve", "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 2 and "without an API token" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -231,11 +284,13 @@ def test_remote_config_is_validated():
     assert load_config(REPO / "configs" / "osworld.yaml").env.name == "remote"  # the documented fleet
     ok = parse_config({"env": {"name": "remote", "servers": ["http://10.0.0.5:8100/"]}})
     assert ok.env.servers == ["http://10.0.0.5:8100"]
-    bad = [({"env": {"name": "remote"}}, "env.servers is empty"),
-           ({"env": {"servers": ["http://a:1"]}}, "set env.name: remote"),
-           ({"env": {"name": "remote", "servers": ["ftp://a:1"]}}, "http://host:port"),
-           ({"env": {"name": "remote", "servers": ["http://u:secret@a:1"]}}, "credentials"),
-           ({"env": {"name": "remote", "servers": ["http://a:1"], "token_env": "abc def"}}, "NAME of an environment")]
+    bad = [
+        ({"env": {"name": "remote"}}, "env.servers is empty"),
+        ({"env": {"servers": ["http://a:1"]}}, "set env.name: remote"),
+        ({"env": {"name": "remote", "servers": ["ftp://a:1"]}}, "http://host:port"),
+        ({"env": {"name": "remote", "servers": ["http://u:secret@a:1"]}}, "credentials"),
+        ({"env": {"name": "remote", "servers": ["http://a:1"], "token_env": "abc def"}}, "NAME of an environment"),
+    ]
     for data, msg in bad:
         with pytest.raises(ConfigError, match=msg):
             parse_config(data)
@@ -254,18 +309,20 @@ def test_rollouts_through_two_servers(servers, lake_root, token_env):
     assert envs == [("miniwob",)]  # the same rows a local env writes
     per_server = dict(con.execute("SELECT env_version, count(*) FROM episodes GROUP BY 1").fetchall())
     assert set(per_server) == {f"miniwob 1.1.0 via {a.url}", f"miniwob 1.1.0 via {b.url}"}  # spread over both
-    n_final, png, w = con.execute("SELECT count(*) FILTER (is_final), bool_and(screenshot[1:4] = '\\x89PNG'::BLOB), "
-                                  "min(screen_w) FROM steps").fetchone()
+    n_final, png, w = con.execute(
+        "SELECT count(*) FILTER (is_final), bool_and(screenshot[1:4] = '\\x89PNG'::BLOB), min(screen_w) FROM steps"
+    ).fetchone()
     assert n_final == 12 and png and w == 160
-    assert con.execute("SELECT sum(n_steps) FROM episodes").fetchone()[0] == \
-        con.execute("SELECT count(*) FROM steps WHERE NOT is_final").fetchone()[0]
+    assert (
+        con.execute("SELECT sum(n_steps) FROM episodes").fetchone()[0]
+        == con.execute("SELECT count(*) FROM steps WHERE NOT is_final").fetchone()[0]
+    )
     for srv in (a, b):  # every slot was given back
         assert srv.wait_ready(2)["free"] == 2
 
 
 @pytest.mark.slow
-def test_server_killed_mid_run_loses_nothing_and_the_rest_finish_on_the_other(servers, lake_root, token_env,
-                                                                              tmp_path):
+def test_server_killed_mid_run_loses_nothing_and_the_rest_finish_on_the_other(servers, lake_root, token_env, tmp_path):
     _, b = servers
     victim = Server(tmp_path, 2)
     reported: list[dict] = []
@@ -278,7 +335,9 @@ def test_server_killed_mid_run_loses_nothing_and_the_rest_finish_on_the_other(se
         three_done.wait(60)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(
-                sl["state"] == "busy" and not sl["in_call"] and (sl["idle_s"] or 0) >= 0.2 for sl in victim.health()["slots"]):
+            sl["state"] == "busy" and not sl["in_call"] and (sl["idle_s"] or 0) >= 0.2
+            for sl in victim.health()["slots"]
+        ):
             time.sleep(0.01)
         victim.kill()
         at_kill["t"] = datetime.now(timezone.utc)
@@ -293,8 +352,9 @@ def test_server_killed_mid_run_loses_nothing_and_the_rest_finish_on_the_other(se
     thread.start()
     try:
         # 0.5 s per decision: the killer sees the victim mid-episode
-        spec = _remote_spec(lake_root, "kill", [victim.url, b.url], ["click-test", "focus-text"], range(6),
-                            n_envs=4, step_delay_s=0.5)
+        spec = _remote_spec(
+            lake_root, "kill", [victim.url, b.url], ["click-test", "focus-text"], range(6), n_envs=4, step_delay_s=0.5
+        )
         s = run_rollouts(spec, progress=False, on_result=on_result)
         thread.join(30)
     finally:
@@ -325,6 +385,7 @@ def test_stuck_env_call_times_out_and_its_processes_end():
     """A slot's env call that runs past call_timeout_s is an env failure; closing ends the child and its browser."""
     from agents.actions import Wait
     from envs.slot_process import ProcessEnv, _descendants
+
     env = ProcessEnv("miniwob", {"max_wait_s": 30}, call_timeout_s=1.0)
     try:
         env.reset("click-test", 0)
@@ -338,6 +399,7 @@ def test_stuck_env_call_times_out_and_its_processes_end():
             ProcessEnv("miniwob", {"no_such_option": 1})
     finally:
         env.close()
+
     def alive() -> list[str]:
         out = []
         for p in started:
@@ -347,6 +409,7 @@ def test_stuck_env_call_times_out_and_its_processes_end():
             except OSError:
                 pass
         return out
+
     deadline = time.monotonic() + 10
     while alive() and time.monotonic() < deadline:  # helpers exit once the browser is gone: poll for it
         time.sleep(0.1)

@@ -19,14 +19,18 @@ def test_wilson_interval_known_values():
 @pytest.mark.browser
 def test_evaluate_scripted_writes_evals_and_plot(tmp_path, monkeypatch):
     from flywheel.stages import evaluate
+
     monkeypatch.setenv("FLYWHEEL_LAKE", str(tmp_path / "lake"))
-    cfg = load_config("configs/tiny.yaml", {"evaluate.selection.seeds_per_task": 2, "rollout.envs": 2,
-                                            "evaluate.held_out_seeds_per_task": 1})
+    cfg = load_config(
+        "configs/tiny.yaml",
+        {"evaluate.selection.seeds_per_task": 2, "rollout.envs": 2, "evaluate.held_out_seeds_per_task": 1},
+    )
     res = evaluate(cfg, 0, "scripted", progress=False)
     assert res["success_rate"] == 1.0 and res["n_episodes"] == 4  # 2 tasks x 2 eval seeds
     con = connect(tmp_path / "lake")
-    per_held = con.execute("SELECT task_id, count(*) FROM episodes WHERE task_id NOT IN ('click-test', 'focus-text') "
-                           "GROUP BY ALL").fetchall()
+    per_held = con.execute(
+        "SELECT task_id, count(*) FROM episodes WHERE task_id NOT IN ('click-test', 'focus-text') GROUP BY ALL"
+    ).fetchall()
     assert per_held and all(n == 1 for _, n in per_held)  # held-out tasks: held_out_seeds_per_task each
     rows = con.execute("SELECT task_id, split, n_episodes, successes FROM evals ORDER BY task_id").fetchall()
     names = [r[0] for r in rows]
@@ -39,5 +43,9 @@ def test_evaluate_scripted_writes_evals_and_plot(tmp_path, monkeypatch):
     n_before = con.execute("SELECT (SELECT count(*) FROM evals), (SELECT count(*) FROM episodes)").fetchone()
     again = evaluate(cfg, 0, "scripted", progress=False)
     assert again["ran"] == 0 and again["eval_id"] == res["eval_id"]
-    assert connect(tmp_path / "lake").execute(
-        "SELECT (SELECT count(*) FROM evals), (SELECT count(*) FROM episodes)").fetchone() == n_before
+    assert (
+        connect(tmp_path / "lake")
+        .execute("SELECT (SELECT count(*) FROM evals), (SELECT count(*) FROM episodes)")
+        .fetchone()
+        == n_before
+    )

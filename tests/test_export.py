@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-
 from hub_server import HubServer
+
 from storage.catalog import connect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,8 +37,14 @@ def lake(tmp_path_factory) -> dict:
 
 
 def fw(*args, **env):
-    return subprocess.run([sys.executable, "-m", "flywheel", *args], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT, env={**os.environ, "FLYWHEEL_LAKE": "", "HF_HUB_DISABLE_TELEMETRY": "1", **env})
+    return subprocess.run(
+        [sys.executable, "-m", "flywheel", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "FLYWHEEL_LAKE": "", "HF_HUB_DISABLE_TELEMETRY": "1", **env},
+    )
 
 
 def _all_text(folder: Path) -> bytes:
@@ -57,15 +63,16 @@ def test_export_dataset_loads_back_with_card_and_lineage(lake, tmp_path):
     assert len(loaded) == 5 and {"messages", "images"} <= set(loaded.features)
     row = loaded[0]
     assert row["images"][0].size == (64, 36)  # the imported screenshot, decoded as a PIL image
-    assert [m["role"] for m in row["messages"]][-1] == "assistant" and "<tool_call>" in row["messages"][-1]["content"][0]["text"]
+    assert [m["role"] for m in row["messages"]][-1] == "assistant" and "<tool_call>" in row["messages"][-1]["content"][
+        0
+    ]["text"]
 
     card = DatasetCard.load(out / "README.md")
     assert card.data.license == "cc-by-4.0"
     assert card.data.dataset_info["splits"] == [{"name": "train", "num_examples": 5}]
     assert [f["name"] for f in card.data.dataset_info["features"]][:2] == ["messages", "images"]
     lineage = json.loads((out / "lineage.json").read_text())
-    ep_ids = connect(lake["root"]).execute(
-        "SELECT episode_id FROM episodes WHERE success").fetchall()
+    ep_ids = connect(lake["root"]).execute("SELECT episode_id FROM episodes WHERE success").fetchall()
     assert lineage["source_episodes"] == [e[0] for e in ep_ids] and lineage["teacher_student_mix"] == {"teacher": 1}
     assert lineage["config_hash"] and "teacher 1, student 0" in card.text
 
@@ -79,15 +86,36 @@ def test_export_dataset_loads_back_with_card_and_lineage(lake, tmp_path):
 def test_push_dataset_goes_through_the_hub_api_and_keeps_the_token_secret(lake, tmp_path):
     ds_id, out = lake["dataset"]["dataset_id"], tmp_path / "hub-ds"
     with HubServer(TOKEN) as hub:
-        r = fw("export", "dataset", ds_id, "--out", str(out), "--push", "me/gui-sft", "--lake", str(lake["root"]),
-               HF_ENDPOINT=hub.url, HF_TOKEN=TOKEN, HF_HUB_OFFLINE="0")
+        r = fw(
+            "export",
+            "dataset",
+            ds_id,
+            "--out",
+            str(out),
+            "--push",
+            "me/gui-sft",
+            "--lake",
+            str(lake["root"]),
+            HF_ENDPOINT=hub.url,
+            HF_TOKEN=TOKEN,
+            HF_HUB_OFFLINE="0",
+        )
     assert r.returncode == 0, r.stderr
     assert "pushed dataset me/gui-sft" in r.stdout
     paths = [q["path"] for q in hub.requests]
-    assert paths == ["/api/repos/create", "/api/validate-yaml", "/api/datasets/me/gui-sft/preupload/main",
-                     "/api/datasets/me/gui-sft/commit/main"]
+    assert paths == [
+        "/api/repos/create",
+        "/api/validate-yaml",
+        "/api/datasets/me/gui-sft/preupload/main",
+        "/api/datasets/me/gui-sft/commit/main",
+    ]
     assert all(q["auth"] == f"Bearer {TOKEN}" for q in hub.requests)
-    assert hub.requests[0]["json"] == {"name": "gui-sft", "organization": "me", "visibility": "public", "type": "dataset"}
+    assert hub.requests[0]["json"] == {
+        "name": "gui-sft",
+        "organization": "me",
+        "visibility": "public",
+        "type": "dataset",
+    }
     commit = hub.requests[-1]["ndjson"]
     assert commit[0]["key"] == "header" and "gui-flywheel export" in commit[0]["value"]["summary"]
     files = {ln["value"]["path"]: base64.b64decode(ln["value"]["content"]) for ln in commit if ln["key"] == "file"}
@@ -100,8 +128,20 @@ def test_push_dataset_goes_through_the_hub_api_and_keeps_the_token_secret(lake, 
 
 def test_push_without_a_token_is_one_line_and_keeps_the_export(lake, tmp_path):
     ds_id = lake["dataset"]["dataset_id"]
-    no_token = fw("export", "dataset", ds_id, "--out", str(tmp_path / "a"), "--push", "me/x", "--lake",
-                  str(lake["root"]), HF_TOKEN="", HF_HUB_OFFLINE="0", HF_HOME=str(tmp_path / "hf-home"))
+    no_token = fw(
+        "export",
+        "dataset",
+        ds_id,
+        "--out",
+        str(tmp_path / "a"),
+        "--push",
+        "me/x",
+        "--lake",
+        str(lake["root"]),
+        HF_TOKEN="",
+        HF_HUB_OFFLINE="0",
+        HF_HOME=str(tmp_path / "hf-home"),
+    )
     assert no_token.returncode == 2 and "no Hugging Face token" in no_token.stderr
     assert len(no_token.stderr.strip().splitlines()) == 1 and (tmp_path / "a" / "README.md").exists()
 
@@ -142,23 +182,73 @@ def test_export_checkpoint_model_card_with_evals_and_push(lake, tmp_path):
     model = init_model("qwen3-vl", "tiny", root / "_checkpoints" / "sft-it0-test")
     (model / "sft_result.json").write_text(json.dumps({"model_path": str(model)}))  # local bookkeeping: not published
     now = datetime.now(timezone.utc)
-    lk.replace_run("checkpoints", [[dict(
-        checkpoint_id="sft-it0-test", path=lk.rel(model), method="sft", base_model="Qwen/Qwen3-VL-2B-Instruct",
-        parent_checkpoint=None, dataset_id=lake["dataset"]["dataset_id"], adapter=False,
-        metrics=json.dumps({"final_loss": 0.5}), created_at=now, run_key="sft-it0-test", git_sha=None,
-        config_hash="abc")]], iteration=0, stage="sft", run_key="sft-it0-test")
+    lk.replace_run(
+        "checkpoints",
+        [
+            [
+                dict(
+                    checkpoint_id="sft-it0-test",
+                    path=lk.rel(model),
+                    method="sft",
+                    base_model="Qwen/Qwen3-VL-2B-Instruct",
+                    parent_checkpoint=None,
+                    dataset_id=lake["dataset"]["dataset_id"],
+                    adapter=False,
+                    metrics=json.dumps({"final_loss": 0.5}),
+                    created_at=now,
+                    run_key="sft-it0-test",
+                    git_sha=None,
+                    config_hash="abc",
+                )
+            ]
+        ],
+        iteration=0,
+        stage="sft",
+        run_key="sft-it0-test",
+    )
     # the rows flywheel.evaluate writes: per task, then the overall row; evals name a lake folder relative to the root
-    ev = [dict(eval_id="eval-1", checkpoint_id=lk.rel(model), task_id=t, split="eval-seed", n_episodes=4,
-               successes=s, success_rate=s / 4, ci_low=0.1, ci_high=0.9, avg_steps=2.0, parse_error_rate=0.0,
-               created_at=now, run_key="ev", git_sha=None, config_hash="abc")
-          for t, s in (("click-test", 3), ("__all__", 3))]
+    ev = [
+        dict(
+            eval_id="eval-1",
+            checkpoint_id=lk.rel(model),
+            task_id=t,
+            split="eval-seed",
+            n_episodes=4,
+            successes=s,
+            success_rate=s / 4,
+            ci_low=0.1,
+            ci_high=0.9,
+            avg_steps=2.0,
+            parse_error_rate=0.0,
+            created_at=now,
+            run_key="ev",
+            git_sha=None,
+            config_hash="abc",
+        )
+        for t, s in (("click-test", 3), ("__all__", 3))
+    ]
     lk.replace_run("evals", [ev], iteration=0, stage="evaluate", run_key="ev")
 
     out = tmp_path / "hub-model"
     with HubServer(TOKEN) as hub:
-        r = fw("export", "checkpoint", "sft-it0-test", "--out", str(out), "--dataset-repo", "me/gui-sft",
-               "--license", "apache-2.0", "--push", "me/gui-student", "--lake", str(root),
-               HF_ENDPOINT=hub.url, HF_TOKEN=TOKEN, HF_HUB_OFFLINE="0")
+        r = fw(
+            "export",
+            "checkpoint",
+            "sft-it0-test",
+            "--out",
+            str(out),
+            "--dataset-repo",
+            "me/gui-sft",
+            "--license",
+            "apache-2.0",
+            "--push",
+            "me/gui-student",
+            "--lake",
+            str(root),
+            HF_ENDPOINT=hub.url,
+            HF_TOKEN=TOKEN,
+            HF_HUB_OFFLINE="0",
+        )
     assert r.returncode == 0, r.stderr
     assert "2 eval rows" in r.stdout and "pushed model me/gui-student" in r.stdout
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= {p.name for p in out.iterdir()}

@@ -4,12 +4,12 @@ One module-scoped `prefect_test_harness` (heartbeats off: each flow run would ot
 a second for the heartbeat thread). Module scope, not session: the harness and its services stop
 when this module ends instead of running under every later module. Suspected cause of an
 intermittent test_parsing_fuzz failure (hypothesis saw the global `random` state change during a
-draw; Prefect's loops draw random jitter), not proven: the failure is rare. The main scenario runs the real flywheel once into a fresh
-lake whose student model folder does not exist yet: bootstrap finishes, rollouts fail; the test
-then builds the model and retries the same flow run the way `prefect flow-run retry` does, which
-must resume at rollouts and finish the iteration. The tests below assert on that scenario; a
-`slow` test starts a real server and process workers (`flywheel up`) and runs stages through
-`run_deployment`.
+draw; Prefect's loops draw random jitter), not proven: the failure is rare. The main scenario runs
+the real flywheel once into a fresh lake whose student model folder does not exist yet: bootstrap
+finishes, rollouts fail; the test then builds the model and retries the same flow run the way
+`prefect flow-run retry` does, which must resume at rollouts and finish the iteration. The tests
+below assert on that scenario; a `slow` test starts a real server and process workers (`flywheel up`)
+and runs stages through `run_deployment`.
 """
 
 from __future__ import annotations
@@ -33,21 +33,32 @@ TABLES = ("episodes", "steps", "datasets", "checkpoints", "evals")
 
 @pytest.fixture(scope="module")
 def prefect_api(tmp_path_factory):
-    from prefect.settings import (PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_RESULTS_LOCAL_STORAGE_PATH,
-                                  temporary_settings)
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+        temporary_settings,
+    )
     from prefect.testing.utilities import prefect_test_harness
+
     results = tmp_path_factory.mktemp("prefect-results")
     with prefect_test_harness(server_startup_timeout=120):
-        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-                                 PREFECT_RESULTS_LOCAL_STORAGE_PATH: str(results)}):
+        with temporary_settings(
+            {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_RESULTS_LOCAL_STORAGE_PATH: str(results)}
+        ):
             yield
 
 
 def tiny_ref(root: Path, **overrides) -> ConfigRef:
     # held-out tasks off: 4 eval episodes instead of ~30 keeps the scenario near a minute
-    return ConfigRef(path=str(ROOT / "configs" / "tiny.yaml"),
-                     overrides={"lake.root": str(root / "lake"), "student.model": str(root / "student"),
-                                "evaluate.held_out_tasks": False, **overrides})
+    return ConfigRef(
+        path=str(ROOT / "configs" / "tiny.yaml"),
+        overrides={
+            "lake.root": str(root / "lake"),
+            "student.model": str(root / "student"),
+            "evaluate.held_out_tasks": False,
+            **overrides,
+        },
+    )
 
 
 # the real flywheel runs its RL stage too: one round of 2 tasks x 1 instance x group 2 (a random tiny model only
@@ -57,6 +68,7 @@ RL_ON = {"rl.enabled": True, "rl.rounds": 1, "rl.group_size": 2, "rl.seeds_per_t
 
 def lake_rel(lake: Path, path: str) -> str:
     from storage.lake import Lake
+
     return Lake(lake).rel(path)
 
 
@@ -75,6 +87,7 @@ def retry_like_cli(flow_run_id):
     from prefect.client.orchestration import get_client
     from prefect.flow_engine import run_flow
     from prefect.states import Scheduled
+
     with get_client(sync_client=True) as c:
         c.set_flow_run_state(flow_run_id, Scheduled(message="retry"), force=True)
         fr = c.read_flow_run(flow_run_id)
@@ -84,6 +97,7 @@ def retry_like_cli(flow_run_id):
 @pytest.fixture(scope="module")
 def scenario(prefect_api, tmp_path_factory):
     from training.models import init_model
+
     root = tmp_path_factory.mktemp("flywheel")
     ref = tiny_ref(root, **RL_ON)
     with pytest.MonkeyPatch.context() as mp:
@@ -93,8 +107,15 @@ def scenario(prefect_api, tmp_path_factory):
         boot_files = {p: t for p, t in after_failure.items() if "stage=bootstrap" in p}
         init_model("qwen3-vl", "tiny", root / "student", seed=0)  # the fix: the missing student now exists
         retried = retry_like_cli(failed.state_details.flow_run_id)
-        yield SimpleNamespace(root=root, lake=root / "lake", ref=ref, failed=failed, retried=retried,
-                              boot_files=boot_files, after_failure=after_failure)
+        yield SimpleNamespace(
+            root=root,
+            lake=root / "lake",
+            ref=ref,
+            failed=failed,
+            retried=retried,
+            boot_files=boot_files,
+            after_failure=after_failure,
+        )
 
 
 # ------------------------------------------------------------------------ logic (no Prefect runs)
@@ -107,10 +128,14 @@ def test_cache_key_follows_stage_iteration_config_lake_and_inputs(tmp_path, monk
     assert key.startswith("rollouts-it1-")
     others = [
         stage_cache_key(ctx, {"config": ref, "iteration": 2, "checkpoint": None}),
-        stage_cache_key(ctx, {"config": tiny_ref(tmp_path, **{"rollout.group_size": 3}), "iteration": 1, "checkpoint": None}),
+        stage_cache_key(
+            ctx, {"config": tiny_ref(tmp_path, **{"rollout.group_size": 3}), "iteration": 1, "checkpoint": None}
+        ),
         stage_cache_key(ctx, {"config": tiny_ref(tmp_path / "other"), "iteration": 1, "checkpoint": None}),
         stage_cache_key(ctx, {"config": ref, "iteration": 1, "checkpoint": "ck-1"}),
-        stage_cache_key(SimpleNamespace(task=SimpleNamespace(name="bootstrap")), {"config": ref, "iteration": 1, "checkpoint": None}),
+        stage_cache_key(
+            SimpleNamespace(task=SimpleNamespace(name="bootstrap")), {"config": ref, "iteration": 1, "checkpoint": None}
+        ),
     ]
     assert len({key, *others}) == 6
 
@@ -125,18 +150,28 @@ def test_iteration_report_says_skipped_and_names_the_checkpoint(tmp_path, monkey
     """`flywheel run`'s table and the iteration report: a skipped rl stage says so, and the sft row names the
     checkpoint it trained (id and model folder), not the dataset it trained on."""
     from rich.console import Console
+
     from flows.common import stage_row
     from flywheel.commands import iteration_table
     from tasks.artifacts import iteration_markdown
+
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
     started = 1000.0
     orch = {"cached": False, "wall_s": 1.5, "finished_at": started + 10}
     merged = "/l/_checkpoints/sft-it0-ck/merged"
-    stages = {"curate": {"dataset_id": "curate-it0-ds", "orchestration": orch},
-              "sft": {"checkpoint_id": "sft-it0-ck", "path": "/l/_checkpoints/sft-it0-ck", "model_path": merged,
-                      "dataset_id": "curate-it0-ds", "skipped": True, "orchestration": orch},  # reused: it still ran
-              "rl": {"skipped": True, "checkpoint": merged, "orchestration": orch},
-              "rollouts": {"run_key": "rollouts-it0-rk", "skipped": 3, "ran": 1, "orchestration": orch}}
+    stages = {
+        "curate": {"dataset_id": "curate-it0-ds", "orchestration": orch},
+        "sft": {
+            "checkpoint_id": "sft-it0-ck",
+            "path": "/l/_checkpoints/sft-it0-ck",
+            "model_path": merged,
+            "dataset_id": "curate-it0-ds",
+            "skipped": True,
+            "orchestration": orch,
+        },  # reused: it still ran
+        "rl": {"skipped": True, "checkpoint": merged, "orchestration": orch},
+        "rollouts": {"run_key": "rollouts-it0-rk", "skipped": 3, "ran": 1, "orchestration": orch},
+    }
     rows = {s: stage_row(s, r, started) for s, r in stages.items()}
     assert rows["rl"]["status"] == "skipped" and rows["rl"]["output"] == merged
     assert rows["sft"]["status"] == "ran" and rows["rollouts"]["status"] == "ran"
@@ -153,8 +188,10 @@ def test_iteration_report_says_skipped_and_names_the_checkpoint(tmp_path, monkey
 
 def test_deployed_run_must_use_the_lake_of_the_up_workers(tmp_path, monkeypatch):
     import json as js
+
     import flywheel.orchestrate as orch
     from flywheel.errors import UserError
+
     monkeypatch.setattr(orch, "project_root", lambda: tmp_path)
     (tmp_path / ".prefect").mkdir()
     theirs = tmp_path / "their-lake"
@@ -205,17 +242,24 @@ def test_flow_parameters_carry_descriptions_for_the_ui():
 def test_bootstrap_rule_and_checkpoint_hand_off(prefect_api, tmp_path, monkeypatch):
     """Orchestration logic only, so the stages are stand-ins (the real ones run in `scenario`)."""
     import flows.flywheel as fw
+
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
     success = {0: 0.9, 1: 0.1, 2: 0.5}  # held-out success per iteration; the threshold is 0.3
     calls = []
 
     def stage(name, config, iteration, mode, refresh, **inputs):
         calls.append((iteration, name, inputs))
-        return {"curate": {"dataset_id": f"ds-{iteration}"},
-                "sft": {"checkpoint_id": f"ck-{iteration}", "model_path": f"/ck/{iteration}"},
-                "rl": {"skipped": True, "checkpoint": inputs.get("checkpoint")},
-                "evaluate": {"success_rate": success[iteration], "ci_low": 0.0, "ci_high": 1.0,
-                             "checkpoint": inputs.get("checkpoint")}}.get(name, {"stage": name})
+        return {
+            "curate": {"dataset_id": f"ds-{iteration}"},
+            "sft": {"checkpoint_id": f"ck-{iteration}", "model_path": f"/ck/{iteration}"},
+            "rl": {"skipped": True, "checkpoint": inputs.get("checkpoint")},
+            "evaluate": {
+                "success_rate": success[iteration],
+                "ci_low": 0.0,
+                "ci_high": 1.0,
+                "checkpoint": inputs.get("checkpoint"),
+            },
+        }.get(name, {"stage": name})
 
     monkeypatch.setattr(fw, "call_stage", stage)
     monkeypatch.setattr(fw, "last_eval_success", lambda cfg, before: success.get(before - 1))
@@ -224,10 +268,14 @@ def test_bootstrap_rule_and_checkpoint_hand_off(prefect_api, tmp_path, monkeypat
     assert [it for it, name, _ in calls if name == "bootstrap"] == [0, 2]  # 0.9 >= 0.3 skips, 0.1 < 0.3 re-bootstraps
     inputs = {(it, name): kw for it, name, kw in calls}
     assert inputs[(0, "rollouts")] == {"checkpoint": None}
-    assert inputs[(1, "rollouts")] == {"checkpoint": "/ck/0"} and inputs[(1, "sft")] == {"dataset_id": "ds-1", "base": "/ck/0"}
+    assert inputs[(1, "rollouts")] == {"checkpoint": "/ck/0"} and inputs[(1, "sft")] == {
+        "dataset_id": "ds-1",
+        "base": "/ck/0",
+    }
     assert inputs[(1, "rl")] == {"checkpoint": "/ck/1"} and inputs[(1, "evaluate")] == {"checkpoint": "/ck/1"}
     assert [o["checkpoint"] for o in out] == ["/ck/0", "/ck/1", "/ck/2"]
     from prefect.client.orchestration import get_client
+
     with get_client(sync_client=True) as c:
         assert c.read_flow_run(state.state_details.flow_run_id).name == "flywheel-it0-2"
 
@@ -235,12 +283,21 @@ def test_bootstrap_rule_and_checkpoint_hand_off(prefect_api, tmp_path, monkeypat
 def test_flywheel_continues_after_the_newest_evaluated_iteration(tmp_path, monkeypatch):
     from flows.flywheel import next_iteration
     from storage.lake import Lake
+
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
     cfg = tiny_ref(tmp_path).load()
     assert next_iteration(cfg) == 0  # a fresh lake
     lake = Lake(tmp_path / "lake")
-    row = dict(eval_id="e", checkpoint_id="ck", task_id="__all__", split="eval-seed", n_episodes=4, successes=1,
-               success_rate=0.25, run_key="ev")
+    row = dict(
+        eval_id="e",
+        checkpoint_id="ck",
+        task_id="__all__",
+        split="eval-seed",
+        n_episodes=4,
+        successes=1,
+        success_rate=0.25,
+        run_key="ev",
+    )
     lake.write("evals", [row], iteration=0, stage="evaluate", run_key="ev0")
     assert next_iteration(cfg) == 1
     lake.write("evals", [row], iteration=3, stage="evaluate", run_key="ev3")
@@ -253,12 +310,16 @@ def test_a_second_parent_on_the_same_lake_gets_one_clear_error(prefect_api, tmp_
     from flywheel.orchestrate import RunFailed, run_flywheel
     from storage.lake import Lake
     from storage.lock import LakeBusy, parent_lock
+
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
     ref = tiny_ref(tmp_path)
     assert LakeBusy.__mro__[1] in USER_ERRORS
     with parent_lock(Lake(tmp_path / "lake"), "flywheel run (flywheel-it0)"):
-        with pytest.raises(RunFailed, match=r"another flywheel run \(flywheel-it0\) is running on the lake .*"
-                                             r"\(pid \d+ on .*since .*\); wait for it to end, or give this run its own --lake") as e:
+        with pytest.raises(
+            RunFailed,
+            match=r"another flywheel run \(flywheel-it0\) is running on the lake .*"
+            r"\(pid \d+ on .*since .*\); wait for it to end, or give this run its own --lake",
+        ) as e:
             run_flywheel(ref.path, overrides=ref.overrides)
         assert e.value.user_error
     # released when its holder lets go (or dies: the kernel drops a flock with its process)
@@ -278,11 +339,13 @@ def test_failed_stage_names_its_cause_in_one_line(scenario):
 def test_retry_resumes_at_the_failed_stage(scenario):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
     assert scenario.retried.is_completed(), scenario.retried.message
     with get_client(sync_client=True) as c:
         fr = c.read_flow_run(scenario.failed.state_details.flow_run_id)
-        subs = c.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[fr.id])), limit=50)
+        subs = c.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[fr.id])), limit=50
+        )
     assert fr.run_count == 2 and fr.name == "flywheel-it0"  # the same flow run, retried
     runs = sorted((r.name, r.state.name, r.run_count) for r in subs)
     print(runs)
@@ -297,32 +360,45 @@ def test_retry_resumes_at_the_failed_stage(scenario):
 
 def test_full_iteration_fills_the_lake_and_publishes_artifacts(scenario):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter,
-                                                FlowRunFilterParentFlowRunId)
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+    )
+
     st = scenario.retried.result()[0]["stages"]
     con = connect(scenario.lake)
     cfg = scenario.ref.load()
-    assert dict(con.execute("SELECT stage, count(*) FROM episodes GROUP BY 1").fetchall()) == \
-        {**{s: expected_episodes(cfg, s) for s in ("bootstrap", "rollouts", "evaluate")}, "rl": 2 * 1 * 2}
+    assert dict(con.execute("SELECT stage, count(*) FROM episodes GROUP BY 1").fetchall()) == {
+        **{s: expected_episodes(cfg, s) for s in ("bootstrap", "rollouts", "evaluate")},
+        "rl": 2 * 1 * 2,
+    }
     c = counts(scenario.lake)
     assert c["datasets"] == 1 and c["checkpoints"] >= 2 and c["evals"] >= 3
     assert con.execute("SELECT count(*) FROM rl_metrics").fetchone()[0] >= 1
     # sft -> rl -> evaluate: RL starts from SFT's checkpoint and evaluation scores RL's
     sft_ck, trained = checkpoint_of(st["sft"]), checkpoint_of(st["rl"])
     assert st["rl"]["skipped"] is False and Path(trained).name == "round-0" and Path(trained).is_dir()
-    assert con.execute("SELECT parent_checkpoint FROM checkpoints WHERE stage = 'rl'").fetchone()[0] == \
-        lake_rel(scenario.lake, sft_ck)
+    assert con.execute("SELECT parent_checkpoint FROM checkpoints WHERE stage = 'rl'").fetchone()[0] == lake_rel(
+        scenario.lake, sft_ck
+    )
     assert st["evaluate"]["checkpoint"] == trained
     assert st["rollouts"]["checkpoint"] == str(scenario.root / "student")
     with get_client(sync_client=True) as client:
         parent = scenario.failed.state_details.flow_run_id
-        subs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent])), limit=50)
+        subs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent])), limit=50
+        )
         done = {r.name: r for r in subs if r.state.is_completed()}
         assert set(done) == {f"{s}-it0" for s in STAGE_FLOWS if s != "midtrain"}  # tiny.yaml: midtrain off
         assert {"stage:rollouts", "iteration:0"} <= set(done["rollouts-it0"].tags)
-        arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
-            any_=[parent, done["rollouts-it0"].id, done["evaluate-it0"].id])), limit=50)
+        arts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[parent, done["rollouts-it0"].id, done["evaluate-it0"].id])
+            ),
+            limit=50,
+        )
     by_key = {a.key: a for a in arts if a.key}
     report = by_key["tiny-iteration-report"].data
     assert "Held-out success" in report and "| sft | ran |" in report and "| bootstrap | reused |" in report
@@ -354,21 +430,33 @@ def test_next_iteration_continues_from_the_lake_and_follows_the_curriculum(scena
     budget (5 - the 3 it has = 2, on the seeds after its demos), no RL (no group with a signal), and SFT."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-    ref = ConfigRef(path=scenario.ref.path, overrides={**scenario.ref.overrides, "curriculum.enabled": True,
-                                                       "bootstrap.max_demos_per_task": 5})
+
+    ref = ConfigRef(
+        path=scenario.ref.path,
+        overrides={**scenario.ref.overrides, "curriculum.enabled": True, "bootstrap.max_demos_per_task": 5},
+    )
     out = flywheel(config=ref)
     assert [o["iteration"] for o in out] == [1]
     st = out[0]["stages"]
     con = connect(scenario.lake)
-    plan = con.execute("SELECT task_id, decision, teacher_demos, rl FROM curriculum WHERE iteration = 1 "
-                       "ORDER BY task_id").fetchall()
-    assert plan == [("__sft__", "sft", 0, False), ("click-test", "teacher", 2, False), ("focus-text", "teacher", 2, False)]
-    boot = con.execute("SELECT task_id, list_sort(list(seed)) FROM episodes WHERE stage = 'bootstrap' AND iteration = 1 "
-                       "GROUP BY 1 ORDER BY 1").fetchall()
+    plan = con.execute(
+        "SELECT task_id, decision, teacher_demos, rl FROM curriculum WHERE iteration = 1 ORDER BY task_id"
+    ).fetchall()
+    assert plan == [
+        ("__sft__", "sft", 0, False),
+        ("click-test", "teacher", 2, False),
+        ("focus-text", "teacher", 2, False),
+    ]
+    boot = con.execute(
+        "SELECT task_id, list_sort(list(seed)) FROM episodes WHERE stage = 'bootstrap' AND iteration = 1 "
+        "GROUP BY 1 ORDER BY 1"
+    ).fetchall()
     assert boot == [("click-test", [3, 4]), ("focus-text", [3, 4])]
     assert st["rl"]["skipped"] is True and "curriculum" in st["rl"]["reason"]
     # lineage: iteration 1's SFT starts from iteration 0's final checkpoint (RL's round-0), evaluate scores it
-    parent = con.execute("SELECT parent_checkpoint FROM checkpoints WHERE stage = 'sft' AND iteration = 1").fetchone()[0]
+    parent = con.execute("SELECT parent_checkpoint FROM checkpoints WHERE stage = 'sft' AND iteration = 1").fetchone()[
+        0
+    ]
     rl0 = con.execute("SELECT checkpoint_id, path FROM checkpoints WHERE stage = 'rl' AND iteration = 0").fetchone()
     assert parent == rl0[0] and Path(scenario.retried.result()[0]["checkpoint"]).parent.name == rl0[0]
     assert st["evaluate"]["checkpoint"] == checkpoint_of(st["sft"])
@@ -376,8 +464,9 @@ def test_next_iteration_continues_from_the_lake_and_follows_the_curriculum(scena
     counts_by = yaml.safe_load(con.execute("SELECT source_counts FROM datasets WHERE iteration = 1").fetchone()[0])
     assert {"scripted/it0", "scripted/it1"} <= set(counts_by["by_policy_iteration"])
     with get_client(sync_client=True) as client:
-        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tiny-iteration-report"])),
-                                     limit=10)
+        arts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["tiny-iteration-report"])), limit=10
+        )
     assert any("**Curriculum**" in str(a.data) and "| click-test | teacher |" in str(a.data) for a in arts)
 
 
@@ -393,7 +482,9 @@ def test_deployed_mode_runs_stages_on_process_workers(prefect_api, tmp_path, mon
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from flywheel.orchestrate import _start_time, down, read_state, up
+
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
     monkeypatch.setenv("FLYWHEEL_RESULTS", str(tmp_path / "results"))
     ref = tiny_ref(tmp_path, **{"bootstrap.selection.seeds_per_task": 1})
@@ -407,8 +498,12 @@ def test_deployed_mode_runs_stages_on_process_workers(prefect_api, tmp_path, mon
             with pytest.raises(StageFailed, match=r"^iteration 0, stage sft: flow run sft-it0 ended Failed"):
                 call_stage("sft", ref, 0, "deployed", False, dataset_id="no-such-dataset")
             with get_client(sync_client=True) as c:
-                runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(
-                    name=FlowRunFilterName(any_=["bootstrap-it0", "curate-it0", "sft-it0"])), limit=10)
+                runs = c.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        name=FlowRunFilterName(any_=["bootstrap-it0", "curate-it0", "sft-it0"])
+                    ),
+                    limit=10,
+                )
     finally:
         procs = (st or read_state(state_dir) or {}).get("processes", [])
         stopped = down(state_dir=state_dir)
@@ -424,12 +519,24 @@ def test_flywheel_with_midtrain_starts_the_first_sft_from_the_base(prefect_api, 
     """midtrain on: the parent runs the midtrain sub-flow first, the iteration's SFT starts from its base, the base's
     row stays out of the flywheel's checkpoint chain, and a second parent run finds the base cached."""
     from training.models import init_model
+
     init_model("qwen3-vl", "tiny", tmp_path / "student", seed=0)
-    ref = tiny_ref(tmp_path, **{"midtrain.enabled": True, "midtrain.tasks": ["synth/click"],
-                                "midtrain.episodes_per_task": 2, "midtrain.eval_seeds_per_task": 1,
-                                "midtrain.sft.max_steps": 2, "midtrain.sft.batch_size": 2,
-                                "sft.max_steps": 2, "sft.batch_size": 2, "sft.method": "full",
-                                "bootstrap.selection.seeds_per_task": 1, "evaluate.selection.seeds_per_task": 1})
+    ref = tiny_ref(
+        tmp_path,
+        **{
+            "midtrain.enabled": True,
+            "midtrain.tasks": ["synth/click"],
+            "midtrain.episodes_per_task": 2,
+            "midtrain.eval_seeds_per_task": 1,
+            "midtrain.sft.max_steps": 2,
+            "midtrain.sft.batch_size": 2,
+            "sft.max_steps": 2,
+            "sft.batch_size": 2,
+            "sft.method": "full",
+            "bootstrap.selection.seeds_per_task": 1,
+            "evaluate.selection.seeds_per_task": 1,
+        },
+    )
     out = flywheel(config=ref)
     st = out[0]["stages"]
     con = connect(tmp_path / "lake")
@@ -439,6 +546,7 @@ def test_flywheel_with_midtrain_starts_the_first_sft_from_the_base(prefect_api, 
     assert st["rollouts"]["checkpoint"].startswith(str(tmp_path / "lake" / base_path))  # iteration 0 rolls out the base
     assert con.execute("SELECT count(*) FROM evals WHERE stage = 'midtrain'").fetchone()[0] == 2  # kind + overall
     from prefect.client.orchestration import get_client
+
     with get_client(sync_client=True) as client:
         names = {r.name for r in client.read_flow_runs(limit=200) if r.state.is_completed()}
     assert "midtrain" in names

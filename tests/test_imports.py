@@ -23,47 +23,60 @@ CHROME = "bb5e4c0d-f964-439c-97b6-bdb9747de3f4"
 OS_TASK = "5812b315-e7bd-4265-b51f-863c02174c28"
 
 
-@pytest.mark.parametrize("code, want", [
-    ("pyautogui.click(100, 200)", [Click(x=100, y=200)]),
-    ("import pyautogui\npyautogui.click(x=5, y=6, clicks=2)", [Click(x=5, y=6, clicks=2)]),
-    ("pyautogui.click(100, 200, button='right')", [RightClick(x=100, y=200)]),
-    ("pyautogui.doubleClick((30, 40))", [DoubleClick(x=30, y=40)]),
-    ("pyautogui.tripleClick(1, 2)", [Click(x=1, y=2, clicks=3)]),
-    ("pyautogui.middleClick(1, 2)", [Click(x=1, y=2, button="middle")]),
-    ("pyautogui.moveTo(10, 20); pyautogui.dragTo(300, 400, duration=0.5)", [Move(x=10, y=20), Drag(x1=10, y1=20, x2=300, y2=400)]),
-    ("pyautogui.moveTo(10, 20)\npyautogui.click()", [Move(x=10, y=20), Click(x=10, y=20)]),
-    ("pyautogui.scroll(-3, x=50, y=60)", [Scroll(x=50, y=60, dy=3)]),
-    ("pyautogui.hscroll(2, 50, 60)", [Scroll(x=50, y=60, dx=2)]),
-    ("pyautogui.typewrite('hello', interval=0.05)", [Type(text="hello")]),
-    ("pyautogui.write('a\"b')", [Type(text='a"b')]),
-    ("pyautogui.typewrite(['a', 'enter'])", [Key(keys=["a"]), Key(keys=["enter"])]),
-    ("pyautogui.press('Return')", [Key(keys=["enter"])]),
-    ("pyautogui.press('tab', presses=2)", [Key(keys=["tab"]), Key(keys=["tab"])]),
-    ("pyautogui.hotkey('ctrl', 'Shift', 't')", [Key(keys=["ctrl", "shift", "t"])]),
-    ("import time\ntime.sleep(0.5)", [Wait(seconds=0.5)]),
-    ("WAIT", [Wait(seconds=1)]), ("DONE", [Done()]), (" FAIL\n", [Fail()]),
-])
+@pytest.mark.parametrize(
+    "code, want",
+    [
+        ("pyautogui.click(100, 200)", [Click(x=100, y=200)]),
+        ("import pyautogui\npyautogui.click(x=5, y=6, clicks=2)", [Click(x=5, y=6, clicks=2)]),
+        ("pyautogui.click(100, 200, button='right')", [RightClick(x=100, y=200)]),
+        ("pyautogui.doubleClick((30, 40))", [DoubleClick(x=30, y=40)]),
+        ("pyautogui.tripleClick(1, 2)", [Click(x=1, y=2, clicks=3)]),
+        ("pyautogui.middleClick(1, 2)", [Click(x=1, y=2, button="middle")]),
+        (
+            "pyautogui.moveTo(10, 20); pyautogui.dragTo(300, 400, duration=0.5)",
+            [Move(x=10, y=20), Drag(x1=10, y1=20, x2=300, y2=400)],
+        ),
+        ("pyautogui.moveTo(10, 20)\npyautogui.click()", [Move(x=10, y=20), Click(x=10, y=20)]),
+        ("pyautogui.scroll(-3, x=50, y=60)", [Scroll(x=50, y=60, dy=3)]),
+        ("pyautogui.hscroll(2, 50, 60)", [Scroll(x=50, y=60, dx=2)]),
+        ("pyautogui.typewrite('hello', interval=0.05)", [Type(text="hello")]),
+        ("pyautogui.write('a\"b')", [Type(text='a"b')]),
+        ("pyautogui.typewrite(['a', 'enter'])", [Key(keys=["a"]), Key(keys=["enter"])]),
+        ("pyautogui.press('Return')", [Key(keys=["enter"])]),
+        ("pyautogui.press('tab', presses=2)", [Key(keys=["tab"]), Key(keys=["tab"])]),
+        ("pyautogui.hotkey('ctrl', 'Shift', 't')", [Key(keys=["ctrl", "shift", "t"])]),
+        ("import time\ntime.sleep(0.5)", [Wait(seconds=0.5)]),
+        ("WAIT", [Wait(seconds=1)]),
+        ("DONE", [Done()]),
+        (" FAIL\n", [Fail()]),
+    ],
+)
 def test_pyautogui_code_becomes_schema_actions(code, want):
     actions, err = parse_pyautogui(code, 1920, 1080)
     assert err is None and actions == want
 
 
-@pytest.mark.parametrize("code, why", [
-    ("import os\nos.system('touch /tmp/flywheel-pwned')", "only `import pyautogui`"),
-    ("__import__('os').system('touch /tmp/flywheel-pwned')", "unsupported call"),
-    ("open('/tmp/flywheel-pwned', 'w').write('x')", "unsupported call"),
-    ("pyautogui.click(x, y)", "not a literal"),
-    ("pyautogui.click(*pts)", "*args"),
-    ("for i in range(3):\n    pyautogui.press('down')", "unsupported statement"),
-    ("pyautogui.mouseDown(); pyautogui.mouseUp()", "unsupported function pyautogui.mouseDown"),
-    ("pyautogui.click()", "no known pointer"),
-    ("pyautogui.dragTo(5, 5)", "without a known start point"),
-    ("pyautogui.click(5000, 10)", "off the 1920x1080 screen"),
-    ("pyautogui.press('hyperspace')", "unknown key"),
-    ("pyautogui.click(1, 2, foo=3)", "unsupported argument 'foo'"),
-    ("pyautogui.click(1, 2", "not Python"),
-    ("", "empty action"), (None, "not a string"), ("x = 5", "unsupported statement"),
-])
+@pytest.mark.parametrize(
+    "code, why",
+    [
+        ("import os\nos.system('touch /tmp/flywheel-pwned')", "only `import pyautogui`"),
+        ("__import__('os').system('touch /tmp/flywheel-pwned')", "unsupported call"),
+        ("open('/tmp/flywheel-pwned', 'w').write('x')", "unsupported call"),
+        ("pyautogui.click(x, y)", "not a literal"),
+        ("pyautogui.click(*pts)", "*args"),
+        ("for i in range(3):\n    pyautogui.press('down')", "unsupported statement"),
+        ("pyautogui.mouseDown(); pyautogui.mouseUp()", "unsupported function pyautogui.mouseDown"),
+        ("pyautogui.click()", "no known pointer"),
+        ("pyautogui.dragTo(5, 5)", "without a known start point"),
+        ("pyautogui.click(5000, 10)", "off the 1920x1080 screen"),
+        ("pyautogui.press('hyperspace')", "unknown key"),
+        ("pyautogui.click(1, 2, foo=3)", "unsupported argument 'foo'"),
+        ("pyautogui.click(1, 2", "not Python"),
+        ("", "empty action"),
+        (None, "not a string"),
+        ("x = 5", "unsupported statement"),
+    ],
+)
 def test_anything_else_is_a_reason_never_executed(code, why):
     actions, err = parse_pyautogui(code, 1920, 1080)
     assert actions == [] and why in err
@@ -78,36 +91,56 @@ def test_the_pointer_carries_across_steps_and_a_failed_step_leaves_it():
 
 
 def fw(*args):
-    return subprocess.run([sys.executable, "-m", "flywheel", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "FLYWHEEL_LAKE": ""})
+    return subprocess.run(
+        [sys.executable, "-m", "flywheel", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FLYWHEEL_LAKE": ""},
+    )
 
 
 def test_import_osworld_results_from_the_cli(tmp_path):
     lake = tmp_path / "lake"
     r = fw("import", "osworld-results", str(FIXTURES), "--lake", str(lake))
     assert r.returncode == 1, r.stderr  # one folder has a corrupt line
-    assert "imported 2 episodes (12 steps, 3 kept unparsed with a reason), 0 already in the lake, 1 rejected" in r.stdout
+    assert (
+        "imported 2 episodes (12 steps, 3 kept unparsed with a reason), 0 already in the lake, 1 rejected" in r.stdout
+    )
     rejected = [ln for ln in r.stderr.splitlines() if "rejected" in ln]
     assert len(rejected) == 1 and "7a4deb26-d57d-4ea9-9a73-630f66a7b568/traj.jsonl:2: not JSON" in rejected[0]
 
     con = connect(lake)
-    eps = {r[0]: r[1:] for r in con.execute(
-        "SELECT task_id, env, policy, policy_version, task_reward, success, status, n_steps, instruction FROM episodes").fetchall()}
+    eps = {
+        r[0]: r[1:]
+        for r in con.execute(
+            (
+                "SELECT task_id, env, policy, policy_version, task_reward, success, "
+                "status, n_steps, instruction FROM episodes"
+            )
+        ).fetchall()
+    }
     assert eps[CHROME][:7] == ("osworld", "osworld-import", "claude-sonnet-4-6", 1.0, True, "ok", 7)
     assert eps[CHROME][7].startswith("Can you make Bing the main search engine")
     assert eps[OS_TASK][:7] == ("osworld", "osworld-import", "claude-sonnet-4-6", 0.0, False, "ok", 5)
-    steps = con.execute("""SELECT s.step_idx, s.parse_ok, s.parse_error, s.action, s.screen_w, s.screen_h,
+    steps = con.execute(
+        """SELECT s.step_idx, s.parse_ok, s.parse_error, s.action, s.screen_w, s.screen_h,
                                   s.action_desc, s.response_text, s.screenshot IS NOT NULL
                            FROM steps s JOIN episodes e USING (episode_id)
-                           WHERE e.task_id = ? AND NOT s.is_final ORDER BY s.step_idx""", [CHROME]).fetchall()
+                           WHERE e.task_id = ? AND NOT s.is_final ORDER BY s.step_idx""",
+        [CHROME],
+    ).fetchall()
     # one traj line whose code holds three calls becomes three steps; moveTo + click() uses the moved pointer
     acts = [json.loads(s[3]) for s in steps]
     assert [a["action"] for a in acts] == ["click", "key", "type", "key", "move", "click", "done"]
     assert (acts[0]["x"], acts[0]["y"]) == (176, 12) and (acts[5]["x"], acts[5]["y"]) == (100, 60)
     assert all(s[1] for s in steps) and {(s[4], s[5]) for s in steps} == {(192, 108)} and all(s[8] for s in steps)
     assert steps[1][6].endswith("[part 1 of 3]") and steps[0][7].startswith("The Chrome menu")
-    bad = con.execute("""SELECT s.step_idx, s.parse_error FROM steps s JOIN episodes e USING (episode_id)
-                         WHERE e.task_id = ? AND NOT s.parse_ok ORDER BY 1""", [OS_TASK]).fetchall()
+    bad = con.execute(
+        """SELECT s.step_idx, s.parse_error FROM steps s JOIN episodes e USING (episode_id)
+                         WHERE e.task_id = ? AND NOT s.parse_ok ORDER BY 1""",
+        [OS_TASK],
+    ).fetchall()
     assert [b[0] for b in bad] == [0, 1, 2]
     assert "no screenshot of the screen before" in bad[0][1] and "only `import pyautogui`" in bad[1][1]
     assert "unsupported statement" in bad[2][1]
@@ -115,7 +148,10 @@ def test_import_osworld_results_from_the_cli(tmp_path):
     assert final == (2,)
 
     again = fw("import", "osworld-results", str(FIXTURES), "--lake", str(lake))  # idempotent
-    assert "imported 0 episodes (0 steps, 0 kept unparsed with a reason), 2 already in the lake, 1 rejected" in again.stdout
+    assert (
+        "imported 0 episodes (0 steps, 0 kept unparsed with a reason), 2 already in the lake, 1 rejected"
+        in again.stdout
+    )
     assert connect(lake).execute("SELECT count(*) FROM episodes").fetchone() == (2,)
 
     missing = fw("import", "osworld-results", str(tmp_path / "nope"), "--lake", str(lake))
@@ -131,8 +167,11 @@ AGENTNET = Path(__file__).parent / "fixtures" / "agentnet" / "agentnet_sample.js
 def test_import_agentnet_converts_normalised_coordinates(tmp_path):
     lake = tmp_path / "lake"
     r = fw("import", "agentnet", str(AGENTNET), "--lake", str(lake))
-    assert r.returncode == 1 and "imported 2 episodes (5 steps, 1 kept unparsed with a reason), 0 already in the " \
-                                 "lake, 2 rejected" in r.stdout
+    assert (
+        r.returncode == 1
+        and "imported 2 episodes (5 steps, 1 kept unparsed with a reason), 0 already in the lake, 2 rejected"
+        in r.stdout
+    )
     rejected = [ln for ln in r.stderr.splitlines() if "rejected" in ln]
     assert any("agentnet_sample.jsonl:3: traj[0] image 'nope.png' not found" in ln for ln in rejected)
     assert any("agentnet_sample.jsonl:4: not JSON" in ln for ln in rejected)
@@ -145,7 +184,11 @@ def test_import_agentnet_converts_normalised_coordinates(tmp_path):
     # (0.25, 0.5) on a 256x160 screen through CoordTransform.for_unit
     assert acts[0] == {"action": "click", "x": 64.0, "y": 80.0, "button": "left", "clicks": 1}
     assert [a["action"] for a in acts] == ["click", "key", "type", "done"]
-    assert ok[0][1] is True and ok[0][4] == "I need to select report.txt first." and ok[0][5] == "Click on report.txt to select it."
+    assert (
+        ok[0][1] is True
+        and ok[0][4] == "I need to select report.txt first."
+        and ok[0][5] == "Click on report.txt to select it."
+    )
     assert ok[1][5].endswith("[part 1 of 2]") and {(r[7], r[8]) for r in ok} == {(256, 160)}
     (bad,) = [r for r in rows if r[0] == "20241002_d4e5f6"]
     assert bad[1] is False and bad[3] is None and "off the" in bad[6]  # pixel coordinates in a 0..1 field
@@ -159,11 +202,16 @@ SLIME = Path(__file__).parent / "fixtures" / "slime" / "osworld_reasoning_sft_sa
 
 
 def _slime_steps(lake: Path, task_prefix: str) -> list[tuple]:
-    return connect(lake).execute(
-        """SELECT s.step_idx, s.action, s.parse_error, s.thought, s.action_desc, s.screen_w, s.screen_h,
+    return (
+        connect(lake)
+        .execute(
+            """SELECT s.step_idx, s.action, s.parse_error, s.thought, s.action_desc, s.screen_w, s.screen_h,
                   e.success, e.task_reward, e.instruction, e.policy_version
            FROM steps s JOIN episodes e USING (episode_id) WHERE e.task_id LIKE ? ORDER BY s.step_idx""",
-        [task_prefix + "%"]).fetchall()
+            [task_prefix + "%"],
+        )
+        .fetchall()
+    )
 
 
 def test_import_slime_records_from_the_cli(tmp_path):
@@ -172,8 +220,10 @@ def test_import_slime_records_from_the_cli(tmp_path):
     assert r.returncode == 1, r.stderr
     assert "imported 2 episodes (8 steps, 2 kept unparsed with a reason), 0 already in the lake, 3 rejected" in r.stdout
     rejected = [ln for ln in r.stderr.splitlines() if "rejected" in ln]
-    assert any("osworld_reasoning_sft_sample.jsonl:3: the user turns hold 3 <image> placeholders but 'images' has 2"
-               in ln for ln in rejected)
+    assert any(
+        "osworld_reasoning_sft_sample.jsonl:3: the user turns hold 3 <image> placeholders but 'images' has 2" in ln
+        for ln in rejected
+    )
     assert any("osworld_reasoning_sft_sample.jsonl:4: not JSON" in ln for ln in rejected)
     assert any("osworld_reasoning_sft_sample.jsonl:5: not a slime SFT record" in ln for ln in rejected)
 
@@ -194,7 +244,10 @@ def test_import_slime_records_from_the_cli(tmp_path):
     assert opus[0][7:] == (False, 0.0, "Make Bing the default search engine in Chrome.", "reasoning_opus")
 
     again = fw("import", "slime", str(SLIME), "--lake", str(lake))
-    assert "imported 0 episodes (0 steps, 0 kept unparsed with a reason), 2 already in the lake, 3 rejected" in again.stdout
+    assert (
+        "imported 0 episodes (0 steps, 0 kept unparsed with a reason), 2 already in the lake, 3 rejected"
+        in again.stdout
+    )
     assert connect(lake).execute("SELECT count(*) FROM episodes").fetchone() == (2,)
 
 

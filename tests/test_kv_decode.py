@@ -7,8 +7,6 @@ different lengths in one batch); seeded sampling is reproducible; `reload` swaps
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -23,13 +21,18 @@ def _prompts(arch: str, n: int):
     t = transform_for(arch, 160, 210)
     shots = png_pool(n, seed=3)
     # different DOM lengths -> different prompt lengths -> real left padding in the batch
-    return [build_prompt(f"Click button {i}.", shots[i], 'button "OK" @ (80,120) [40x20]\n' * (1 + 3 * i), [],
-                         PromptOptions(), t) for i in range(n)]
+    return [
+        build_prompt(
+            f"Click button {i}.", shots[i], 'button "OK" @ (80,120) [40x20]\n' * (1 + 3 * i), [], PromptOptions(), t
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module", params=["qwen3-vl", "qwen2.5-vl"])
 def built(request, tmp_path_factory):
     from training.models import init_model
+
     torch.manual_seed(0)
     path = init_model(request.param, "tiny", tmp_path_factory.mktemp("m") / request.param, seed=1)
     return request.param, path, HFBackend(str(path), lean=False)
@@ -63,18 +66,21 @@ def test_backend_lean_path_seeded_and_matches_teacher_forcing(built):
     ids = torch.cat([inputs["input_ids"], torch.tensor([g.token_ids])], dim=1)
     extra = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if "mm_token_type_ids" in inputs:  # response tokens are text (type 0)
-        extra["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, len(g.token_ids),
-                                               dtype=inputs["mm_token_type_ids"].dtype)], dim=1)
+        extra["mm_token_type_ids"] = torch.cat(
+            [inputs["mm_token_type_ids"], torch.zeros(1, len(g.token_ids), dtype=inputs["mm_token_type_ids"].dtype)],
+            dim=1,
+        )
     with torch.inference_mode():
         logits = be.model(**{**inputs, **extra}).logits.float()
     L = inputs["input_ids"].shape[1]
-    lp = torch.log_softmax(logits[0, L - 1:-1], -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
+    lp = torch.log_softmax(logits[0, L - 1 : -1], -1).gather(-1, torch.tensor(g.token_ids)[:, None])[:, 0]
     assert torch.allclose(lp, torch.tensor(g.logprobs), atol=1e-4)
 
 
 def test_reload_swaps_weights_in_place(built, tmp_path):
     arch, path, _ = built
     from training.models import init_model
+
     other = init_model(arch, "tiny", tmp_path / "other", seed=5)
     be = HFBackend(str(path))
     s = Sampling(temperature=0.0, max_new_tokens=12)

@@ -38,8 +38,10 @@ def test_write_and_query_with_partitions(tmp_path):
     rows = con.execute("SELECT iteration, stage, count(*) FROM episodes GROUP BY ALL ORDER BY 1").fetchall()
     assert rows == [(0, "rollouts", 20), (1, "rollouts", 20)]
     # joins across tables and the screenshot bytes round-trip exactly
-    png = con.execute("SELECT s.screenshot FROM steps s JOIN episodes e USING (episode_id) "
-                  "WHERE e.episode_id = ? AND s.step_idx = 1", [eps[3]["episode_id"]]).fetchone()[0]
+    png = con.execute(
+        "SELECT s.screenshot FROM steps s JOIN episodes e USING (episode_id) WHERE e.episode_id = ? AND s.step_idx = 1",
+        [eps[3]["episode_id"]],
+    ).fetchone()[0]
     assert png == st[3 * 3 + 1]["screenshot"]
     # empty tables are typed, queryable views
     assert con.execute("SELECT count(*) FROM evals").fetchone()[0] == 0
@@ -48,6 +50,7 @@ def test_write_and_query_with_partitions(tmp_path):
 
 def test_runs_sql_reads_only_the_named_runs(tmp_path):
     from storage.catalog import runs_sql
+
     lake = Lake(tmp_path / "lake")
     _fill(lake, run_key="r1")
     _fill(lake, iteration=1, run_key="r1", seed=2)  # a run key's files in two partitions
@@ -55,14 +58,16 @@ def test_runs_sql_reads_only_the_named_runs(tmp_path):
     _fill(lake, run_key="r2", seed=3)
     assert [f.name for f in lake.files_of_runs("episodes", ["r2"])] == ["r2-00000.parquet"]
     con = connect(lake)
-    got = con.execute(f"SELECT run_key, iteration, count(*) FROM ({runs_sql(lake, 'episodes', ['r1'])}) GROUP BY ALL "
-                      "ORDER BY ALL").fetchall()
+    got = con.execute(
+        f"SELECT run_key, iteration, count(*) FROM ({runs_sql(lake, 'episodes', ['r1'])}) GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
     assert got == [("r1", 0, 20), ("r1", 1, 20)]
     same = con.execute("SELECT * FROM episodes WHERE run_key = 'r2' ORDER BY episode_id").fetchall()
     assert con.execute(f"SELECT * FROM ({runs_sql(lake, 'episodes', ['r2'])}) ORDER BY episode_id").fetchall() == same
     none = con.execute(f"SELECT * FROM ({runs_sql(lake, 'steps', ['nope'])})")  # no files: the typed empty view
-    assert none.fetchall() == [] and [d[0] for d in none.description] == [d[0] for d in con.execute(
-        "SELECT * FROM steps LIMIT 0").description]
+    assert none.fetchall() == [] and [d[0] for d in none.description] == [
+        d[0] for d in con.execute("SELECT * FROM steps LIMIT 0").description
+    ]
 
 
 def test_rerun_replaces_instead_of_duplicating(tmp_path):
@@ -81,11 +86,21 @@ def test_rerun_replaces_instead_of_duplicating(tmp_path):
 def test_bad_rows_rejected_with_clear_error(tmp_path):
     lake = Lake(tmp_path / "lake")
     with pytest.raises(LakeError, match="unknown columns"):
-        lake.write("episodes", [{"episode_id": "x", "task_id": "t", "seed": 1, "status": "ok", "run_key": "r",
-                                 "sucess": True}], iteration=0, stage="s", run_key="r")
+        lake.write(
+            "episodes",
+            [{"episode_id": "x", "task_id": "t", "seed": 1, "status": "ok", "run_key": "r", "sucess": True}],
+            iteration=0,
+            stage="s",
+            run_key="r",
+        )
     with pytest.raises(LakeError, match="do not match"):
-        lake.write("episodes", [{"episode_id": "x", "task_id": "t", "seed": "one", "status": "ok", "run_key": "r"}],
-                   iteration=0, stage="s", run_key="r")
+        lake.write(
+            "episodes",
+            [{"episode_id": "x", "task_id": "t", "seed": "one", "status": "ok", "run_key": "r"}],
+            iteration=0,
+            stage="s",
+            run_key="r",
+        )
     with pytest.raises(LakeError, match="invalid run_key"):
         lake.write("episodes", [], iteration=0, stage="s", run_key="../escape")
     assert not list(lake.root.rglob("*.parquet"))
@@ -175,8 +190,10 @@ def test_queries_that_skip_screenshot_never_read_it(tmp_path):
     _corrupt_column_chunk(f, "screenshot")
     con = connect(lake)
     # curate-style query without the screenshot works: its bytes are never touched
-    n = con.execute("SELECT count(*), sum(s.step_idx) FROM steps s JOIN episodes e USING (episode_id) "
-                "WHERE e.success AND s.parse_ok").fetchone()[0]
+    n = con.execute(
+        "SELECT count(*), sum(s.step_idx) FROM steps s JOIN episodes e USING (episode_id) "
+        "WHERE e.success AND s.parse_ok"
+    ).fetchone()[0]
     assert n > 0
     with pytest.raises(QueryError):
         run_query(con, "SELECT sum(length(screenshot)) FROM steps", lake)

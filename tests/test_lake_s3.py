@@ -40,13 +40,30 @@ def s3(tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     endpoint = f"http://127.0.0.1:{port}"
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-                                            "FLYWHEEL_S3_ENDPOINT", "FLYWHEEL_LAKE_CACHE")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY=SECRET, AWS_DEFAULT_REGION="us-east-1",
-                      FLYWHEEL_S3_ENDPOINT=endpoint, FLYWHEEL_LAKE_CACHE=str(tmp_path_factory.mktemp("cache")))
+    saved = {
+        k: os.environ.get(k)
+        for k in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION",
+            "FLYWHEEL_S3_ENDPOINT",
+            "FLYWHEEL_LAKE_CACHE",
+        )
+    }
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY=SECRET,
+        AWS_DEFAULT_REGION="us-east-1",
+        FLYWHEEL_S3_ENDPOINT=endpoint,
+        FLYWHEEL_LAKE_CACHE=str(tmp_path_factory.mktemp("cache")),
+    )
     try:
         for _ in range(150):  # up to 15 s for the server to answer
             try:
@@ -57,6 +74,7 @@ def s3(tmp_path_factory):
         else:
             raise RuntimeError(f"moto server did not start: {log.read_text()[-500:]}")
         import s3fs
+
         s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True).mkdir(BUCKET)
         yield endpoint
     finally:
@@ -77,8 +95,12 @@ def test_writes_views_reruns_and_replace_run(s3):
     assert p == f"s3://{BUCKET}/unit/steps/iteration=0/stage=rollouts/r1-00000.parquet"
     lake.replace_run("episodes", [eps[:3], eps[3:]], iteration=0, stage="rollouts", run_key="r1")
     con = connect(lake)
-    assert con.execute("SELECT iteration, stage, count(*) FROM episodes GROUP BY ALL").fetchall() == [(0, "rollouts", 6)]
-    got = con.execute("SELECT screenshot FROM steps WHERE episode_id = ? AND step_idx = 1", [eps[0]["episode_id"]]).fetchone()
+    assert con.execute("SELECT iteration, stage, count(*) FROM episodes GROUP BY ALL").fetchall() == [
+        (0, "rollouts", 6)
+    ]
+    got = con.execute(
+        "SELECT screenshot FROM steps WHERE episode_id = ? AND step_idx = 1", [eps[0]["episode_id"]]
+    ).fetchone()
     assert got[0] == steps[1]["screenshot"]  # bytes round-trip through the bucket
     # a rerun of the same part replaces it; a rerun with fewer parts drops the stale one
     lake.write("steps", steps, iteration=0, stage="rollouts", run_key="r1")
@@ -103,6 +125,7 @@ def test_writes_views_reruns_and_replace_run(s3):
 
 def test_screenshots_are_fetched_only_when_selected(s3, monkeypatch):
     import s3fs.core
+
     lake = Lake(f"s3://{BUCKET}/shots")
     big = png_pool(8, size=(480, 480))  # screenshots dominate the file, as in real lakes
     # ~7 MB: DuckDB fetches a small remote file whole (one request), so the file must be past that size
@@ -129,7 +152,6 @@ def test_screenshots_are_fetched_only_when_selected(s3, monkeypatch):
     assert with_shots > 0.9 * size  # the screenshot column is most of the (compressed) file
 
 
-
 @pytest.mark.browser
 def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_path, capsys, monkeypatch):
     import threading
@@ -144,10 +166,21 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_pa
     uri = f"s3://{BUCKET}/fly"
     # two rollout runs at once, each with its own env worker process (as two machines would): disjoint seeds,
     # one short task; the workers get the lake as a URI + endpoint, nothing else
-    specs = [RolloutSpec(run_key=f"boot-{i}", iteration=0, stage="bootstrap", lake_root=uri, lake_endpoint=s3,
-                         jobs=make_jobs(f"boot-{i}", ["click-test"], seeds, policy_tag="scripted:0"),
-                         policy=PolicySpec("scripted"), max_steps=4, episode_timeout_s=60, n_envs=1)
-             for i, seeds in enumerate(([0, 1], [2, 3]))]
+    specs = [
+        RolloutSpec(
+            run_key=f"boot-{i}",
+            iteration=0,
+            stage="bootstrap",
+            lake_root=uri,
+            lake_endpoint=s3,
+            jobs=make_jobs(f"boot-{i}", ["click-test"], seeds, policy_tag="scripted:0"),
+            policy=PolicySpec("scripted"),
+            max_steps=4,
+            episode_timeout_s=60,
+            n_envs=1,
+        )
+        for i, seeds in enumerate(([0, 1], [2, 3]))
+    ]
     results: list = []
     threads = [threading.Thread(target=lambda sp=sp: results.append(run_rollouts(sp, progress=False))) for sp in specs]
     for t in threads:
@@ -155,8 +188,19 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_pa
     for t in threads:
         t.join(timeout=240)
     assert sorted((r.ran, r.successes, r.errors) for r in results) == [(2, 2, 0), (2, 2, 0)]
-    monkeypatch.setattr(sys, "argv", ["flywheel", "query", "SELECT count(*) AS n, count(DISTINCT run_key) AS runs, "
-                                      "count(DISTINCT seed) AS seeds FROM episodes", "--format", "json", "--lake", uri])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "flywheel",
+            "query",
+            "SELECT count(*) AS n, count(DISTINCT run_key) AS runs, count(DISTINCT seed) AS seeds FROM episodes",
+            "--format",
+            "json",
+            "--lake",
+            uri,
+        ],
+    )
     with pytest.raises(SystemExit) as e:
         main()
     out = capsys.readouterr()
@@ -165,8 +209,14 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_pa
 
     # "machine A" curates into its own local cache; "machine B" trains from a different, empty one
     tiny = init_model("qwen3-vl", "tiny", tmp_path / "tiny", seed=0)
-    over = {"lake.root": uri, "student.model": str(tiny), "sft.max_steps": 2, "sft.batch_size": 2,
-            "sft.warmup_ratio": 0.0, "sft.save_every": 2}
+    over = {
+        "lake.root": uri,
+        "student.model": str(tiny),
+        "sft.max_steps": 2,
+        "sft.batch_size": 2,
+        "sft.warmup_ratio": 0.0,
+        "sft.save_every": 2,
+    }
     cfg_a = load_config(ROOT / "configs" / "tiny.yaml", {**over, "lake.cache_dir": str(tmp_path / "a")})
     res = curate(cfg_a, 0)
     assert res["n_episodes"] == 4

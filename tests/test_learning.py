@@ -1,6 +1,6 @@
 """The learning bar, small: SFT on scripted-teacher demos must clearly beat the untrained student.
 
-A smaller version of benchmarks/learning_bar.py (README: "The learning bar"), run through that very
+A smaller version of benchmarks/learning_bar.py (docs/RESULTS.md: "Does it learn?"), run through that very
 command in its own process: the embedded default's mini Qwen3-VL, two tasks, fewer demos, a shorter SFT
 budget and fewer held-out seeds. Real Chromium, real lake, real training, real greedy decoding.
 """
@@ -20,14 +20,30 @@ TASKS = ["click-test", "click-tab"]
 
 @pytest.mark.slow
 def test_sft_on_teacher_demos_beats_the_untrained_student(tmp_path):
-    over = {"bootstrap.selection.tasks": TASKS, "bootstrap.selection.seeds_per_task": 80,
-            "rollouts.selection.tasks": TASKS, "evaluate.selection.tasks": TASKS,
-            "evaluate.selection.seeds_per_task": 10,
-            # a step budget (what the passing 2.5-minute run got on an idle box), so a loaded CI box trains as much;
-            # the minutes are only a cap. A wall-clock budget gave 100 steps and 30% on a box shared with other tests.
-            "sft.max_steps": 170, "sft.max_minutes": 10}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "learning_bar.py"), "--config", str(ROOT / "configs" / "local.yaml"),
-           "--workdir", str(tmp_path), "--baseline-seeds", "3", "--no-progress", "--out", str(tmp_path / "bar.json")]
+    over = {
+        "bootstrap.selection.tasks": TASKS,
+        "bootstrap.selection.seeds_per_task": 80,
+        "rollouts.selection.tasks": TASKS,
+        "evaluate.selection.tasks": TASKS,
+        "evaluate.selection.seeds_per_task": 10,
+        # a step budget (what the passing 2.5-minute run got on an idle box), so a loaded CI box trains as much;
+        # the minutes are only a cap. A wall-clock budget gave 100 steps and 30% on a box shared with other tests.
+        "sft.max_steps": 170,
+        "sft.max_minutes": 10,
+    }
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "learning_bar.py"),
+        "--config",
+        str(ROOT / "configs" / "local.yaml"),
+        "--workdir",
+        str(tmp_path),
+        "--baseline-seeds",
+        "3",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "bar.json"),
+    ]
     cmd += [f"--set={k}={json.dumps(v)}" for k, v in over.items()]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -24,6 +24,7 @@ def test_chunked_head_equals_unchunked():
 
 def test_labelled_loss_matches_full_logits_on_tiny_qwen3vl_with_lora():
     from training.models import apply_lora, build_model
+
     model, proc = build_model("qwen3-vl", "tiny", seed=0)
     model = apply_lora(model, r=4, alpha=8, dropout=0.0)
     torch.manual_seed(0)
@@ -47,15 +48,29 @@ import math  # noqa: E402
 import pytest  # noqa: E402
 
 from training.losses import (  # noqa: E402
-    AGGREGATIONS, PG_LOSSES, aggregate, blend, clipped_pg_loss, combine, discounted_returns,
-    entropy_from_logits, gigpo_step_advantages, group_advantages, kl_k3, ratio, sdpo_token_loss,
-    sdpo_topk_loss, shaped_advantages, truncated_is_weight,
+    AGGREGATIONS,
+    PG_LOSSES,
+    aggregate,
+    blend,
+    clipped_pg_loss,
+    combine,
+    discounted_returns,
+    entropy_from_logits,
+    gigpo_step_advantages,
+    group_advantages,
+    kl_k3,
+    ratio,
+    sdpo_token_loss,
+    sdpo_topk_loss,
+    shaped_advantages,
+    truncated_is_weight,
 )
 
 
 def close(got, want, tol=1e-6):
-    return torch.allclose(torch.as_tensor(got, dtype=torch.float64),
-                          torch.as_tensor(want, dtype=torch.float64), atol=tol, rtol=0)
+    return torch.allclose(
+        torch.as_tensor(got, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64), atol=tol, rtol=0
+    )
 
 
 def test_group_advantages_mean_and_zscore_with_degenerate_groups():
@@ -78,7 +93,7 @@ def test_group_advantages_mean_and_zscore_with_degenerate_groups():
 def test_discounted_returns_by_hand():
     assert close(discounted_returns([0, 0, 1], gamma=0.5), [0.25, 0.5, 1.0])
     assert close(discounted_returns([1, 0, 2], gamma=0.5), [1.5, 1.0, 2.0])
-    assert close(discounted_returns([0, 0, 0, 1], gamma=0.95), [0.95 ** 3, 0.95 ** 2, 0.95, 1.0])
+    assert close(discounted_returns([0, 0, 0, 1], gamma=0.95), [0.95**3, 0.95**2, 0.95, 1.0])
 
 
 def test_gigpo_step_advantages_two_step_groups_and_singletons():
@@ -178,8 +193,9 @@ def test_truncated_is_weight_caps_and_detaches():
 def test_kl_k3_by_hand():
     x = torch.tensor([-1.0, -2.0, -0.3])
     assert close(kl_k3(x, x), [0.0, 0.0, 0.0])
-    assert close(kl_k3(torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -1.0])),
-                 [math.exp(-1) + 1 - 1, math.exp(1) - 1 - 1])
+    assert close(
+        kl_k3(torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -1.0])), [math.exp(-1) + 1 - 1, math.exp(1) - 1 - 1]
+    )
 
 
 def test_entropy_from_logits_by_hand():

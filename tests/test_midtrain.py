@@ -21,16 +21,28 @@ KINDS = ["synth/click", "synth/type"]
 
 
 def _cfg(tmp: Path, **over):
-    base = {"lake.root": str(tmp / "lake"), "student.model": str(tmp / "student"), "midtrain.enabled": True,
-            "midtrain.tasks": KINDS, "midtrain.episodes_per_task": 3, "midtrain.eval_seeds_per_task": 1,
-            "midtrain.sft.max_steps": 3, "midtrain.sft.batch_size": 2, "midtrain.sft.method": "full",
-            "sft.max_steps": 2, "sft.batch_size": 2, "sft.method": "full", "rollout.envs": 2}
+    base = {
+        "lake.root": str(tmp / "lake"),
+        "student.model": str(tmp / "student"),
+        "midtrain.enabled": True,
+        "midtrain.tasks": KINDS,
+        "midtrain.episodes_per_task": 3,
+        "midtrain.eval_seeds_per_task": 1,
+        "midtrain.sft.max_steps": 3,
+        "midtrain.sft.batch_size": 2,
+        "midtrain.sft.method": "full",
+        "sft.max_steps": 2,
+        "sft.batch_size": 2,
+        "sft.method": "full",
+        "rollout.envs": 2,
+    }
     return load_config(ROOT / "configs" / "tiny.yaml", {**base, **over})
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     from training.models import init_model
+
     tmp = tmp_path_factory.mktemp("midtrain")
     init_model("qwen3-vl", "tiny", tmp / "student", seed=0)
     cfg = _cfg(tmp)
@@ -43,15 +55,20 @@ def _rows(cfg, sql: str) -> list[dict]:
 
 def test_corpus_dataset_base_and_skill_report(built):
     cfg, res = built["cfg"], built["res"]
-    eps = _rows(cfg, "SELECT task_id, seed, split, success, policy, policy_version FROM episodes WHERE stage = 'midtrain'")
+    eps = _rows(
+        cfg, "SELECT task_id, seed, split, success, policy, policy_version FROM episodes WHERE stage = 'midtrain'"
+    )
     assert sorted((e["task_id"], e["seed"]) for e in eps) == sorted((t, s) for t in KINDS for s in range(3))
     assert all(e["success"] and e["split"] == "train" and e["policy"] == "scripted" for e in eps)
     ds = _rows(cfg, f"SELECT * FROM datasets WHERE dataset_id = '{res['dataset_id']}'")
     assert len(ds) == 1 and ds[0]["stage"] == "midtrain" and ds[0]["n_episodes"] == 6
     assert "e.stage = 'midtrain'" in ds[0]["query"]
     # every fit step of the corpus is a sample: a click page is one click, a type page click + type + press
-    fit = _rows(cfg, "SELECT count(*) AS n FROM steps s JOIN episodes e USING (episode_id) "
-                     "WHERE e.stage = 'midtrain' AND NOT s.is_final AND s.parse_ok AND s.exec_error IS NULL")[0]["n"]
+    fit = _rows(
+        cfg,
+        "SELECT count(*) AS n FROM steps s JOIN episodes e USING (episode_id) "
+        "WHERE e.stage = 'midtrain' AND NOT s.is_final AND s.parse_ok AND s.exec_error IS NULL",
+    )[0]["n"]
     assert res["n_samples"] == ds[0]["n_steps"] == fit >= 6
     ck = _rows(cfg, "SELECT * FROM checkpoints WHERE stage = 'midtrain'")
     assert len(ck) == 1 and ck[0]["method"] == "midtrain" and ck[0]["checkpoint_id"] == res["checkpoint_id"]
@@ -72,8 +89,11 @@ def test_second_run_reuses_the_base_and_new_settings_train_a_new_one(built):
     assert again["skipped"] and again["checkpoint_id"] == res["checkpoint_id"]
     assert _rows(cfg, "SELECT count(*) AS n FROM episodes")[0]["n"] == n_eps  # no episode ran again
     assert _rows(cfg, "SELECT count(*) AS n FROM checkpoints WHERE stage = 'midtrain'")[0]["n"] == 1
-    other = mt.checkpoint_id_for({"dataset_id": res["dataset_id"], "episode_ids": ["x"], "n_steps": 1},
-                                 "m", __import__("training.sft", fromlist=["TrainSettings"]).TrainSettings(max_steps=4))
+    other = mt.checkpoint_id_for(
+        {"dataset_id": res["dataset_id"], "episode_ids": ["x"], "n_steps": 1},
+        "m",
+        __import__("training.sft", fromlist=["TrainSettings"]).TrainSettings(max_steps=4),
+    )
     assert other != res["checkpoint_id"]
 
 

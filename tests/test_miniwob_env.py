@@ -28,6 +28,7 @@ def centre(obs, **match) -> tuple[float, float]:
 @pytest.fixture(scope="module")
 def env():
     from envs.miniwob import MiniWobEnv
+
     e = MiniWobEnv()
     yield e
     e.close()
@@ -98,12 +99,15 @@ def test_wrong_answer_scores_zero(env):
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("action, why", [
-    (RightClick(x=10, y=60), "unsupported"),
-    (Drag(x1=10, y1=60, x2=50, y2=60), "unsupported"),
-    (Key(keys=["esc"]), "unsupported"),
-    (Click(x=500, y=60), "off-screen"),
-])
+@pytest.mark.parametrize(
+    "action, why",
+    [
+        (RightClick(x=10, y=60), "unsupported"),
+        (Drag(x1=10, y1=60, x2=50, y2=60), "unsupported"),
+        (Key(keys=["esc"]), "unsupported"),
+        (Click(x=500, y=60), "off-screen"),
+    ],
+)
 def test_exec_error_keeps_the_episode_going(env, action, why):
     obs = env.reset("click-test", 4)
     res = env.step(action)
@@ -126,6 +130,7 @@ def test_done_and_fail_end_the_episode(env):
 @pytest.mark.browser
 def test_wait_and_step_cap():
     from envs.miniwob import MiniWobEnv
+
     with MiniWobEnv(max_steps=2, screenshot_scale=2) as e:
         obs = e.reset("click-test", 0)
         assert (obs.width, obs.height) == (320, 420)
@@ -159,6 +164,7 @@ def test_unknown_task(env):
 @pytest.mark.browser
 def test_browser_crash_raises_env_error_then_recovers():
     from envs.miniwob import MiniWobEnv
+
     e = MiniWobEnv()
     try:
         e.reset("click-test", 0)
@@ -174,6 +180,7 @@ def test_browser_crash_raises_env_error_then_recovers():
 @pytest.mark.browser
 def test_close_is_idempotent_and_quits_the_driver():
     from envs.miniwob import MiniWobEnv
+
     e = MiniWobEnv()
     proc = e.unwrapped.instance.driver.service.process
     e.close()
@@ -186,6 +193,7 @@ def test_close_is_idempotent_and_quits_the_driver():
 # ------------------------------------------------------------------------------ no browser
 def test_missing_chromium_is_a_clear_error(tmp_path):
     from envs.miniwob import MiniWobEnv
+
     with pytest.raises(EnvError, match="chromium not found at .*run scripts/setup.sh"):
         MiniWobEnv(chrome_binary=str(tmp_path / "chromium"))
 
@@ -222,5 +230,6 @@ def test_selenium_manager_never_runs(monkeypatch):
 
     def boom(*a, **k):
         raise AssertionError("Selenium Manager ran")
+
     monkeypatch.setattr(SeleniumManager, "binary_paths", boom)
     MiniWobEnv().close()

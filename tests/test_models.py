@@ -14,8 +14,20 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from training.models import (ARCHS, LoraSpec, ModelError, build_config, build_model, count_parameters, describe,
-                             freeze_vision, init_model, is_lora_param, load_model, param_counts)
+from training.models import (
+    ARCHS,
+    LoraSpec,
+    ModelError,
+    build_config,
+    build_model,
+    count_parameters,
+    describe,
+    freeze_vision,
+    init_model,
+    is_lora_param,
+    load_model,
+    param_counts,
+)
 from training.tokenizer import EXTRA_TOKENS, build_tokenizer, load_processor
 
 HUB_ID = "Qwen/Qwen3-VL-2B-Instruct"
@@ -38,21 +50,43 @@ def conversation():
     """System + user (text, two images) + assistant + user (string) + assistant: a multi-turn episode."""
     return [
         {"role": "system", "content": "You operate a computer."},
-        {"role": "user", "content": [{"type": "text", "text": "Task: click OK\nBefore:"},
-                                     {"type": "image", "image": screen()},
-                                     {"type": "text", "text": "\nNow:"}, {"type": "image", "image": screen((0, 0, 200))}]},
-        {"role": "assistant", "content": [{"type": "text", "text": '<thinking>\nfind OK\n</thinking>\n<tool_call>\n'
-                                                                    '{"action": "click", "x": 65, "y": 80}\n</tool_call>'}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Task: click OK\nBefore:"},
+                {"type": "image", "image": screen()},
+                {"type": "text", "text": "\nNow:"},
+                {"type": "image", "image": screen((0, 0, 200))},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "text",
+                    "text": "<thinking>\nfind OK\n</thinking>\n<tool_call>\n"
+                    '{"action": "click", "x": 65, "y": 80}\n</tool_call>',
+                }
+            ],
+        },
         {"role": "user", "content": "Step 1 done [ok]"},
         {"role": "assistant", "content": "done()"},
     ]
 
 
 def prompt_inputs(proc, texts):
-    msgs = [[{"role": "user", "content": [{"type": "image", "image": screen()}, {"type": "text", "text": t}]}]
-            for t in texts]
-    return proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                    return_tensors="pt", processor_kwargs={"padding": True})
+    msgs = [
+        [{"role": "user", "content": [{"type": "image", "image": screen()}, {"type": "text", "text": t}]}]
+        for t in texts
+    ]
+    return proc.apply_chat_template(
+        msgs,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+        processor_kwargs={"padding": True},
+    )
 
 
 # ------------------------------------------------------------------------------------------ tokenizer
@@ -60,7 +94,7 @@ def test_tokenizer_deterministic_digits_and_format_tokens():
     a, b = build_tokenizer(), build_tokenizer()
     assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
     pieces = [a.decode([i]) for i in a("click(80,150)")["input_ids"]]
-    assert pieces[pieces.index("(") + 1:] == ["8", "0", ",", "1", "5", "0", ")"]
+    assert pieces[pieces.index("(") + 1 :] == ["8", "0", ",", "1", "5", "0", ")"]
     text = '<thinking>\nok\n</thinking>\n<tool_call>\n{"action": "type", "text": "Jerald"}\n</tool_call>'
     ids = a(text)["input_ids"]
     for t in EXTRA_TOKENS:  # one token each, kept when special tokens are skipped
@@ -75,14 +109,24 @@ def test_tokenizer_deterministic_digits_and_format_tokens():
 def test_saved_folder_reloads_with_identical_logits(tiny, arch):
     path = tiny[arch]
     names = {p.name for p in path.iterdir()}
-    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "chat_template.jinja",
-            "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json"} <= names
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "video_preprocessor_config.json",
+    } <= names
     assert json.loads((path / "processor_config.json").read_text())["processor_class"].startswith("Qwen")
     model, proc = build_model(arch, "tiny", seed=0)
     loaded, proc2 = load_model(path)
     inputs = prompt_inputs(proc2, ["Task: click the button", "Task: a longer task text to force padding"])
-    assert torch.equal(inputs["input_ids"], prompt_inputs(proc, ["Task: click the button",
-                                                                 "Task: a longer task text to force padding"])["input_ids"])
+    assert torch.equal(
+        inputs["input_ids"],
+        prompt_inputs(proc, ["Task: click the button", "Task: a longer task text to force padding"])["input_ids"],
+    )
     with torch.no_grad():
         assert torch.equal(model(**inputs).logits, loaded(**inputs).logits)
         other, _ = build_model(arch, "tiny", seed=1)
@@ -103,7 +147,8 @@ def test_chat_template_renders_images_and_turns(tiny):
         f"<|im_start|>user\nTask: click OK\nBefore:{v}\nNow:{v}<|im_end|>\n"
         '<|im_start|>assistant\n<thinking>\nfind OK\n</thinking>\n<tool_call>\n{"action": "click", "x": 65, "y": 80}'
         "\n</tool_call><|im_end|>\n"
-        "<|im_start|>user\nStep 1 done [ok]<|im_end|>\n<|im_start|>assistant\ndone()<|im_end|>\n")
+        "<|im_start|>user\nStep 1 done [ok]<|im_end|>\n<|im_start|>assistant\ndone()<|im_end|>\n"
+    )
     gen = tok.apply_chat_template(conversation()[:2], tokenize=False, add_generation_prompt=True)
     assert gen.endswith("<|im_end|>\n<|im_start|>assistant\n")
     with pytest.raises(Exception, match="unsupported role"):
@@ -114,15 +159,19 @@ def test_chat_template_renders_images_and_turns(tiny):
 def test_assistant_mask_covers_exactly_the_replies(tiny, arch):
     proc = load_processor(str(tiny[arch]))
     tok = proc.tokenizer
-    out = proc.apply_chat_template(conversation(), tokenize=True, return_dict=True, return_tensors="pt",
-                                   return_assistant_tokens_mask=True)
+    out = proc.apply_chat_template(
+        conversation(), tokenize=True, return_dict=True, return_tensors="pt", return_assistant_tokens_mask=True
+    )
     ids, mask = out["input_ids"][0], torch.as_tensor(out["assistant_masks"][0]).bool()
-    merge = proc.image_processor.merge_size ** 2
+    merge = proc.image_processor.merge_size**2
     pad = tok.convert_tokens_to_ids("<|image_pad|>")
     assert int((ids == pad).sum()) == int(out["image_grid_thw"].prod(-1).sum()) // merge  # pads expanded
     assert not (ids[mask] == pad).any()
-    replies = [m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]
-               for m in conversation() if m["role"] == "assistant"]
+    replies = [
+        m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]
+        for m in conversation()
+        if m["role"] == "assistant"
+    ]
     expected = sum((tok(r + "<|im_end|>")["input_ids"] for r in replies), [])
     assert ids[mask].tolist() == expected  # every reply token and its stop token; nothing of the prompts
     spans = torch.nonzero(mask[1:] != mask[:-1]).flatten().tolist()
@@ -138,10 +187,10 @@ def test_generate_batched_left_padding_matches_single(tiny, arch):
     assert (batch["input_ids"][0, 0] == proc.tokenizer.pad_token_id) and batch["attention_mask"][0, 0] == 0
     kw = dict(max_new_tokens=6, do_sample=False, min_new_tokens=6)
     with torch.no_grad():
-        out = model.generate(**batch, **kw)[:, batch["input_ids"].shape[1]:]
+        out = model.generate(**batch, **kw)[:, batch["input_ids"].shape[1] :]
         for row, text in enumerate(texts):
             single = prompt_inputs(proc, [text])
-            alone = model.generate(**single, **kw)[:, single["input_ids"].shape[1]:]
+            alone = model.generate(**single, **kw)[:, single["input_ids"].shape[1] :]
             assert out[row].tolist() == alone[0].tolist()
     assert out.shape == (2, 6)
 
@@ -155,8 +204,9 @@ def test_lora_trains_only_adapters_on_the_language_model(tiny, arch):
     assert c["vision_trainable"] == 0 and 0 < c["trainable"] < c["total"]
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(is_lora_param(n) and "language_model" in n for n in trainable)
-    out = proc.apply_chat_template(conversation(), tokenize=True, return_dict=True, return_tensors="pt",
-                                   return_assistant_tokens_mask=True)
+    out = proc.apply_chat_template(
+        conversation(), tokenize=True, return_dict=True, return_tensors="pt", return_assistant_tokens_mask=True
+    )
     mask = torch.as_tensor(out.pop("assistant_masks")).bool()
     labels = out["input_ids"].masked_fill(~mask, -100)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -189,8 +239,11 @@ def test_freeze_vision_for_full_fine_tune(tiny):
 def test_hub_id_offline_fails_fast(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     t = time.monotonic()
-    with pytest.raises(ModelError, match=r"cannot reach the Hugging Face Hub to download 'Qwen/Qwen3-VL-2B-Instruct'.*"
-                                         r"pass a local folder \(flywheel model init"):
+    with pytest.raises(
+        ModelError,
+        match=r"cannot reach the Hugging Face Hub to download 'Qwen/Qwen3-VL-2B-Instruct'.*"
+        r"pass a local folder \(flywheel model init",
+    ):
         load_model(HUB_ID)
     assert time.monotonic() - t < 5
 
@@ -222,8 +275,13 @@ def test_bad_input_errors(tmp_path):
 
 # ------------------------------------------------------------------------------------------ shapes
 # Released parameter counts (Qwen3-VL-2B/4B/8B-Instruct, Qwen2.5-VL-3B/7B-Instruct).
-RELEASED = {("qwen3-vl", "2b"): 2_127_532_032, ("qwen3-vl", "4b"): 4_437_815_808, ("qwen3-vl", "8b"): 8_767_123_696,
-            ("qwen2.5-vl", "3b"): 3_754_622_976, ("qwen2.5-vl", "7b"): 8_292_166_656}
+RELEASED = {
+    ("qwen3-vl", "2b"): 2_127_532_032,
+    ("qwen3-vl", "4b"): 4_437_815_808,
+    ("qwen3-vl", "8b"): 8_767_123_696,
+    ("qwen2.5-vl", "3b"): 3_754_622_976,
+    ("qwen2.5-vl", "7b"): 8_292_166_656,
+}
 
 
 @pytest.mark.parametrize("arch,size", list(RELEASED))
@@ -234,10 +292,26 @@ def test_released_shapes_param_counts_on_meta(arch, size):
 def test_shape_2b_config_and_cpu_sizes():
     cfg = build_config("qwen3-vl", "2b")
     t, v = cfg.text_config, cfg.vision_config
-    assert (t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads, t.head_dim,
-            t.intermediate_size, t.vocab_size, cfg.tie_word_embeddings) == (2048, 28, 16, 8, 128, 6144, 151936, True)
-    assert (v.depth, v.hidden_size, v.num_heads, v.intermediate_size, v.patch_size, v.spatial_merge_size,
-            v.deepstack_visual_indexes, v.out_hidden_size) == (24, 1024, 16, 4096, 16, 2, [5, 11, 17], 2048)
+    assert (
+        t.hidden_size,
+        t.num_hidden_layers,
+        t.num_attention_heads,
+        t.num_key_value_heads,
+        t.head_dim,
+        t.intermediate_size,
+        t.vocab_size,
+        cfg.tie_word_embeddings,
+    ) == (2048, 28, 16, 8, 128, 6144, 151936, True)
+    assert (
+        v.depth,
+        v.hidden_size,
+        v.num_heads,
+        v.intermediate_size,
+        v.patch_size,
+        v.spatial_merge_size,
+        v.deepstack_visual_indexes,
+        v.out_hidden_size,
+    ) == (24, 1024, 16, 4096, 16, 2, [5, 11, 17], 2048)
     assert cfg.image_token_id == 151655  # released ids for released shapes
     for arch in ARCHS:
         assert 0.2e6 < param_counts(arch, "tiny")["total"] < 0.6e6
@@ -260,8 +334,9 @@ def test_cli_init_info_and_help(tmp_path):
     assert "qwen3-vl" in r.output and "35" in r.output and f"{info['lora_trainable']:,}" in r.output
     r = runner.invoke(model_app, ["init", "--size", "tiny", "--out", str(out)])
     assert r.exit_code == 2 and "not empty" in r.output
-    r = runner.invoke(model_app, ["init", "--size", "tiny", "--arch", "qwen2.5-vl", "--size", "2b", "--out",
-                                  str(tmp_path / "n")])
+    r = runner.invoke(
+        model_app, ["init", "--size", "tiny", "--arch", "qwen2.5-vl", "--size", "2b", "--out", str(tmp_path / "n")]
+    )
     assert r.exit_code == 2 and "unknown size '2b' for qwen2.5-vl" in r.output
     r = runner.invoke(model_app, ["sizes"])
     assert r.exit_code == 0 and "8,767,123,696" in r.output
@@ -304,8 +379,14 @@ def test_a_killed_spawned_worker_leaks_no_semaphore(tiny, tmp_path):
     script.write_text(_KILLED_WORKER)
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    r = subprocess.run([sys.executable, str(script), str(tiny["qwen3-vl"])], capture_output=True, text=True,
-                       cwd=root, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(script), str(tiny["qwen3-vl"])],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Loading weights" in r.stderr  # the bar was drawn: the code path under test ran
     assert "leaked semaphore" not in r.stderr, r.stderr[-2000:]

@@ -39,23 +39,34 @@ SAMPLING = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=64, seed=7)
 
 # ---- prompt helpers (tests/fixtures/vllm/chat_tool_call.json was made from exactly these) ----------
 
+
 def png(rgb: tuple[int, int, int]) -> bytes:
     """A valid 1x1 PNG, byte-for-byte stable (zlib level 0 = stored blocks, no compressor variance)."""
+
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
     ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" + bytes(rgb), 0))
-            + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\x00" + bytes(rgb), 0))
+        + chunk(b"IEND", b"")
+    )
 
 
 EARLIER, CURRENT = png((255, 0, 0)), png((0, 0, 255))
 
 
 def make_prompt(task: str = "Click the Submit button.") -> Prompt:
-    user = [{"type": "text", "text": f"Task: {task}"},
-            {"type": "text", "text": "\nScreen before step 1:"}, {"type": "image"},
-            {"type": "text", "text": "\nCurrent screen:"}, {"type": "image"},
-            {"type": "text", "text": "\nUI elements:\n[1] button 'Submit' @ (500,520) [120x40]"}]
+    user = [
+        {"type": "text", "text": f"Task: {task}"},
+        {"type": "text", "text": "\nScreen before step 1:"},
+        {"type": "image"},
+        {"type": "text", "text": "\nCurrent screen:"},
+        {"type": "image"},
+        {"type": "text", "text": "\nUI elements:\n[1] button 'Submit' @ (500,520) [120x40]"},
+    ]
     system = [{"type": "text", "text": "You operate a computer through the computer_use tool to complete the task."}]
     return Prompt([{"role": "system", "content": system}, {"role": "user", "content": user}], [EARLIER, CURRENT])
 
@@ -65,6 +76,7 @@ def fixture(name: str) -> dict:
 
 
 # ---- the replay server ---------------------------------------------------------------------------
+
 
 class Replay(ThreadingHTTPServer):
     """Answers each path from its plan (a queue of actions), else from the path's default fixture."""
@@ -110,8 +122,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, body: dict | None) -> None:
         srv = self.server
         with srv.lock:
-            srv.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
-                                 "body": body})
+            srv.requests.append(
+                {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+            )
             plan = srv.plans.get(self.path)
             action = plan.popleft() if plan else srv.defaults.get(self.path, ("error", 404, "Not Found"))
             srv.in_flight += 1
@@ -196,6 +209,7 @@ def make_backend(server):
         backend = OpenAIBackend(server.url + "/v1", model, **kw)
         made.append(backend)
         return backend
+
     yield make
     for backend in made:
         backend.close()
@@ -208,6 +222,7 @@ def closed_port() -> int:
 
 
 # ---- requests and replies ------------------------------------------------------------------------
+
 
 def test_request_matches_the_recorded_vllm_request(server, make_backend):
     make_backend().generate([make_prompt()], SAMPLING)
@@ -280,8 +295,9 @@ def test_messages_from_the_real_prompt_builder_keep_screenshot_order():
 
     shots = [png((i, 0, 0)) for i in range(1, 4)]
     history = [StepRecord(i, None, None, None, "ok", shots[i]) for i in range(2)]
-    prompt = build_prompt("Click OK", shots[2], None, history, PromptOptions(history_images=3),
-                          transform_for("qwen3-vl", 160, 160))
+    prompt = build_prompt(
+        "Click OK", shots[2], None, history, PromptOptions(history_images=3), transform_for("qwen3-vl", 160, 160)
+    )
     parts = [p for m in to_openai_messages(prompt) for p in m["content"] if p["type"] == "image_url"]
     assert [base64.b64decode(p["image_url"]["url"].split(",", 1)[1]) for p in parts] == shots
 
@@ -301,6 +317,7 @@ def test_servers_without_token_id_strings_fall_back_to_choice_token_ids():
 
 
 # ---- failures ------------------------------------------------------------------------------------
+
 
 def test_503_twice_then_success_is_retried(server, make_backend):
     server.plan(CHAT, ("error", 503, "Service Unavailable"), ("error", 503, "Service Unavailable"))
@@ -337,8 +354,11 @@ def test_unknown_model_names_it_and_lists_served_models(server, make_backend):
 
 def test_bad_request_carries_the_server_message(server, make_backend):
     server.plan(CHAT, ("fixture", "error_too_many_images"))
-    with pytest.raises(BackendError, match=r"HTTP 400\): At most 1 image\(s\) may be provided in one prompt\."
-                       r".*--limit-mm-per-prompt"):
+    with pytest.raises(
+        BackendError,
+        match=r"HTTP 400\): At most 1 image\(s\) may be provided in one prompt\."
+        r".*--limit-mm-per-prompt",
+    ):
         make_backend().generate([make_prompt()], SAMPLING)
     assert len(server.sent(CHAT)) == 1
 
@@ -351,12 +371,21 @@ def test_timeout_is_reported_not_retried(server, make_backend):
     assert time.monotonic() - t0 < 2.0 and len(server.sent(CHAT)) == 1
 
 
-@pytest.mark.parametrize("action, why", [
-    (("raw", 200, "<html>gateway says hi</html>"), "not JSON: '<html>gateway says hi</html>'"),
-    (("json", 200, {"object": "chat.completion", "choices": []}), "no choices"),
-    (("json", 200, {"choices": [{"message": {"content": "a"}, "logprobs": {"content": [{"token": "token_id:1"}]}}]}),
-     "bad logprobs entry"),
-])
+@pytest.mark.parametrize(
+    "action, why",
+    [
+        (("raw", 200, "<html>gateway says hi</html>"), "not JSON: '<html>gateway says hi</html>'"),
+        (("json", 200, {"object": "chat.completion", "choices": []}), "no choices"),
+        (
+            (
+                "json",
+                200,
+                {"choices": [{"message": {"content": "a"}, "logprobs": {"content": [{"token": "token_id:1"}]}}]},
+            ),
+            "bad logprobs entry",
+        ),
+    ],
+)
 def test_malformed_replies(server, make_backend, action, why):
     server.plan(CHAT, action)
     with pytest.raises(BackendError, match=f"malformed response from .*{re.escape(why)}"):
@@ -366,8 +395,10 @@ def test_malformed_replies(server, make_backend, action, why):
 def test_closed_port():
     port = closed_port()
     backend = OpenAIBackend(f"http://127.0.0.1:{port}", MODEL, max_retries=1, backoff_s=0.01)
-    with pytest.raises(BackendError, match=re.escape(f"cannot reach the model server at http://127.0.0.1:{port}/v1 "
-                                                     "(is `vllm serve` running?)")):
+    with pytest.raises(
+        BackendError,
+        match=re.escape(f"cannot reach the model server at http://127.0.0.1:{port}/v1 (is `vllm serve` running?)"),
+    ):
         backend.generate([make_prompt()], SAMPLING)
     with pytest.raises(BackendError, match="cannot reach"):
         backend.health()
@@ -382,14 +413,21 @@ def test_unauthorized_points_at_the_key_variable(server, make_backend):
 
 # ---- the API key ---------------------------------------------------------------------------------
 
+
 def test_api_key_never_leaves_the_header(server, make_backend, caplog):
     caplog.set_level(logging.DEBUG)
     backend = make_backend(max_retries=1, timeout_s=0.3)
     seen: list[str] = [repr(backend), str(vars(backend)), repr(backend._client.headers)]
     failures = [
-        [("error", 503, "down")] * 2, [("drop",)] * 2, [("fixture", "error_model_not_found")],
-        [("fixture", "error_too_many_images")], [("echo_key",)], [("error", 401, "Unauthorized")],
-        [("stall", 3.0)], [("raw", 200, "not json")], [("error", 404, "Not Found")],
+        [("error", 503, "down")] * 2,
+        [("drop",)] * 2,
+        [("fixture", "error_model_not_found")],
+        [("fixture", "error_too_many_images")],
+        [("echo_key",)],
+        [("error", 401, "Unauthorized")],
+        [("stall", 3.0)],
+        [("raw", 200, "not json")],
+        [("error", 404, "Not Found")],
     ]
     for actions in failures:
         server.plan(CHAT, *actions)
@@ -426,18 +464,27 @@ def test_api_key_from_environment(server, monkeypatch):
 
 # ---- end to end: the student policy over this backend in real MiniWoB rollouts ----------------
 
+
 @pytest.mark.browser
 def test_student_rollouts_through_the_openai_backend(server, tmp_path, monkeypatch):
     """Rollout workers build a StudentPolicy on the openai backend from the config, the replayed vLLM
     reply is parsed (Qwen3-VL 0-1000 space -> screen px), executed in Chromium and lands in the lake."""
     from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from storage.catalog import connect
+
     monkeypatch.setenv("FLYWHEEL_OPENAI_API_KEY", KEY)  # workers inherit the environment, never the lake
     cfg = {"model": MODEL, "backend": "openai", "base_url": server.url + "/v1", "arch": "qwen3-vl"}
-    spec = RolloutSpec(run_key="oa", iteration=0, stage="rollouts", lake_root=str(tmp_path / "lake"),
-                       jobs=make_jobs("oa", ["click-test"], [0, 1], policy_tag="student"),
-                       policy=PolicySpec("student", {"model": MODEL, "config": cfg}, version=MODEL),
-                       n_envs=1, max_steps=2, episode_timeout_s=60)
+    spec = RolloutSpec(
+        run_key="oa",
+        iteration=0,
+        stage="rollouts",
+        lake_root=str(tmp_path / "lake"),
+        jobs=make_jobs("oa", ["click-test"], [0, 1], policy_tag="student"),
+        policy=PolicySpec("student", {"model": MODEL, "config": cfg}, version=MODEL),
+        n_envs=1,
+        max_steps=2,
+        episode_timeout_s=60,
+    )
     s = run_rollouts(spec, progress=False)
     assert s.ran == 2 and s.errors == 0
     con = connect(tmp_path / "lake")
@@ -450,7 +497,9 @@ def test_student_rollouts_through_the_openai_backend(server, tmp_path, monkeypat
     assert n_ids == n_lp > 0 and "<tool_call>" in text
     # the key never reaches the lake
     for table in ("steps", "episodes"):
-        dump = con.execute(f"SELECT * EXCLUDE ({'screenshot' if table == 'steps' else 'episode_id'}) FROM {table}").fetchall()
+        dump = con.execute(
+            f"SELECT * EXCLUDE ({'screenshot' if table == 'steps' else 'episode_id'}) FROM {table}"
+        ).fetchall()
         assert KEY not in repr(dump)
 
 
@@ -459,16 +508,25 @@ def test_every_env_keeps_a_request_in_flight(server, tmp_path, monkeypatch):
     """With a remote server, throughput comes from concurrency: N workers x E lockstep envs keep N*E requests
     in flight at once (each worker sends its E prompts together; the workers do not wait on each other)."""
     from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+
     monkeypatch.setenv("FLYWHEEL_OPENAI_API_KEY", KEY)
     # the server answers no one until six requests are in flight together, so the count does not depend on how far
     # apart the two workers start (a fixed 8 s stall saw 5 of 6 on a loaded CI box). Code that sent fewer requests
     # at once would wait out the 45 s and fail the count below.
     server.defaults[CHAT] = ("gather", 6, 45.0)
     cfg = {"model": MODEL, "backend": "openai", "base_url": server.url + "/v1", "arch": "qwen3-vl"}
-    spec = RolloutSpec(run_key="oa-c", iteration=0, stage="rollouts", lake_root=str(tmp_path / "lake"),
-                       jobs=make_jobs("oa-c", ["click-test"], list(range(6)), policy_tag="student"),
-                       policy=PolicySpec("student", {"model": MODEL, "config": cfg}, version=MODEL),
-                       n_envs=2, envs_per_worker=3, max_steps=1, episode_timeout_s=120)
+    spec = RolloutSpec(
+        run_key="oa-c",
+        iteration=0,
+        stage="rollouts",
+        lake_root=str(tmp_path / "lake"),
+        jobs=make_jobs("oa-c", ["click-test"], list(range(6)), policy_tag="student"),
+        policy=PolicySpec("student", {"model": MODEL, "config": cfg}, version=MODEL),
+        n_envs=2,
+        envs_per_worker=3,
+        max_steps=1,
+        episode_timeout_s=120,
+    )
     s = run_rollouts(spec, progress=False)
     assert s.ran == 6 and s.errors == 0
     assert server.max_in_flight == 6

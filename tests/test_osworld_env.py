@@ -43,8 +43,12 @@ class FakeDesktopEnv:
         if self.stable_after > 0:
             self.stable_after -= 1
             self.frame += 1
-        return {"screenshot": _png(self.frame), "accessibility_tree": "<desktop-frame name='x'/>" * 3,
-                "terminal": None, "instruction": self.task["instruction"]}
+        return {
+            "screenshot": _png(self.frame),
+            "accessibility_tree": "<desktop-frame name='x'/>" * 3,
+            "terminal": None,
+            "instruction": self.task["instruction"],
+        }
 
     def reset(self, task_config=None, seed=None, options=None):
         self.task, self.actions, self.stable_after = task_config, [], 2
@@ -74,8 +78,13 @@ def sleeps(monkeypatch):
 
 
 def _env(**kw) -> OSWorldEnv:
-    return OSWorldEnv(desktop_env_cls=FakeDesktopEnv, tasks_dir=str(FIXTURES), screen_size=(1920, 1080),
-                      settle_timeout_s=kw.pop("settle_timeout_s", 1e9), **kw)
+    return OSWorldEnv(
+        desktop_env_cls=FakeDesktopEnv,
+        tasks_dir=str(FIXTURES),
+        screen_size=(1920, 1080),
+        settle_timeout_s=kw.pop("settle_timeout_s", 1e9),
+        **kw,
+    )
 
 
 def test_constructor_reaches_desktop_env_and_without_it_the_error_says_how_to_get_it():
@@ -96,12 +105,17 @@ def test_actions_compile_to_pyautogui_and_reach_the_vm(sleeps):
     assert obs.instruction.startswith("Fill column C") and obs.width == 1920 and obs.ui_text is None
     assert sleeps == [1.0, 1.0]  # reset polled the screen until it stopped changing (no fixed sleep)
     desk.actions.clear()
-    steps = [(Click(x=10.4, y=20.6), "pyautogui.click(x=10, y=21)"),
-             (DoubleClick(x=5, y=6), "pyautogui.doubleClick(x=5, y=6)"),
-             (Type(text="it's \"quoted\"\n"), "pyautogui.write('it\\'s \"quoted\"\\n')"),
-             (Key(keys=["ctrl", "s"]), "pyautogui.hotkey('ctrl', 's')"),
-             (Scroll(x=100, y=200, dy=3), "pyautogui.scroll(-3, x=100, y=200)"),
-             (Drag(x1=1, y1=2, x2=300, y2=400), "pyautogui.moveTo(1, 2); pyautogui.dragTo(300, 400, duration=0.5, button='left')")]
+    steps = [
+        (Click(x=10.4, y=20.6), "pyautogui.click(x=10, y=21)"),
+        (DoubleClick(x=5, y=6), "pyautogui.doubleClick(x=5, y=6)"),
+        (Type(text='it\'s "quoted"\n'), "pyautogui.write('it\\'s \"quoted\"\\n')"),
+        (Key(keys=["ctrl", "s"]), "pyautogui.hotkey('ctrl', 's')"),
+        (Scroll(x=100, y=200, dy=3), "pyautogui.scroll(-3, x=100, y=200)"),
+        (
+            Drag(x1=1, y1=2, x2=300, y2=400),
+            "pyautogui.moveTo(1, 2); pyautogui.dragTo(300, 400, duration=0.5, button='left')",
+        ),
+    ]
     for action, cmd in steps:
         res = env.step(action)
         assert res.executed == {"pyautogui": cmd} and not res.done and res.exec_error is None
@@ -182,6 +196,7 @@ def test_env_server_hosts_osworld_over_http(sleeps):
 
     from envs.server import SlotPool
     from envs.server_http import ServerSettings, create_app
+
     settings = ServerSettings(env="osworld", slots=1, token="t0k")
     pool = SlotPool(lambda: _env(), 1)
     with TestClient(create_app(settings, pool), headers={"Authorization": "Bearer t0k"}) as http:
@@ -205,14 +220,21 @@ def test_import_osworld_tasks_command_fills_the_tasks_table(tmp_path):
     import sys
 
     from storage.catalog import connect
+
     run = [sys.executable, "-m", "flywheel", "import", "osworld-tasks"]
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([*run, str(FIXTURES), "--lake", str(tmp_path / "lake")], capture_output=True, text=True,
-                         cwd=root, timeout=120)
+    out = subprocess.run(
+        [*run, str(FIXTURES), "--lake", str(tmp_path / "lake")], capture_output=True, text=True, cwd=root, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "3 OSWorld tasks" in out.stdout and "Google Drive" in out.stdout
     got = connect(tmp_path / "lake").execute("SELECT count(*), min(env), min(source) FROM tasks").fetchone()
     assert got == (3, "osworld", "osworld")
-    bad = subprocess.run([*run, str(tmp_path / "nothing"), "--lake", str(tmp_path / "lake")], capture_output=True,
-                         text=True, cwd=root, timeout=120)
+    bad = subprocess.run(
+        [*run, str(tmp_path / "nothing"), "--lake", str(tmp_path / "lake")],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "no task files" in bad.stderr and "Traceback" not in bad.stderr

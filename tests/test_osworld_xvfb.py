@@ -27,8 +27,12 @@ PROBE = Path(__file__).parent / "fixtures" / "xvfb" / "probe.py"
 def _osworld_python() -> str | None:
     for p in (os.environ.get("FLYWHEEL_OSWORLD_PYTHON"), str(REPO / ".venv-osworld" / "bin" / "python")):
         if p and Path(p).exists():
-            ok = subprocess.run([p, "-c", "import pyautogui, Xlib"], capture_output=True, timeout=120,
-                                env={**os.environ, "DISPLAY": ":0"})
+            ok = subprocess.run(
+                [p, "-c", "import pyautogui, Xlib"],
+                capture_output=True,
+                timeout=120,
+                env={**os.environ, "DISPLAY": ":0"},
+            )
             # pyautogui connects to $DISPLAY on import; an ImportError means missing packages, a display error is fine
             if b"ModuleNotFoundError" not in ok.stderr:
                 return p
@@ -44,8 +48,12 @@ def display():
         pytest.skip("needs the OSWorld venv (pyautogui, python-xlib): scripts/setup_osworld.sh")
     num = 90 + os.getpid() % 100
     sock = Path(f"/tmp/.X11-unix/X{num}")
-    proc = subprocess.Popen(["Xvfb", f":{num}", "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ["Xvfb", f":{num}", "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)  # ready when its socket exists
@@ -60,8 +68,14 @@ def display():
 def _run(display, actions) -> dict:
     py, disp = display
     cmds = [to_pyautogui(a) for a in actions]
-    out = subprocess.run([py, str(PROBE), json.dumps(cmds)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "DISPLAY": disp}, cwd=str(PROBE.parent))
+    out = subprocess.run(
+        [py, str(PROBE), json.dumps(cmds)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DISPLAY": disp},
+        cwd=str(PROBE.parent),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -73,8 +87,9 @@ def test_clicks_land_on_the_pixel_with_the_right_button(display):
 
 
 def test_typed_text_key_combos_and_scroll_direction(display):
-    got = _run(display, [Type(text="Hi there!"), Key(keys=["ctrl", "a"]), Key(keys=["Return"]),
-                         Scroll(x=200, y=100, dy=2)])
+    got = _run(
+        display, [Type(text="Hi there!"), Key(keys=["ctrl", "a"]), Key(keys=["Return"]), Scroll(x=200, y=100, dy=2)]
+    )
     assert got["typed"].startswith("Hi there!")
     assert ["a", ["ctrl"]] in got["keys"]  # the chord arrives as one key with Control held
     assert any(k[0] == "Return" for k in got["keys"])

@@ -14,16 +14,44 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.actions import (ACTION_ADAPTER, MAX_KEYS, MAX_TYPE_CHARS, Click, Done, DoubleClick, Drag, Fail, Key,
-                            Move, RightClick, Scroll, Type, Wait)
+from agents.actions import (
+    ACTION_ADAPTER,
+    MAX_KEYS,
+    MAX_TYPE_CHARS,
+    Click,
+    Done,
+    DoubleClick,
+    Drag,
+    Fail,
+    Key,
+    Move,
+    RightClick,
+    Scroll,
+    Type,
+    Wait,
+)
 from agents.compile import NAMED_KEYS, to_computer13, to_pyautogui
 from agents.coords import CoordSpace, CoordTransform
-from agents.parsing import (CALL_CLOSE, CALL_OPEN, MAX_RESPONSE_CHARS, THINK_CLOSE, THINK_OPEN, TOOL_NAME,
-                            ParseResult, action_arguments, format_response, parse_response)
+from agents.parsing import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    MAX_RESPONSE_CHARS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    TOOL_NAME,
+    ParseResult,
+    action_arguments,
+    format_response,
+    parse_response,
+)
 
 N_VALID, N_TEXT, N_JSON, N_JUNK = 2000, 3000, 3000, 2000  # 10,000 examples in all
-FUZZ = dict(deadline=None, derandomize=True, database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+FUZZ = dict(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 
 _counts: dict[str, int] = {}
 
@@ -40,31 +68,42 @@ def transforms(draw) -> CoordTransform | None:
     if space is None:
         return None
     if space == CoordSpace.ABSOLUTE:
-        return CoordTransform.for_qwen25(w, h, factor=draw(st.sampled_from([28, 32])),
-                                         max_pixels=draw(st.sampled_from([1003520, 12845056])))
+        return CoordTransform.for_qwen25(
+            w, h, factor=draw(st.sampled_from([28, 32])), max_pixels=draw(st.sampled_from([1003520, 12845056]))
+        )
     if space == CoordSpace.SCALED:
         return CoordTransform.for_claude(w, h)
     return CoordTransform(space, w, h)
 
 
 def _xy(w: int, h: int):
-    return (st.floats(0, w - 1, allow_nan=False) | st.integers(0, w - 1),
-            st.floats(0, h - 1, allow_nan=False) | st.integers(0, h - 1))
+    return (
+        st.floats(0, w - 1, allow_nan=False) | st.integers(0, w - 1),
+        st.floats(0, h - 1, allow_nan=False) | st.integers(0, h - 1),
+    )
 
 
 KEY_NAMES = sorted(NAMED_KEYS) + list("abcxyzAZ019/-=[];'\\,.`+") + ["Return", "Control", "cmd", "Page_Down"]
 TEXTS = st.text(min_size=1, max_size=MAX_TYPE_CHARS) | st.sampled_from(
-    ['</tool_call>', '<tool_call>{"name": "computer_use"}', "'); import os #", '"\\', "\n\n", "🙂" * 10])
+    ["</tool_call>", '<tool_call>{"name": "computer_use"}', "'); import os #", '"\\', "\n\n", "🙂" * 10]
+)
 
 
 @st.composite
 def actions(draw, w: int = 1920, h: int = 1080):
     xs, ys = _xy(w, h)
-    kind = draw(st.sampled_from(["click", "double_click", "right_click", "move", "drag", "scroll", "type", "key",
-                                 "wait", "done", "fail"]))
+    kind = draw(
+        st.sampled_from(
+            ["click", "double_click", "right_click", "move", "drag", "scroll", "type", "key", "wait", "done", "fail"]
+        )
+    )
     if kind == "click":
-        return Click(x=draw(xs), y=draw(ys), button=draw(st.sampled_from(["left", "right", "middle"])),
-                     clicks=draw(st.integers(1, 3)))
+        return Click(
+            x=draw(xs),
+            y=draw(ys),
+            button=draw(st.sampled_from(["left", "right", "middle"])),
+            clicks=draw(st.integers(1, 3)),
+        )
     if kind in ("double_click", "right_click", "move"):
         return {"double_click": DoubleClick, "right_click": RightClick, "move": Move}[kind](x=draw(xs), y=draw(ys))
     if kind == "drag":
@@ -91,17 +130,63 @@ def formatted(draw):
     return format_response(thought, desc, action, t, round_coords=draw(st.booleans())), t, action
 
 
-JUNK_FRAGMENTS = [CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE, "{", "}", "[", "]", '"', "\\", ":", ",", "NaN",
-                  "Infinity", "-Infinity", "1e999", "-1e400", "9" * 400, "9" * 5000, "\x00", "\ufeff", "\ud800",
-                  "🙂", "<|im_end|>", "Action: click", '{"action": "click", "x": 1, "y": 2}', "null", "true",
-                  '"computer_use"', '"arguments"', "\n", " " * 50, "{" * 300, "[" * 3000]
+JUNK_FRAGMENTS = [
+    CALL_OPEN,
+    CALL_CLOSE,
+    THINK_OPEN,
+    THINK_CLOSE,
+    "{",
+    "}",
+    "[",
+    "]",
+    '"',
+    "\\",
+    ":",
+    ",",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e999",
+    "-1e400",
+    "9" * 400,
+    "9" * 5000,
+    "\x00",
+    "\ufeff",
+    "\ud800",
+    "🙂",
+    "<|im_end|>",
+    "Action: click",
+    '{"action": "click", "x": 1, "y": 2}',
+    "null",
+    "true",
+    '"computer_use"',
+    '"arguments"',
+    "\n",
+    " " * 50,
+    "{" * 300,
+    "[" * 3000,
+]
 JUNK_TEXT = st.sampled_from(JUNK_FRAGMENTS) | st.text(max_size=30)
 
 
 @st.composite
 def text_mutation(draw, text: str) -> str:
-    kind = draw(st.sampled_from(["truncate", "flip", "insert", "delete", "dup_slice", "drop_tag", "dup_block",
-                                 "pad_huge", "swap_tags", "replace_number"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "truncate",
+                "flip",
+                "insert",
+                "delete",
+                "dup_slice",
+                "drop_tag",
+                "dup_block",
+                "pad_huge",
+                "swap_tags",
+                "replace_number",
+            ]
+        )
+    )
     n = len(text)
     i = draw(st.integers(0, n))
     if kind == "truncate":
@@ -110,7 +195,7 @@ def text_mutation(draw, text: str) -> str:
         if not n:
             return text
         i = min(i, n - 1)
-        return text[:i] + draw(st.characters() | st.sampled_from(list('<>{}[]":,\\/'))) + text[i + 1:]
+        return text[:i] + draw(st.characters() | st.sampled_from(list('<>{}[]":,\\/'))) + text[i + 1 :]
     if kind == "insert":
         return text[:i] + draw(JUNK_TEXT) + text[i:]
     if kind == "delete":
@@ -123,10 +208,11 @@ def text_mutation(draw, text: str) -> str:
         return text.replace(draw(st.sampled_from([CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE])), "")
     if kind == "dup_block":
         a, b = text.find(CALL_OPEN), text.find(CALL_CLOSE)
-        return text + "\n" + text[a:b + len(CALL_CLOSE)] if a >= 0 and b >= 0 else text + text
+        return text + "\n" + text[a : b + len(CALL_CLOSE)] if a >= 0 and b >= 0 else text + text
     if kind == "pad_huge":
-        return text + draw(st.sampled_from([" ", "{", "x", "9"])) * draw(st.integers(MAX_RESPONSE_CHARS - n - 5,
-                                                                                     MAX_RESPONSE_CHARS - n + 5))
+        return text + draw(st.sampled_from([" ", "{", "x", "9"])) * draw(
+            st.integers(MAX_RESPONSE_CHARS - n - 5, MAX_RESPONSE_CHARS - n + 5)
+        )
     if kind == "swap_tags":
         return text.replace(CALL_OPEN, "\0").replace(CALL_CLOSE, CALL_OPEN).replace("\0", CALL_CLOSE)
     # replace the first number with something nasty
@@ -135,22 +221,97 @@ def text_mutation(draw, text: str) -> str:
             j = k
             while j < n and (text[j].isdigit() or text[j] in ".eE-+"):
                 j += 1
-            return text[:k] + draw(st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "9" * 5000, "1e308",
-                                                    "-0", "0.0000001", "true", '"1"', "[1, 2]", "null",
-                                                    str(2 ** 64), "1_000"])) + text[j:]
+            return (
+                text[:k]
+                + draw(
+                    st.sampled_from(
+                        [
+                            "NaN",
+                            "Infinity",
+                            "-Infinity",
+                            "1e999",
+                            "9" * 5000,
+                            "1e308",
+                            "-0",
+                            "0.0000001",
+                            "true",
+                            '"1"',
+                            "[1, 2]",
+                            "null",
+                            str(2**64),
+                            "1_000",
+                        ]
+                    )
+                )
+                + text[j:]
+            )
     return text
 
 
-JSON_SCALARS = (st.none() | st.booleans() | st.integers(-(10 ** 30), 10 ** 30) | st.floats() | st.text(max_size=20)
-                | st.sampled_from([0, 1, -1, 999, 1000, 1001, 1e5, 1e5 + 1, -1e-9, 2 ** 53 + 1]))
-JSON_VALUES = st.recursive(JSON_SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c,
-                                                                                            max_size=4), max_leaves=12)
-FIELD_NAMES = ["action", "x", "y", "x1", "y1", "x2", "y2", "dx", "dy", "text", "keys", "key", "seconds", "button",
-               "clicks", "coordinate", "start_coordinate", "pixels", "direction", "amount", "status", "time",
-               "name", "arguments", "", "X", "acti0n"]
-ACTION_NAMES = ["click", "left_click", "double_click", "right_click", "middle_click", "triple_click", "move",
-                "mouse_move", "drag", "left_click_drag", "scroll", "hscroll", "type", "key", "wait", "done", "fail",
-                "terminate", "jump", "CLICK", "", "answer"]
+JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**30), 10**30)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.sampled_from([0, 1, -1, 999, 1000, 1001, 1e5, 1e5 + 1, -1e-9, 2**53 + 1])
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12
+)
+FIELD_NAMES = [
+    "action",
+    "x",
+    "y",
+    "x1",
+    "y1",
+    "x2",
+    "y2",
+    "dx",
+    "dy",
+    "text",
+    "keys",
+    "key",
+    "seconds",
+    "button",
+    "clicks",
+    "coordinate",
+    "start_coordinate",
+    "pixels",
+    "direction",
+    "amount",
+    "status",
+    "time",
+    "name",
+    "arguments",
+    "",
+    "X",
+    "acti0n",
+]
+ACTION_NAMES = [
+    "click",
+    "left_click",
+    "double_click",
+    "right_click",
+    "middle_click",
+    "triple_click",
+    "move",
+    "mouse_move",
+    "drag",
+    "left_click_drag",
+    "scroll",
+    "hscroll",
+    "type",
+    "key",
+    "wait",
+    "done",
+    "fail",
+    "terminate",
+    "jump",
+    "CLICK",
+    "",
+    "answer",
+]
 
 
 @st.composite
@@ -163,8 +324,21 @@ def json_mutation(draw, obj: dict) -> object:
         args = obj.get("arguments") if isinstance(obj, dict) else None
         if isinstance(args, dict) and draw(st.integers(0, 9)) < 8:
             keys = list(args)
-            kind = draw(st.sampled_from(["delete", "rename", "wrong_value", "wrong_value", "add", "action_name",
-                                         "action_name", "coordinate", "alias"]))
+            kind = draw(
+                st.sampled_from(
+                    [
+                        "delete",
+                        "rename",
+                        "wrong_value",
+                        "wrong_value",
+                        "add",
+                        "action_name",
+                        "action_name",
+                        "coordinate",
+                        "alias",
+                    ]
+                )
+            )
             if kind == "delete" and keys:
                 del args[draw(st.sampled_from(keys))]
             elif kind == "rename" and keys:
@@ -200,8 +374,11 @@ def json_mutation(draw, obj: dict) -> object:
     return obj
 
 
-ARG_DICTS = st.builds(lambda name, d: {"action": name, **d}, st.sampled_from(ACTION_NAMES),
-                      st.dictionaries(st.sampled_from(FIELD_NAMES[1:]), JSON_SCALARS | JSON_VALUES, max_size=5))
+ARG_DICTS = st.builds(
+    lambda name, d: {"action": name, **d},
+    st.sampled_from(ACTION_NAMES),
+    st.dictionaries(st.sampled_from(FIELD_NAMES[1:]), JSON_SCALARS | JSON_VALUES, max_size=5),
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,16 +457,20 @@ def test_json_mutations(case, data, allow_fallback, also_text):
 
 
 @settings(max_examples=N_JUNK, **FUZZ)
-@given(st.one_of(
-    st.text(max_size=400),
-    st.lists(JUNK_TEXT, max_size=12).map("".join),
-    JSON_VALUES.map(lambda v: f"{CALL_OPEN}{json.dumps(v)}{CALL_CLOSE}"),
-    JSON_VALUES.map(lambda v: f"{CALL_OPEN}{json.dumps({'name': TOOL_NAME, 'arguments': v})}{CALL_CLOSE}"),
-    ARG_DICTS.map(lambda d: f"{CALL_OPEN}{json.dumps({'name': TOOL_NAME, 'arguments': d})}{CALL_CLOSE}"),
-    ARG_DICTS.map(lambda d: f"{CALL_OPEN}{json.dumps({'name': TOOL_NAME, 'arguments': d})}{CALL_CLOSE}"),
-    ARG_DICTS.map(json.dumps),  # bare (found only with allow_fallback)
-    st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
-), transforms(), st.booleans())
+@given(
+    st.one_of(
+        st.text(max_size=400),
+        st.lists(JUNK_TEXT, max_size=12).map("".join),
+        JSON_VALUES.map(lambda v: f"{CALL_OPEN}{json.dumps(v)}{CALL_CLOSE}"),
+        JSON_VALUES.map(lambda v: f"{CALL_OPEN}{json.dumps({'name': TOOL_NAME, 'arguments': v})}{CALL_CLOSE}"),
+        ARG_DICTS.map(lambda d: f"{CALL_OPEN}{json.dumps({'name': TOOL_NAME, 'arguments': d})}{CALL_CLOSE}"),
+        ARG_DICTS.map(lambda d: f"{CALL_OPEN}{json.dumps({'name': TOOL_NAME, 'arguments': d})}{CALL_CLOSE}"),
+        ARG_DICTS.map(json.dumps),  # bare (found only with allow_fallback)
+        st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
+    ),
+    transforms(),
+    st.booleans(),
+)
 def test_generated_junk(text, t, allow_fallback):
     check(text, t, allow_fallback, "junk")
 
@@ -301,6 +482,7 @@ def test_adversarial_inputs_do_bounded_work(monkeypatch):
     bounding their number bounds the parser's work on any input it accepts.
     """
     import agents.parsing as parsing
+
     calls = []
     real = parsing._DECODER.raw_decode
 
@@ -326,7 +508,7 @@ def test_adversarial_inputs_do_bounded_work(monkeypatch):
             assert res.action is None
             assert len(calls) <= (parsing.MAX_FALLBACK_TRIES if fb else 0) + 1, (text[:40], len(calls))
     calls.clear()
-    res = check("x" * 10 ** 7, None, True, "adversarial")  # far beyond the bound: rejected unscanned
+    res = check("x" * 10**7, None, True, "adversarial")  # far beyond the bound: rejected unscanned
     assert res.error.startswith("response too long") and calls == []
 
 
@@ -335,6 +517,7 @@ def test_zz_example_count():
     ran = {k for k in ("valid", "text", "json", "junk") if k in _counts}
     if ran != {"valid", "text", "json", "junk"}:
         import pytest
+
         pytest.skip(f"only {sorted(ran)} ran in this process")
     total = sum(_counts[k] for k in ("valid", "text", "json", "junk"))
     assert total >= 10_000, _counts

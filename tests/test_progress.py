@@ -10,8 +10,8 @@ import re
 import sys
 
 import pytest
-
 from test_sft import FAST, env  # noqa: F401 - `env`: test_sft's module fixture (a tiny model and a curated dataset)
+
 from training import progress
 from training.progress import LOGGER_NAME, ProgressLog, draws_bar, duration, forward_to
 
@@ -86,8 +86,10 @@ def test_a_short_run_still_logs_its_final_line(lines):
     with ProgressLog("evaluate", 4, unit="episodes", unit_after=True, rate_unit="ep", clock=clock) as p:
         clock.t += 2
         p.update(4, success=0.5)
-    assert lines == ["evaluate: 0/4 episodes (0%), started",
-                     "evaluate: 4/4 episodes (100%), 2 ep/s, ended after 2s, success 0.5"]
+    assert lines == [
+        "evaluate: 0/4 episodes (0%), started",
+        "evaluate: 4/4 episodes (100%), 2 ep/s, ended after 2s, success 0.5",
+    ]
 
 
 def test_fields_step_total_rate_eta_and_the_latest_stats(lines):

@@ -19,8 +19,15 @@ from agents.parsing import format_response
 from agents.prompts import PromptOptions, transform_for
 from storage.synthetic import png_pool
 from training.rl import RLSettings, RLTrainer, RowEncoder, response_logprobs, rl_update, teacher_messages
-from training.rl_data import (_pick, assign_advantages, attach_sdpo_context, episode_rows, load_rl_rows,
-                              stored_index, stored_successes)
+from training.rl_data import (
+    _pick,
+    assign_advantages,
+    attach_sdpo_context,
+    episode_rows,
+    load_rl_rows,
+    stored_index,
+    stored_successes,
+)
 
 T = transform_for("qwen3-vl", 160, 210)
 PNG = png_pool(2)
@@ -33,11 +40,13 @@ TEXT["J"] = "I cannot find the button."  # an unparseable reply
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     from training.models import init_model
+
     return init_model("qwen3-vl", "tiny", tmp_path_factory.mktemp("rl") / "tiny", seed=0)
 
 
 def _load(path):
     from training.models import load_model
+
     torch.manual_seed(0)
     return load_model(path)
 
@@ -47,19 +56,44 @@ def _ids(proc, which: str) -> list[int]:
 
 
 def _episode(eid: str, group: str, success: bool, *, task="click-test", seed=0, run_key="rl-r0", policy="student"):
-    return dict(episode_id=eid, task_id=task, seed=seed, split="train", instruction="Click the OK button.",
-                policy=policy, group_id=group, sample_idx=0, task_reward=float(success), success=success, status="ok",
-                n_steps=1, run_key=run_key, ended_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    return dict(
+        episode_id=eid,
+        task_id=task,
+        seed=seed,
+        split="train",
+        instruction="Click the OK button.",
+        policy=policy,
+        group_id=group,
+        sample_idx=0,
+        task_reward=float(success),
+        success=success,
+        status="ok",
+        n_steps=1,
+        run_key=run_key,
+        ended_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    )
 
 
 def _step(eid: str, idx: int, which: str | None, ids=None, logprobs=None, *, run_key="rl-r0", parsed=True):
     a = ACTS.get(which or "A", ACTS["A"])
-    return dict(episode_id=eid, step_idx=idx, is_final=False, screenshot=PNG[idx % 2], screen_w=160, screen_h=210,
-                ui_text=UI, thought=f"The OK button is at ({a.x},{a.y}).", action_desc="Click OK",
-                raw_action=json.dumps({"action": "click", "x": a.x, "y": a.y}),
-                action=json.dumps({"action": "click", "x": a.x, "y": a.y}) if parsed else None,
-                parse_ok=parsed, parse_error=None if parsed else "no tool call", token_ids=ids, logprobs=logprobs,
-                run_key=run_key)
+    return dict(
+        episode_id=eid,
+        step_idx=idx,
+        is_final=False,
+        screenshot=PNG[idx % 2],
+        screen_w=160,
+        screen_h=210,
+        ui_text=UI,
+        thought=f"The OK button is at ({a.x},{a.y}).",
+        action_desc="Click OK",
+        raw_action=json.dumps({"action": "click", "x": a.x, "y": a.y}),
+        action=json.dumps({"action": "click", "x": a.x, "y": a.y}) if parsed else None,
+        parse_ok=parsed,
+        parse_error=None if parsed else "no tool call",
+        token_ids=ids,
+        logprobs=logprobs,
+        run_key=run_key,
+    )
 
 
 def _rows(proc, specs, **kw) -> list[dict]:
@@ -89,6 +123,7 @@ def test_recomputed_logprobs_match_the_samplers(tiny):
     row = _rows(proc, [("e", "g", True, "A", 1)])[0]
     be = HFBackend(model=model, processor=proc)
     from agents.prompts import Prompt
+
     gen = be.generate([Prompt(row["messages"], row["images"])], Sampling(temperature=1.0, max_new_tokens=12, seed=3))[0]
     enc = RowEncoder(proc)
     batch, pos, mask = enc.pad([enc.encode(row["messages"], row["images"], gen.token_ids)], "cpu")
@@ -111,8 +146,12 @@ def test_old_logp_rollout_reads_fresh_rows_log_probs_from_the_sampler(tiny):
     stale = [dict(r, behaviour_logp=[v - 1.0 for v in r["behaviour_logp"]]) for r in rows]
     replayed = [rows[0], dict(rows[1], replayed=True)]
     got = {}
-    for name, mode, rs in (("recompute", "recompute", rows), ("rollout", "rollout", rows),
-                           ("stale", "rollout", stale), ("replayed", "rollout", replayed)):
+    for name, mode, rs in (
+        ("recompute", "recompute", rows),
+        ("rollout", "rollout", rows),
+        ("stale", "rollout", stale),
+        ("replayed", "rollout", replayed),
+    ):
         m, p = _load(tiny)
         trainer, scored = RLTrainer(m, p, RLSettings(lr=1e-3, batch_size=2, old_logp=mode)), []
         score = trainer._score
@@ -202,7 +241,8 @@ def test_demo_nll_clones_the_replayed_reply_at_its_own_token_mean(tiny):
         model, proc = _load(tiny)
         rows, _ = RLTrainer(model, proc, RLSettings()).prepare(
             _rows(proc, [("l1", "g", False, "B", 1), ("l2", "g", False, "B", 1)])
-            + _rows(proc, [("demo", "g", True, "A", 1)], replayed=True))
+            + _rows(proc, [("demo", "g", True, "A", 1)], replayed=True)
+        )
         trainer = RLTrainer(model, proc, RLSettings(lr=1e-3, batch_size=3, warmup_steps=0, demo_nll=w, pg_weight=0.0))
         step = trainer.update(rows, round_idx=0)["steps"][0]
         assert (step["grad_norm"] > 0) == expect_grad
@@ -239,8 +279,10 @@ def hinted_teacher(tiny):
     attach_sdpo_context(rows, "sibling")
     hinted = teacher_messages(rows[0]["messages"], rows[0]["sdpo_solution"])
     reply = lambda w: [{"role": "assistant", "content": [{"type": "text", "text": TEXT[w]}]}]  # noqa: E731
-    samples = [{"messages": hinted + reply("A"), "images": rows[0]["images"]},
-               {"messages": rows[0]["messages"] + reply("B"), "images": rows[0]["images"]}]
+    samples = [
+        {"messages": hinted + reply("A"), "images": rows[0]["images"]},
+        {"messages": rows[0]["messages"] + reply("B"), "images": rows[0]["images"]},
+    ]
     batch = SFTCollator(proc)(samples)
     labels = batch.pop("labels")
     freeze_vision(model)
@@ -288,7 +330,9 @@ def test_hinted_sft_samples_show_the_prompt_the_sdpo_teacher_gets(tiny):
     raw = episode_samples("Click the OK button.", steps, "qwen3-vl", PromptOptions())[0]
     for targets in ("full", "action", "tool_call"):
         hinted = retarget_sample(hinted_samples([raw], 1.0)[0], targets)
-        assert hinted["messages"][:-1] == want and hinted["messages"][-1] == retarget_sample(raw, targets)["messages"][-1]
+        assert (
+            hinted["messages"][:-1] == want and hinted["messages"][-1] == retarget_sample(raw, targets)["messages"][-1]
+        )
 
 
 def test_sdpo_moves_the_student_towards_its_privileged_teacher(tiny, hinted_teacher):
@@ -296,7 +340,7 @@ def test_sdpo_moves_the_student_towards_its_privileged_teacher(tiny, hinted_teac
     above what the student (no hint) gives A, and SDPO updates on the group's own responses raise the student's A."""
     model, teacher, proc, rows, hinted = _sdpo_setup(tiny, hinted_teacher)
     assert [r["sdpo_sibling_episode_id"] for r in rows] == ["s2", "s1", "s1"]  # never the row's own episode
-    assert "Correct solution:" in hinted[-1]["content"][-1]["text"] and "500, \"y\": 571" in rows[0]["sdpo_solution"]
+    assert "Correct solution:" in hinted[-1]["content"][-1]["text"] and '500, "y": 571' in rows[0]["sdpo_solution"]
     t_a, s_a = _logp(teacher, proc, rows[0], "A", hinted), _logp(model, proc, rows[0], "A")
     assert t_a > s_a + 1.0, (t_a, s_a)  # the privileged context makes the sibling's action likelier
 
@@ -316,8 +360,16 @@ def test_sdpo_topk_moves_the_student_towards_its_privileged_teacher(tiny, hinted
     divergence to the hinted teacher shrinks and the student's log-prob of the sibling's action A goes up."""
     model, teacher, proc, rows, hinted = _sdpo_setup(tiny, hinted_teacher)
     s_a = _logp(model, proc, rows[0], "A")
-    s = RLSettings(algorithm="sdpo", lr=1e-3, batch_size=3, sdpo_teacher="frozen", sdpo_context="sibling",
-                   sdpo_mode="topk", sdpo_topk=20, sdpo_alpha=0.5)
+    s = RLSettings(
+        algorithm="sdpo",
+        lr=1e-3,
+        batch_size=3,
+        sdpo_teacher="frozen",
+        sdpo_context="sibling",
+        sdpo_mode="topk",
+        sdpo_topk=20,
+        sdpo_alpha=0.5,
+    )
     trainer = RLTrainer(model, proc, s, teacher=teacher)
     rows, _ = trainer.prepare(rows)
     divs = []
@@ -371,6 +423,7 @@ def test_topk_buckets_give_sdpo_topk_loss_of_the_full_logits(tiny):
 
 def _frozen(model):
     import copy
+
     twin = copy.deepcopy(model).eval()
     twin.requires_grad_(False)
     return twin
@@ -379,13 +432,23 @@ def _frozen(model):
 def test_rows_without_privileged_context_get_no_sdpo_term(tiny):
     model, proc = _load(tiny)
     # a success (no other success in its group: no sibling) and a failure (sibling: the success)
-    rows = _rows(proc, [("win", "g", True, "A", 1), ("lose", "g", False, "B", 1), ("x1", "h", False, "B", 1),
-                        ("x2", "h", False, "B", 1)])
+    rows = _rows(
+        proc,
+        [
+            ("win", "g", True, "A", 1),
+            ("lose", "g", False, "B", 1),
+            ("x1", "h", False, "B", 1),
+            ("x2", "h", False, "B", 1),
+        ],
+    )
     attach_sdpo_context(rows, "sibling")
     assert [r["sdpo"] for r in rows] == [False, True, False, False]
     attach_sdpo_context(rows, "feedback")
     assert [r["sdpo"] for r in rows] == [False, True, True, True]
-    assert "ended without success after 1 step" in rows[1]["sdpo_feedback"] and "click(125, 857)" in rows[1]["sdpo_feedback"]
+    assert (
+        "ended without success after 1 step" in rows[1]["sdpo_feedback"]
+        and "click(125, 857)" in rows[1]["sdpo_feedback"]
+    )
     s = RLSettings(algorithm="sdpo", lr=1e-3, batch_size=4, sdpo_context="sibling")
     res = rl_update(model, proc, [dict(r) for r in rows], s)  # prepared inside: group h has no signal, no context
     assert [m["n_sdpo_rows"] for m in res["steps"]] == [1] and res["steps"][0]["n_rows"] == 2
@@ -398,8 +461,16 @@ def test_rows_without_privileged_context_get_no_sdpo_term(tiny):
 # ------------------------------------------------------------------------------------------------ advantages
 def test_advantages_per_episode_broadcast_and_zero_variance_dropped(tiny):
     _, proc = _load(tiny)
-    rows = _rows(proc, [("long", "g", True, "A", 3), ("f1", "g", False, "B", 1), ("f2", "g", False, "B", 1),
-                        ("z1", "z", True, "A", 1), ("z2", "z", True, "A", 2)])
+    rows = _rows(
+        proc,
+        [
+            ("long", "g", True, "A", 3),
+            ("f1", "g", False, "B", 1),
+            ("f2", "g", False, "B", 1),
+            ("z1", "z", True, "A", 1),
+            ("z2", "z", True, "A", 2),
+        ],
+    )
     assert [r["step_idx"] for r in rows if r["episode_id"] == "long"] == [0, 1, 2]
     assert len(rows[1]["messages"][1]["content"]) > len(rows[0]["messages"][1]["content"])  # history in later prompts
     kept, stats = assign_advantages([dict(r) for r in rows], mode="mean")
@@ -415,8 +486,12 @@ def test_advantages_per_episode_broadcast_and_zero_variance_dropped(tiny):
     std = (2 / 9) ** 0.5
     assert [r["advantage"] for r in z if r["episode_id"] == "long"] == pytest.approx([(2 / 3) / std] * 3, rel=1e-4)
     # shaping: a parse error lowers that row's advantage only
-    bad = episode_rows(_episode("p", "g", False), [_step("p", 0, "B", _ids(proc, "B"), parsed=False)],
-                       arch="qwen3-vl", opts=PromptOptions())
+    bad = episode_rows(
+        _episode("p", "g", False),
+        [_step("p", 0, "B", _ids(proc, "B"), parsed=False)],
+        arch="qwen3-vl",
+        opts=PromptOptions(),
+    )
     assert bad[0]["parse_error"]
     pen, _ = assign_advantages([dict(r) for r in rows] + bad, mode="mean", parse_error_penalty=0.1)
     by = {r["episode_id"]: r["advantage"] for r in pen}
@@ -445,10 +520,14 @@ def test_gigpo_step_groups_add_omega_times_the_step_advantage():
     import hashlib
 
     S = png_pool(6, seed=1)
-    rows = (_screens_episode("win", "g", True, [S[0], S[1], S[2]]) + _screens_episode("lose", "g", False, [S[0], S[3]])
-            + _screens_episode("fast", "h", True, [S[4]]) + _screens_episode("slow", "h", True, [S[4], S[5]])
-            + _screens_episode("stuck", "f", False, [S[0], S[0]])
-            + _screens_episode("demo", "boot", True, [S[0], S[1]], replayed=True, group_id="f"))
+    rows = (
+        _screens_episode("win", "g", True, [S[0], S[1], S[2]])
+        + _screens_episode("lose", "g", False, [S[0], S[3]])
+        + _screens_episode("fast", "h", True, [S[4]])
+        + _screens_episode("slow", "h", True, [S[4], S[5]])
+        + _screens_episode("stuck", "f", False, [S[0], S[0]])
+        + _screens_episode("demo", "boot", True, [S[0], S[1]], replayed=True, group_id="f")
+    )
     assert rows[0]["screen_hash"] == hashlib.sha1(S[0]).hexdigest() == rows[3]["screen_hash"] != rows[1]["screen_hash"]
     assert [r["episode_steps"] for r in rows] == [3, 3, 3, 2, 2, 1, 2, 2, 2, 2, 2, 2]
     kept, stats = assign_advantages([dict(r) for r in rows], mode="mean", gigpo_omega=0.5, gigpo_gamma=0.9)
@@ -456,10 +535,19 @@ def test_gigpo_step_groups_add_omega_times_the_step_advantage():
     # A^E (mean): g +-.5; h 0 (all succeeded); f +-.5 (the replayed demo is the group's success).
     # A^S: (g,S0) .81 vs 0 -> +-.405; (h,S4) 1 vs .9 -> +-.05; (f,S0) stuck 0, 0 and demo .9 -> -.3, -.3, +.6;
     # every other step group is a singleton -> 0.  A = A^E + .5 A^S
-    want = {("win", 0): (0.5 + 0.2025, 0.405), ("win", 1): (0.5, 0.0), ("win", 2): (0.5, 0.0),
-            ("lose", 0): (-0.5 - 0.2025, -0.405), ("lose", 1): (-0.5, 0.0),
-            ("fast", 0): (0.025, 0.05), ("slow", 0): (-0.025, -0.05),  # no episode signal, kept for the step signal
-            ("stuck", 0): (-0.65, -0.3), ("stuck", 1): (-0.65, -0.3), ("demo", 0): (0.8, 0.6), ("demo", 1): (0.5, 0.0)}
+    want = {
+        ("win", 0): (0.5 + 0.2025, 0.405),
+        ("win", 1): (0.5, 0.0),
+        ("win", 2): (0.5, 0.0),
+        ("lose", 0): (-0.5 - 0.2025, -0.405),
+        ("lose", 1): (-0.5, 0.0),
+        ("fast", 0): (0.025, 0.05),
+        ("slow", 0): (-0.025, -0.05),  # no episode signal, kept for the step signal
+        ("stuck", 0): (-0.65, -0.3),
+        ("stuck", 1): (-0.65, -0.3),
+        ("demo", 0): (0.8, 0.6),
+        ("demo", 1): (0.5, 0.0),
+    }
     assert got.keys() == want.keys()  # ("slow", 1): no signal at either level -> dropped
     assert all(got[k] == pytest.approx(want[k], abs=1e-6) for k in want), got
     assert stats["n_groups_kept"] == 2 and stats["n_step_signal_rows"] == 7 and stats["n_replayed"] == 1
@@ -470,15 +558,22 @@ def test_gigpo_step_groups_add_omega_times_the_step_advantage():
     # omega 0: exactly the episode advantages, the zero-variance group dropped, no step advantage
     off, off_stats = assign_advantages([dict(r) for r in rows], mode="mean", gigpo_omega=0.0, gigpo_gamma=0.5)
     ref, ref_stats = assign_advantages([dict(r) for r in rows], mode="mean")
-    assert [(r["episode_id"], r["step_idx"], r["advantage"]) for r in off] == \
-        [(r["episode_id"], r["step_idx"], r["advantage"]) for r in ref] == \
-        [(e, i, a) for e, a, n in (("win", .5, 3), ("lose", -.5, 2), ("stuck", -.5, 2), ("demo", .5, 2)) for i in range(n)]
+    assert (
+        [(r["episode_id"], r["step_idx"], r["advantage"]) for r in off]
+        == [(r["episode_id"], r["step_idx"], r["advantage"]) for r in ref]
+        == [
+            (e, i, a)
+            for e, a, n in (("win", 0.5, 3), ("lose", -0.5, 2), ("stuck", -0.5, 2), ("demo", 0.5, 2))
+            for i in range(n)
+        ]
+    )
     assert off_stats == ref_stats and not any("step_advantage" in r for r in off)
     # the trainer passes the knobs through, and the row records carry the anchor and the step advantage
     s = RLSettings(gigpo_omega=0.5, gigpo_gamma=0.9, adv_mode="mean", step_weight="step")
     prepared, _ = RLTrainer.prepare(type("T", (), {"s": s})(), [dict(r) for r in rows])
     assert [r["advantage"] for r in prepared] == [r["advantage"] for r in kept]
     from training.rl_data import row_record
+
     assert row_record(prepared[0])["screen_hash"] == rows[0]["screen_hash"]
     assert row_record(prepared[0])["step_advantage"] == pytest.approx(0.405)
 
@@ -500,21 +595,30 @@ def test_new_rl_knobs_validate_and_reach_the_settings():
             parse_config({"rl": {key: value}})
     d = RLSettings.from_config(parse_config({}))
     assert (d.sdpo_mode, d.sdpo_topk, d.sdpo_alpha, d.gigpo_omega, d.gigpo_gamma) == ("sampled", 20, 0.5, 0.0, 0.95)
-    cfg = parse_config({"rl": {"sdpo_mode": "topk", "sdpo_topk": 7, "sdpo_alpha": 1.0, "gigpo_omega": 1.0,
-                               "gigpo_gamma": 0.9}})
+    cfg = parse_config(
+        {"rl": {"sdpo_mode": "topk", "sdpo_topk": 7, "sdpo_alpha": 1.0, "gigpo_omega": 1.0, "gigpo_gamma": 0.9}}
+    )
     s = RLSettings.from_config(cfg)
     assert (s.sdpo_mode, s.sdpo_topk, s.sdpo_alpha, s.gigpo_omega, s.gigpo_gamma) == ("topk", 7, 1.0, 1.0, 0.9)
     # RLSettings mirrors RLConfig by name (from_config copies matching names): every knob is a documented config key
     outside = {"max_new_tokens", "targets", "history_images", "use_ui_text", "config_hash", "focus_tasks"}
     assert {f.name for f in fields(RLSettings)} - outside <= set(RLConfig.model_fields)
     # the clone steps' task lists: rl.tasks is the focus; the rehearsed tasks default to the rollout tasks
-    s = RLSettings.from_config(parse_config({"rl": {"tasks": ["click-button"], "clone_steps": 3},
-                                             "rollouts": {"selection": {"tasks": ["click-test", "click-button"]}}}))
+    s = RLSettings.from_config(
+        parse_config(
+            {
+                "rl": {"tasks": ["click-button"], "clone_steps": 3},
+                "rollouts": {"selection": {"tasks": ["click-test", "click-button"]}},
+            }
+        )
+    )
     assert (s.focus_tasks, s.clone_tasks, s.clone_steps) == (("click-button",), ("click-test", "click-button"), 3)
     s = RLSettings.from_config(parse_config({"rl": {"clone_tasks": ["focus-text"]}}))
     assert s.clone_tasks == ("focus-text",) and s.focus_tasks == tuple(parse_config({}).rollouts.selection.tasks)
-    assert all(RLConfig.model_fields[k].description for k in ("sdpo_mode", "sdpo_topk", "sdpo_alpha", "gigpo_omega",
-                                                              "gigpo_gamma", "old_logp"))
+    assert all(
+        RLConfig.model_fields[k].description
+        for k in ("sdpo_mode", "sdpo_topk", "sdpo_alpha", "gigpo_omega", "gigpo_gamma", "old_logp")
+    )
     assert RLSettings.from_config(parse_config({"rl": {"old_logp": "rollout"}})).old_logp == "rollout"
     with pytest.raises(ConfigError, match="rl.old_logp 'rollout' needs rl.source 'sample'"):
         parse_config({"rl": {"old_logp": "rollout", "source": "lake"}})
@@ -560,10 +664,15 @@ def test_replay_joins_a_stored_success_to_an_all_failed_group(tiny, tmp_path):
     model, proc = _load(tiny)
     lake = Lake(tmp_path / "lake")
     ids = _ids(proc, "B")
-    for eid, task, seed in (("c1", "click-test", 5000), ("c2", "click-test", 5000), ("f1", "focus-text", 5000),
-                            ("f2", "focus-text", 5000)):
-        _write(lake, _episode(eid, f"g-{task}", False, task=task, seed=seed),
-               [_step(eid, 0, "B", ids, [-20.0] * len(ids))])
+    for eid, task, seed in (
+        ("c1", "click-test", 5000),
+        ("c2", "click-test", 5000),
+        ("f1", "focus-text", 5000),
+        ("f2", "focus-text", 5000),
+    ):
+        _write(
+            lake, _episode(eid, f"g-{task}", False, task=task, seed=seed), [_step(eid, 0, "B", ids, [-20.0] * len(ids))]
+        )
     # a scripted teacher demo of click-test (no token ids) in an earlier bootstrap: two steps
     demo = _episode("demo", "boot-g", True, seed=3, run_key="boot", policy="scripted")
     _write(lake, demo, [_step("demo", i, "A", run_key="boot") for i in range(2)], stage="bootstrap")
@@ -577,7 +686,9 @@ def test_replay_joins_a_stored_success_to_an_all_failed_group(tiny, tmp_path):
     assert replayed[0]["target_text"] == TEXT["A"]  # the SFT target in the configured format (action: no thought)
     kept, stats = assign_advantages(rows)
     assert {r["group_id"] for r in kept} == {"g-click-test"}  # focus-text has no stored success: dropped
-    assert all(r["advantage"] > 0 for r in kept if r["replayed"]) and all(r["advantage"] < 0 for r in kept if not r["replayed"])
+    assert all(r["advantage"] > 0 for r in kept if r["replayed"]) and all(
+        r["advantage"] < 0 for r in kept if not r["replayed"]
+    )
     assert stats["n_replayed"] == 1 and stats["n_groups_kept"] == 1 and stats["round_success"] == 0.0
     no_replay, _ = assign_advantages(load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), replay=False))
     assert no_replay == []  # without replay every group has zero variance
@@ -586,15 +697,16 @@ def test_replay_joins_a_stored_success_to_an_all_failed_group(tiny, tmp_path):
     assert not any(r["replayed"] or r.get("stored_solution") for r in same) and len(same) == 4
     # the incremental index of stored successes gives the same rows, and a success written later is found
     index = stored_index(lake)
-    assert load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", lake=lake,
-                        index=index) == load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(),
-                                                     targets="action", lake=lake)
+    assert load_rl_rows(
+        con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", lake=lake, index=index
+    ) == load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", lake=lake)
     late = _episode("late", "boot-g2", True, seed=5000, run_key="boot2", policy="scripted")
     _write(lake, late, [_step("late", 0, "A", run_key="boot2")], stage="bootstrap")
     con = connect(lake)
     for idx in (None, index):  # the group's own instance now has a stored success: it comes first
-        again = load_rl_rows(con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", lake=lake,
-                             index=idx)
+        again = load_rl_rows(
+            con, ["rl-r0"], arch="qwen3-vl", opts=PromptOptions(), targets="action", lake=lake, index=idx
+        )
         assert {r["episode_id"] for r in again if r["replayed"]} == {"late"}
     assert stored_successes(con, ["click-test"], ["rl-r0"], index) == stored_successes(con, ["click-test"], ["rl-r0"])
 
@@ -605,6 +717,7 @@ def test_replay_joins_a_stored_success_to_an_all_failed_group(tiny, tmp_path):
         def execute(self, *a):
             self.n += 1
             return self.con.execute(*a)
+
     counting = Counting(con)
     assert index.rows(counting) and counting.n == 0
     lake.delete_run("episodes", iteration=0, stage="bootstrap", run_key="boot2")
@@ -615,13 +728,17 @@ def test_replay_joins_a_stored_success_to_an_all_failed_group(tiny, tmp_path):
     res = trainer.train_round(lake, ["rl-r0"], round_idx=0, iteration=0, run_key="rl-test")
     assert res["n_rows"] == 4 and res["round_success"] == 0.0
     con = connect(lake)
-    got = con.sql("SELECT episode_id, step_idx, replayed, advantage, is_weight_mean FROM rl_rows ORDER BY 1, 2").fetchall()
+    got = con.sql(
+        "SELECT episode_id, step_idx, replayed, advantage, is_weight_mean FROM rl_rows ORDER BY 1, 2"
+    ).fetchall()
     assert [g[:3] for g in got] == [("c1", 0, False), ("c2", 0, False), ("demo", 0, True), ("demo", 1, True)]
     assert all(g[4] == pytest.approx(1.0) for g in got if g[2])  # replayed: behaviour = old
     assert all(g[4] == pytest.approx(2.0) for g in got if not g[2])  # exp(old - (-20)) capped at is_cap 2
     anchors = con.sql("SELECT count(DISTINCT screen_hash), count(screen_hash), count(step_advantage) FROM rl_rows")
     assert anchors.fetchall() == [(2, 4, 0)]  # c1, c2 and the demo's first step share the first screen; GiGPO off
-    m = con.sql("SELECT round, update_step, algo, n_rows, n_replayed, rollout_run_keys, run_key FROM rl_metrics").fetchall()
+    m = con.sql(
+        "SELECT round, update_step, algo, n_rows, n_replayed, rollout_run_keys, run_key FROM rl_metrics"
+    ).fetchall()
     assert m == [(0, 0, "grpo", 2, 1, ["rl-r0"], "rl-test"), (0, 1, "grpo", 2, 1, ["rl-r0"], "rl-test")]
 
 
@@ -636,12 +753,22 @@ def test_guide_joins_the_teachers_success_to_its_instances_group(tiny, tmp_path)
     lake = Lake(tmp_path / "lake")
     ids = _ids(proc, "B")
     # group a (seed 5000): one success, one failure; group b (seed 5001): both failed; group c (5002): both won
-    for eid, g, seed, ok in (("a1", "ga", 5000, True), ("a2", "ga", 5000, False), ("b1", "gb", 5001, False),
-                             ("b2", "gb", 5001, False), ("c1", "gc", 5002, True), ("c2", "gc", 5002, True)):
+    for eid, g, seed, ok in (
+        ("a1", "ga", 5000, True),
+        ("a2", "ga", 5000, False),
+        ("b1", "gb", 5001, False),
+        ("b2", "gb", 5001, False),
+        ("c1", "gc", 5002, True),
+        ("c2", "gc", 5002, True),
+    ):
         _write(lake, _episode(eid, g, ok, seed=seed), [_step(eid, 0, "B", ids, [-1.0] * len(ids))])
     for seed in (5000, 5001, 5002):  # the teacher solved every instance (run key "guide")
-        _write(lake, _episode(f"t{seed}", f"tg{seed}", True, seed=seed, run_key="guide", policy="scripted"),
-               [_step(f"t{seed}", 0, "A", run_key="guide")], stage="rl")
+        _write(
+            lake,
+            _episode(f"t{seed}", f"tg{seed}", True, seed=seed, run_key="guide", policy="scripted"),
+            [_step(f"t{seed}", 0, "A", run_key="guide")],
+            stage="rl",
+        )
     demo = _episode("demo", "boot-g", True, seed=3, run_key="boot", policy="scripted")
     _write(lake, demo, [_step("demo", 0, "A", run_key="boot")], stage="bootstrap")
     con = connect(lake)
@@ -696,8 +823,9 @@ def test_learner_state_save_and_load_is_exact(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ knobs
-@pytest.mark.parametrize("algo,aggregation", [("grpo", "constant"), ("dr_grpo", "token_mean"),
-                                              ("gspo", "seq_mean_token_mean")])
+@pytest.mark.parametrize(
+    "algo,aggregation", [("grpo", "constant"), ("dr_grpo", "token_mean"), ("gspo", "seq_mean_token_mean")]
+)
 def test_micro_batches_give_the_same_update(tiny, algo, aggregation):
     """Splitting a minibatch into micro-batches keeps the minibatch's normaliser: the same weights after."""
     got, curves = [], []
@@ -733,17 +861,25 @@ def test_clone_draw_splits_each_batch_between_focus_and_rehearsal():
     import numpy as np
 
     from training.rl_clone import draw
-    pool = {"click-button": [{"episode_id": f"b{i}"} for i in range(5)],
-            "click-test": [{"episode_id": f"t{i}"} for i in range(3)], "focus-text": [{"episode_id": "f0"}]}
+
+    pool = {
+        "click-button": [{"episode_id": f"b{i}"} for i in range(5)],
+        "click-test": [{"episode_id": f"t{i}"} for i in range(3)],
+        "focus-text": [{"episode_id": "f0"}],
+    }
     got = draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(3))
     assert sum(e["episode_id"][0] == "b" for e in got) == 30 and len(got) == 40
     assert {e["episode_id"][0] for e in got[30:]} == {"t", "f"}
     assert got == draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(3))
     assert got != draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(4))
-    assert all(e["episode_id"][0] == "b" for e in draw({"click-button": pool["click-button"]}, ["click-button"], 8, 0.5,
-                                                        np.random.default_rng(0)))
-    assert all(e["episode_id"][0] != "b" for e in draw({"click-test": pool["click-test"]}, ["click-button"], 8, 0.5,
-                                                        np.random.default_rng(0)))
+    assert all(
+        e["episode_id"][0] == "b"
+        for e in draw({"click-button": pool["click-button"]}, ["click-button"], 8, 0.5, np.random.default_rng(0))
+    )
+    assert all(
+        e["episode_id"][0] != "b"
+        for e in draw({"click-test": pool["click-test"]}, ["click-button"], 8, 0.5, np.random.default_rng(0))
+    )
     assert draw({}, ["click-button"], 8, 0.5, np.random.default_rng(0)) == []
 
 
@@ -759,18 +895,33 @@ def test_clone_hard_draws_a_share_of_the_focus_batch_from_the_instances_the_stud
     from training.rl_clone import attempts_index, clone_round, draw, hard_instances
 
     lake = Lake(tmp_path / "lake")
-    for eid, seed, ok, policy, stage in (("a0", 5001, False, "student", "rl"), ("a1", 5001, False, "student", "rl"),
-                                         ("b0", 5002, True, "student", "rl"), ("b1", 5002, False, "student", "rl"),
-                                         ("t1", 5001, True, "scripted", "rl"), ("t3", 5003, False, "scripted", "rl"),
-                                         ("e0", 5004, False, "student", "eval")):
-        _write(lake, _episode(eid, f"g{seed}", ok, task="click-button", seed=seed, policy=policy, run_key=stage),
-               [_step(eid, 0, "B" if eid == "t1" else "A", run_key=stage)], stage=stage)
-    _write(lake, _episode("o0", "go", False, task="click-test", seed=5001, run_key="rl"),
-           [_step("o0", 0, "A", run_key="rl")], stage="rl")
+    for eid, seed, ok, policy, stage in (
+        ("a0", 5001, False, "student", "rl"),
+        ("a1", 5001, False, "student", "rl"),
+        ("b0", 5002, True, "student", "rl"),
+        ("b1", 5002, False, "student", "rl"),
+        ("t1", 5001, True, "scripted", "rl"),
+        ("t3", 5003, False, "scripted", "rl"),
+        ("e0", 5004, False, "student", "eval"),
+    ):
+        _write(
+            lake,
+            _episode(eid, f"g{seed}", ok, task="click-button", seed=seed, policy=policy, run_key=stage),
+            [_step(eid, 0, "B" if eid == "t1" else "A", run_key=stage)],
+            stage=stage,
+        )
+    _write(
+        lake,
+        _episode("o0", "go", False, task="click-test", seed=5001, run_key="rl"),
+        [_step("o0", 0, "A", run_key="rl")],
+        stage="rl",
+    )
     index = attempts_index(lake)
     assert hard_instances(index.rows(connect(lake)), ["click-button"]) == {("click-button", 5001)}
-    pool = {"click-button": [{"episode_id": f"b{i}", "task_id": "click-button", "seed": 5000 + i} for i in range(5)],
-            "click-test": [{"episode_id": f"t{i}", "task_id": "click-test", "seed": i} for i in range(3)]}
+    pool = {
+        "click-button": [{"episode_id": f"b{i}", "task_id": "click-button", "seed": 5000 + i} for i in range(5)],
+        "click-test": [{"episode_id": f"t{i}", "task_id": "click-test", "seed": i} for i in range(3)],
+    }
     hard = {("click-button", 5001), ("click-button", 5003), ("click-test", 1)}
     got = draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(3), hard, 0.5)
     assert [e["episode_id"] for e in got[:15]] and {e["episode_id"] for e in got[:15]} <= {"b1", "b3"}
@@ -781,12 +932,25 @@ def test_clone_hard_draws_a_share_of_the_focus_batch_from_the_instances_the_stud
     assert draw(pool, ["click-button"], 40, 0.75, np.random.default_rng(3), {("click-button", 7)}, 0.5) == plain
     # clone_round: the bootstrap demo answers "A", the teacher's answer to the failed instance 5001 (t1) "B"; with
     # clone_hard 1 (focus 1) every drawn row is t1's, so the first step's loss is B's token-mean NLL
-    _write(lake, _episode("demo", "boot-g", True, task="click-button", seed=3, run_key="boot", policy="scripted"),
-           [_step("demo", 0, "A", run_key="boot")], stage="bootstrap")
+    _write(
+        lake,
+        _episode("demo", "boot-g", True, task="click-button", seed=3, run_key="boot", policy="scripted"),
+        [_step("demo", 0, "A", run_key="boot")],
+        stage="bootstrap",
+    )
     model, proc = _load(tiny)
     want = -_logp(model, proc, _rows(proc, [("x", "g", True, "B", 1)])[0], "B") / len(_ids(proc, "B"))
-    s = RLSettings(lr=1e-12, clone_steps=1, clone_batch=4, clone_lr=1e-12, clone_focus=1.0, clone_hard=1.0,
-                   focus_tasks=("click-button",), targets="action", clone_warmup=0)
+    s = RLSettings(
+        lr=1e-12,
+        clone_steps=1,
+        clone_batch=4,
+        clone_lr=1e-12,
+        clone_focus=1.0,
+        clone_hard=1.0,
+        focus_tasks=("click-button",),
+        targets="action",
+        clone_warmup=0,
+    )
     trainer = RLTrainer(model, proc, s)
     got = clone_round(trainer, connect(lake, write_catalog_file=False), lake, round_idx=0)  # as train_round's
     assert len(got) == 1 and got[0]["loss"] == pytest.approx(want, rel=1e-4)
@@ -794,6 +958,7 @@ def test_clone_hard_draws_a_share_of_the_focus_batch_from_the_instances_the_stud
 
 def test_clone_lr_warms_up_then_follows_its_schedule_to_the_runs_last_step():
     from training.rl_clone import clone_lr
+
     s = RLSettings(clone_steps=10, clone_lr=1e-3, clone_warmup=4, rounds=3)
     lrs = [clone_lr(s, n) for n in range(30)]
     # warmup (n + 1) / 4 times the cosine 0.5 (1 + cos(pi n / 30))
@@ -814,22 +979,52 @@ def test_clone_round_learns_the_lakes_stored_successes(tiny, tmp_path):
     model, proc = _load(tiny)
     lake = Lake(tmp_path / "lake")
     ids_b = _ids(proc, "B")
-    _write(lake, _episode("demo", "boot-g", True, task="click-button", seed=3, run_key="boot", policy="scripted"),
-           [_step("demo", 0, "A", run_key="boot")], stage="bootstrap")
-    _write(lake, _episode("own", "g1", True, task="click-test", seed=5000), [_step("own", 0, "B", ids_b, [-1.0] * len(ids_b))])
-    _write(lake, _episode("lost", "g1", False, task="click-test", seed=5000), [_step("lost", 0, "B", ids_b, [-1.0] * len(ids_b))])
+    _write(
+        lake,
+        _episode("demo", "boot-g", True, task="click-button", seed=3, run_key="boot", policy="scripted"),
+        [_step("demo", 0, "A", run_key="boot")],
+        stage="bootstrap",
+    )
+    _write(
+        lake,
+        _episode("own", "g1", True, task="click-test", seed=5000),
+        [_step("own", 0, "B", ids_b, [-1.0] * len(ids_b))],
+    )
+    _write(
+        lake,
+        _episode("lost", "g1", False, task="click-test", seed=5000),
+        [_step("lost", 0, "B", ids_b, [-1.0] * len(ids_b))],
+    )
     for eid, which in (("p", "A"), ("q", "B")):  # the rounds' rows: one group, a success and a failure
-        _write(lake, _episode(eid, "g9", eid == "p", task="click-button", seed=5001, run_key="rl-r1"),
-               [_step(eid, 0, which, _ids(proc, which), [-1.0] * len(_ids(proc, which)), run_key="rl-r1")])
+        _write(
+            lake,
+            _episode(eid, "g9", eid == "p", task="click-button", seed=5001, run_key="rl-r1"),
+            [_step(eid, 0, which, _ids(proc, which), [-1.0] * len(_ids(proc, which)), run_key="rl-r1")],
+        )
     demo_row = _rows(proc, [("x", "g", True, "A", 1)])[0]
     before = {w: _logp(model, proc, demo_row, w) for w in "AB"}
-    s = RLSettings(lr=1e-4, batch_size=4, warmup_steps=0, clone_steps=3, clone_batch=4, clone_lr=1e-3,
-                   clone_focus=0.5, focus_tasks=("click-button",), clone_tasks=("click-test",), targets="action",
-                   clone_source="all", clone_warmup=2, clone_schedule="constant")
+    s = RLSettings(
+        lr=1e-4,
+        batch_size=4,
+        warmup_steps=0,
+        clone_steps=3,
+        clone_batch=4,
+        clone_lr=1e-3,
+        clone_focus=0.5,
+        focus_tasks=("click-button",),
+        clone_tasks=("click-test",),
+        targets="action",
+        clone_source="all",
+        clone_warmup=2,
+        clone_schedule="constant",
+    )
     trainer = RLTrainer(model, proc, s)
     res = trainer.train_round(lake, ["rl-r1"], round_idx=0, iteration=0, run_key="rl-x")
-    clone = connect(lake).execute("SELECT update_step, loss, n_rows, lr FROM rl_metrics WHERE algo = 'clone' "
-                                  "ORDER BY update_step").fetchall()
+    clone = (
+        connect(lake)
+        .execute("SELECT update_step, loss, n_rows, lr FROM rl_metrics WHERE algo = 'clone' ORDER BY update_step")
+        .fetchall()
+    )
     n_pg = res["summary"]["n_steps"]
     assert [c[0] for c in clone] == [n_pg, n_pg + 1, n_pg + 2] and all(c[2] == 4 for c in clone)
     assert [c[3] for c in clone] == [5e-4, 1e-3, 1e-3]  # rl.clone_warmup 2
@@ -842,11 +1037,18 @@ def test_clone_round_learns_the_lakes_stored_successes(tiny, tmp_path):
     first = -_logp(model, proc, demo_row, "A") / len(_ids(proc, "A"))
     trainer = RLTrainer(model, proc, RLSettings(**{**s.__dict__, "clone_source": "teacher", "lr": 1e-12}))
     step = trainer.train_round(lake, ["rl-r1"], round_idx=1, iteration=0, run_key="rl-t")
-    got = connect(lake).execute("SELECT loss FROM rl_metrics WHERE run_key = 'rl-t' AND algo = 'clone' "
-                                "ORDER BY update_step").fetchall()
+    got = (
+        connect(lake)
+        .execute("SELECT loss FROM rl_metrics WHERE run_key = 'rl-t' AND algo = 'clone' ORDER BY update_step")
+        .fetchall()
+    )
     assert step["summary"]["clone_steps"] == 3 and got[0][0] == pytest.approx(first, rel=1e-3)
     # the drawn rows are the successes only: with no stored success the round takes no clone step
     empty = Lake(tmp_path / "empty")
-    _write(empty, _episode("lost", "g1", False, task="click-test", seed=5000), [_step("lost", 0, "B", ids_b, [-1.0] * len(ids_b))])
+    _write(
+        empty,
+        _episode("lost", "g1", False, task="click-test", seed=5000),
+        [_step("lost", 0, "B", ids_b, [-1.0] * len(ids_b))],
+    )
     res = RLTrainer(model, proc, s).train_round(empty, ["rl-r0"], round_idx=0, iteration=0, run_key="rl-y")
     assert res["summary"]["clone_steps"] == 0

@@ -17,8 +17,11 @@ import torch  # noqa: E402
 
 try:
     import pytest  # noqa: E402
-    gpu = pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("liger_kernel") is None,
-                             reason="needs CUDA and liger-kernel")
+
+    gpu = pytest.mark.skipif(
+        not torch.cuda.is_available() or importlib.util.find_spec("liger_kernel") is None,
+        reason="needs CUDA and liger-kernel",
+    )
 except ImportError:  # run as a script on the GPU box
     pytest = None
 
@@ -38,16 +41,42 @@ def _rows(proc, n: int = 4) -> list[dict]:
     for i in range(n):
         ok = i < n // 2
         ids = torch.randint(100, proc.tokenizer.vocab_size, (12 + i,), generator=g).tolist()
-        ep = dict(episode_id=f"e{i}", task_id="click-test", seed=0, split="train", instruction="Click OK.",
-                  policy="student", group_id="g", sample_idx=i, task_reward=float(ok), success=ok, status="ok",
-                  n_steps=1, run_key="k")
+        ep = dict(
+            episode_id=f"e{i}",
+            task_id="click-test",
+            seed=0,
+            split="train",
+            instruction="Click OK.",
+            policy="student",
+            group_id="g",
+            sample_idx=i,
+            task_reward=float(ok),
+            success=ok,
+            status="ok",
+            n_steps=1,
+            run_key="k",
+        )
         a = Click(x=10 + i, y=20)
-        step = dict(episode_id=f"e{i}", step_idx=0, is_final=False, screenshot=pngs[i % 2], screen_w=320, screen_h=176,
-                    ui_text='button "OK" @ (80,120) [40x20]', thought="OK.", action_desc="Click OK",
-                    raw_action=json.dumps({"action": "click", "x": a.x, "y": a.y}),
-                    action=json.dumps({"action": "click", "x": a.x, "y": a.y}), parse_ok=True, parse_error=None,
-                    exec_error=None, token_ids=ids, logprobs=[-8.0] * len(ids),
-                    feedback=None if ok else "Missed.", run_key="k")
+        step = dict(
+            episode_id=f"e{i}",
+            step_idx=0,
+            is_final=False,
+            screenshot=pngs[i % 2],
+            screen_w=320,
+            screen_h=176,
+            ui_text='button "OK" @ (80,120) [40x20]',
+            thought="OK.",
+            action_desc="Click OK",
+            raw_action=json.dumps({"action": "click", "x": a.x, "y": a.y}),
+            action=json.dumps({"action": "click", "x": a.x, "y": a.y}),
+            parse_ok=True,
+            parse_error=None,
+            exec_error=None,
+            token_ids=ids,
+            logprobs=[-8.0] * len(ids),
+            feedback=None if ok else "Missed.",
+            run_key="k",
+        )
         rows += episode_rows(ep, [step], arch="qwen3-vl", opts=PromptOptions())
     return rows
 
@@ -73,9 +102,10 @@ def _logp_and_grads(model, batch, pos, mask):
 
 @gpu
 def test_fused_model_matches_the_stock_modules_and_comes_off_again():
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as m
+
     from training.kernels import fuse_model, unfuse_model
     from training.rl import RowEncoder
-    from transformers.models.qwen3_vl import modeling_qwen3_vl as m
 
     for lora in (False, True):
         model, proc = _model("cuda", lora=lora)
@@ -115,9 +145,15 @@ def test_trainer_on_cuda_fuses_keeps_rows_on_the_device_and_shares_teacher_pixel
         assert any("forward" in mod.__dict__ for mod in tr.teacher.modules())  # the teacher runs fused too
         rows = attach_sdpo_context(_rows(proc), "both")
         enc = [tr.encoder.encode(r["messages"], r["images"], tr.encoder.response_ids(r)) for r in rows]
-        tenc = {i: tr.encoder.encode(teacher_messages(r["messages"], r.get("sdpo_solution"), r.get("sdpo_feedback")),
-                                     r["images"], tr.encoder.response_ids(r))
-                for i, r in enumerate(rows) if r.get("sdpo")}
+        tenc = {
+            i: tr.encoder.encode(
+                teacher_messages(r["messages"], r.get("sdpo_solution"), r.get("sdpo_feedback")),
+                r["images"],
+                tr.encoder.response_ids(r),
+            )
+            for i, r in enumerate(rows)
+            if r.get("sdpo")
+        }
         res, tres = tr._resident(enc, dict(tenc))
         assert tres and all(v.is_cuda for e in res for v in e.values())
         assert all(e["pixel_values"].dtype == torch.bfloat16 for e in res)

@@ -25,14 +25,22 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[1]
 # tiny.yaml with RL on: 2 tasks x 1 seed x group 2 per round, short episodes (a random tiny model only
 # writes parse errors, so every group fails and replay of the bootstrap demos gives it signal)
-OVERRIDES = {"rl.enabled": True, "rl.rounds": 2, "rl.group_size": 2, "rl.seeds_per_task_per_round": 1,
-             "rl.batch_size": 4, "env.max_steps": 2, "student.max_new_tokens": 8}
+OVERRIDES = {
+    "rl.enabled": True,
+    "rl.rounds": 2,
+    "rl.group_size": 2,
+    "rl.seeds_per_task_per_round": 1,
+    "rl.batch_size": 4,
+    "env.max_steps": 2,
+    "student.max_new_tokens": 8,
+}
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from flywheel.stages import bootstrap, register_tasks
     from training.models import init_model
+
     root = tmp_path_factory.mktemp("rl")
     os.environ["FLYWHEEL_LAKE"] = str(root / "lake")
     cfg = load_config(ROOT / "configs" / "tiny.yaml", OVERRIDES)
@@ -51,17 +59,21 @@ def _counts(lake: Path) -> tuple[int, int, int]:
 
 def test_held_out_tasks_are_rejected(setup):
     from flywheel.stages import rl
+
     cfg, _, model = setup
     bad = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rollouts.selection.tasks": ["click-test-2"]})
     with pytest.raises(UserError, match="held out"):
         rl(bad, 0, model, progress=False)
-    bad = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.clone_steps": 2, "rl.clone_tasks": ["click-test-2"]})
+    bad = load_config(
+        ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.clone_steps": 2, "rl.clone_tasks": ["click-test-2"]}
+    )
     with pytest.raises(UserError, match="held out"):
         rl(bad, 0, model, progress=False)
 
 
 def test_rounds_land_in_the_lake_and_a_rerun_is_a_no_op(setup):
     from flywheel.stages import rl
+
     cfg, root, model = setup
     res = rl(cfg, 0, model, progress=False)
     assert [h["round"] for h in res["history"]] == [0, 1]
@@ -88,13 +100,16 @@ def test_sigkill_mid_rl_resumes_from_the_last_finished_round(setup, tmp_path):
     lake = tmp_path / "lake"
     env = {**os.environ, "FLYWHEEL_LAKE": str(lake), "HF_HUB_OFFLINE": "1"}
     sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in OVERRIDES.items()]
-    code = ("import sys; from configs.models import load_config; from flywheel.stages import register_tasks, rl;"
-            "ov = dict(kv.split('=', 1) for kv in sys.argv[2:]);"
-            "ov = {k: (True if v == 'true' else int(v) if v.isdigit() else v) for k, v in ov.items()};"
-            "cfg = load_config('configs/tiny.yaml', ov); register_tasks(cfg); rl(cfg, 0, sys.argv[1], progress=False)")
+    code = (
+        "import sys; from configs.models import load_config; from flywheel.stages import register_tasks, rl;"
+        "ov = dict(kv.split('=', 1) for kv in sys.argv[2:]);"
+        "ov = {k: (True if v == 'true' else int(v) if v.isdigit() else v) for k, v in ov.items()};"
+        "cfg = load_config('configs/tiny.yaml', ov); register_tasks(cfg); rl(cfg, 0, sys.argv[1], progress=False)"
+    )
     cmd = [sys.executable, "-c", code, model, *sets, "rl.rounds=3"]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     round0 = None
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and round0 is None:
@@ -119,24 +134,34 @@ def test_guide_teacher_solves_the_rounds_failed_instances(setup):
     (a random tiny model fails them all), into the lake under stage rl; its successes are the groups' replayed
     members, not the bootstrap's demos of other instances."""
     from flywheel.stages import rl
+
     cfg, root, model = setup
     with pytest.raises(ConfigError, match="rl.guide .all. needs rl.source .sample."):
         load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.guide": "all", "rl.source": "lake"})
-    guided = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.guide": "all", "rl.rounds": 1, "rl.seed": 7,
-                                                          "rl.clone_steps": 2, "rl.clone_batch": 3})
+    guided = load_config(
+        ROOT / "configs" / "tiny.yaml",
+        {**OVERRIDES, "rl.guide": "all", "rl.rounds": 1, "rl.seed": 7, "rl.clone_steps": 2, "rl.clone_batch": 3},
+    )
     res = rl(guided, 0, model, progress=False)
     con = connect(root / "lake")
-    sampled = con.execute("SELECT DISTINCT task_id, seed FROM episodes WHERE run_key = ?",
-                          [res["history"][0]["rollout_run_key"]]).fetchall()
-    teacher = con.execute("SELECT task_id, seed, episode_id, success FROM episodes WHERE stage = 'rl' AND "
-                          "policy = 'scripted'").fetchall()
+    sampled = con.execute(
+        "SELECT DISTINCT task_id, seed FROM episodes WHERE run_key = ?", [res["history"][0]["rollout_run_key"]]
+    ).fetchall()
+    teacher = con.execute(
+        "SELECT task_id, seed, episode_id, success FROM episodes WHERE stage = 'rl' AND policy = 'scripted'"
+    ).fetchall()
     assert sorted(t[:2] for t in teacher) == sorted(sampled) and all(t[3] for t in teacher)
-    replayed = {r[0] for r in con.execute("SELECT DISTINCT episode_id FROM rl_rows WHERE run_key = ? AND replayed",
-                                          [res["checkpoint_id"]]).fetchall()}
+    replayed = {
+        r[0]
+        for r in con.execute(
+            "SELECT DISTINCT episode_id FROM rl_rows WHERE run_key = ? AND replayed", [res["checkpoint_id"]]
+        ).fetchall()
+    }
     assert replayed == {t[2] for t in teacher}
     # rl.clone_steps: two NLL steps after the round's update, on the lake's successes (the teacher's among them)
-    clone = con.execute("SELECT n_rows, loss FROM rl_metrics WHERE run_key = ? AND algo = 'clone'",
-                        [res["checkpoint_id"]]).fetchall()
+    clone = con.execute(
+        "SELECT n_rows, loss FROM rl_metrics WHERE run_key = ? AND algo = 'clone'", [res["checkpoint_id"]]
+    ).fetchall()
     assert [c[0] for c in clone] == [3, 3] and all(c[1] > 0 for c in clone) and Path(res["plot"]).exists()
 
 
@@ -147,34 +172,46 @@ def test_clone_fresh_teacher_solves_fresh_instances_for_the_clone_steps(setup):
     from flywheel.rl_stage import FRESH_SEEDS, _fresh_seeds, _round_seeds
     from flywheel.stages import rl
     from training.rl_data import stored_successes
+
     cfg, root, model = setup
     with pytest.raises(ConfigError, match="rl.clone_fresh needs rl.clone_steps"):
         load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.clone_fresh": 2})
     with pytest.raises(ConfigError, match="rl.clone_hard needs rl.clone_steps"):  # rl.guide is off in OVERRIDES
         load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.clone_hard": 0.5, "rl.clone_steps": 1})
-    fresh = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.rounds": 2, "rl.seed": 11, "rl.clone_fresh": 2,
-                                                         "rl.clone_steps": 1, "rl.clone_batch": 2})
+    fresh = load_config(
+        ROOT / "configs" / "tiny.yaml",
+        {**OVERRIDES, "rl.rounds": 2, "rl.seed": 11, "rl.clone_fresh": 2, "rl.clone_steps": 1, "rl.clone_batch": 2},
+    )
     windows = [_fresh_seeds(fresh, 0, r) for r in range(2)]
     assert all(len(w) == 2 and all(FRESH_SEEDS[0] <= x < FRESH_SEEDS[1] for x in w) for w in windows)
     assert not set(windows[0]) & set(windows[1]) and not set(windows[0] + windows[1]) & set(
-        _round_seeds(fresh, 0, 0) + _round_seeds(fresh, 0, 1))
+        _round_seeds(fresh, 0, 0) + _round_seeds(fresh, 0, 1)
+    )
     res = rl(fresh, 0, model, progress=False)
     con = connect(root / "lake")
-    got = con.execute("SELECT task_id, seed, episode_id, success FROM episodes WHERE stage = 'rl' AND "
-                      "policy = 'scripted' AND seed >= ? AND seed < ?", list(FRESH_SEEDS)).fetchall()
+    got = con.execute(
+        "SELECT task_id, seed, episode_id, success FROM episodes WHERE stage = 'rl' AND "
+        "policy = 'scripted' AND seed >= ? AND seed < ?",
+        list(FRESH_SEEDS),
+    ).fetchall()
     tasks = sorted(fresh.rollouts.selection.tasks)
     assert sorted((t, s) for t, s, _, _ in got) == sorted((t, s) for t in tasks for s in windows[0] + windows[1])
     assert all(ok for *_, ok in got)
     pool = {e["episode_id"] for eps in stored_successes(con, tasks, []).values() for e in eps}
     assert {e for _, _, e, _ in got} <= pool
-    assert con.execute("SELECT count(*) FROM rl_metrics WHERE run_key = ? AND algo = 'clone'",
-                       [res["checkpoint_id"]]).fetchone()[0] == 2
+    assert (
+        con.execute(
+            "SELECT count(*) FROM rl_metrics WHERE run_key = ? AND algo = 'clone'", [res["checkpoint_id"]]
+        ).fetchone()[0]
+        == 2
+    )
 
 
 def test_rl_from_stored_groups_samples_nothing(setup):
     """rl.source: lake (a GPU worker without browsers): each round trains on the iteration's stored student
     rollout groups; no episode is sampled, and an iteration without groups is one clear error."""
     from flywheel.stages import rl, student_rollouts
+
     cfg, root, model = setup
     lake_cfg = load_config(ROOT / "configs" / "tiny.yaml", {**OVERRIDES, "rl.source": "lake"})
     with pytest.raises(UserError, match="rl.source is 'lake' but iteration 0 has no student rollout groups"):
@@ -186,12 +223,22 @@ def test_rl_from_stored_groups_samples_nothing(setup):
     assert [h["round"] for h in res["history"]] == [0, 1] and res["history"][0]["rollout_run_key"] == ro["run_key"]
     con = connect(root / "lake")
     assert con.execute("SELECT count(*) FROM episodes WHERE stage = 'rl'").fetchone()[0] == rl_eps  # none sampled
-    trained = {r[0] for r in con.execute("SELECT DISTINCT episode_id FROM rl_rows WHERE run_key = ? AND NOT replayed",
-                                         [res["checkpoint_id"]]).fetchall()}
-    stored = {r[0] for r in con.execute("SELECT episode_id FROM episodes WHERE run_key = ?", [ro["run_key"]]).fetchall()}
+    trained = {
+        r[0]
+        for r in con.execute(
+            "SELECT DISTINCT episode_id FROM rl_rows WHERE run_key = ? AND NOT replayed", [res["checkpoint_id"]]
+        ).fetchall()
+    }
+    stored = {
+        r[0] for r in con.execute("SELECT episode_id FROM episodes WHERE run_key = ?", [ro["run_key"]]).fetchall()
+    }
     assert trained and trained <= stored
-    assert con.execute("SELECT count(DISTINCT round) FROM rl_metrics WHERE run_key = ?",
-                       [res["checkpoint_id"]]).fetchone()[0] == 2
+    assert (
+        con.execute(
+            "SELECT count(DISTINCT round) FROM rl_metrics WHERE run_key = ?", [res["checkpoint_id"]]
+        ).fetchone()[0]
+        == 2
+    )
 
 
 def test_ddp_update_over_two_processes_matches_one(setup):
@@ -205,10 +252,17 @@ def test_ddp_update_over_two_processes_matches_one(setup):
     from safetensors.torch import load_file
 
     from flywheel.stages import rl, student_rollouts
+
     cfg, root, model = setup
     student_rollouts(cfg, 0, model, progress=False)  # the stored groups (a no-op when an earlier test made them)
-    ov = {**OVERRIDES, "rl.source": "lake", "rl.seed": 7, "rl.batch_size": 3, "rl.micro_batch": 1,
-          "rl.warmup_steps": 0}  # a rank's 2 rows of a minibatch: 2 micro-batches, the first without the all-reduce
+    ov = {
+        **OVERRIDES,
+        "rl.source": "lake",
+        "rl.seed": 7,
+        "rl.batch_size": 3,
+        "rl.micro_batch": 1,
+        "rl.warmup_steps": 0,
+    }  # a rank's 2 rows of a minibatch: 2 micro-batches, the first without the all-reduce
     one = rl(load_config(ROOT / "configs" / "tiny.yaml", ov), 0, model, progress=False)
     out = Path(one["model_path"]).parent
     keep = root / "one-round-1"

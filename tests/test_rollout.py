@@ -19,8 +19,17 @@ pytestmark = pytest.mark.browser
 def _spec(lake_root, run_key, tasks=("click-test", "focus-text"), seeds=(0, 1, 2), group=1, **kw) -> RolloutSpec:
     jobs = make_jobs(run_key, list(tasks), list(seeds), group_size=group, policy_tag="scripted:0")
     kw.setdefault("n_envs", 2)
-    return RolloutSpec(run_key=run_key, iteration=0, stage="rollouts", lake_root=str(lake_root), jobs=jobs,
-                       policy=PolicySpec("scripted"), max_steps=6, episode_timeout_s=60, **kw)
+    return RolloutSpec(
+        run_key=run_key,
+        iteration=0,
+        stage="rollouts",
+        lake_root=str(lake_root),
+        jobs=jobs,
+        policy=PolicySpec("scripted"),
+        max_steps=6,
+        episode_timeout_s=60,
+        **kw,
+    )
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -45,8 +54,9 @@ def test_scripted_rollouts_fill_the_lake_and_rerun_is_idempotent(lake_root):
     assert (s.ran, s.skipped, s.errors) == (12, 0, 0)
     assert s.successes == 12  # the teacher solves both tasks
     con = connect(lake_root)
-    eps = con.execute("SELECT count(*), count(DISTINCT group_id), min(n_steps), bool_and(success) "
-                      "FROM episodes").fetchone()
+    eps = con.execute(
+        "SELECT count(*), count(DISTINCT group_id), min(n_steps), bool_and(success) FROM episodes"
+    ).fetchone()
     assert eps == (12, 6, 1, True)
     # every action row has a PNG screenshot, a parsed action and the teacher's text; plus one final row each
     row = con.execute("""SELECT count(*) FILTER (NOT is_final), count(*) FILTER (is_final),
@@ -88,7 +98,8 @@ def test_sigkill_mid_episode_leaves_no_orphans_and_rerun_fills_in(lake_root):
     s2 = run_rollouts(_spec(lake_root, "roll-kill", seeds=(0, 1, 2)), progress=False)
     assert (s2.ran, s2.skipped, s2.errors) == (1, 5, 0)
     assert connect(lake_root).execute(
-        "SELECT count(*), count(DISTINCT episode_id), count(*) FILTER (status = 'ok') FROM episodes").fetchone() == (6, 6, 6)
+        "SELECT count(*), count(DISTINCT episode_id), count(*) FILTER (status = 'ok') FROM episodes"
+    ).fetchone() == (6, 6, 6)
 
 
 def test_timeouts_soft_and_hard(lake_root):

@@ -22,14 +22,31 @@ from storage.catalog import connect
 from training.data import IGNORE_INDEX, SFTCollator, prompt_options, retarget_sample, with_images
 from training.losses import token_loss_sum
 from training.models import LoraSpec, freeze_vision, is_lora_param, load_model
-from training.sft import (EncodedSamples, TrainSettings, TrainState, fit_budget, lr_factor, read_samples, train,
-                          train_step)
+from training.sft import (
+    EncodedSamples,
+    TrainSettings,
+    TrainState,
+    fit_budget,
+    lr_factor,
+    read_samples,
+    train,
+    train_step,
+)
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[1]
 # small, fast settings: tiny model, no warmup to wait through, a few steps
-FAST = dict(lr=1e-2, batch_size=2, grad_accum=1, lora_r=8, lora_alpha=16, lora_dropout=0.0, warmup_ratio=0.0,
-            save_every=2, epochs=1.0)
+FAST = dict(
+    lr=1e-2,
+    batch_size=2,
+    grad_accum=1,
+    lora_r=8,
+    lora_alpha=16,
+    lora_dropout=0.0,
+    warmup_ratio=0.0,
+    save_every=2,
+    epochs=1.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +59,30 @@ def env(tmp_path_factory) -> dict:
     lake = base / "lake"
     # enter-text gives 3-step episodes (history in the prompt); the others one step each
     jobs = make_jobs("boot", ["click-test", "focus-text", "enter-text"], [0, 1, 2], policy_tag="scripted:0")
-    run_rollouts(RolloutSpec(run_key="boot", iteration=0, stage="bootstrap", lake_root=str(lake), jobs=jobs,
-                             policy=PolicySpec("scripted"), max_steps=6, episode_timeout_s=60, n_envs=2), progress=False)
-    cfg = load_config(ROOT / "configs" / "tiny.yaml", {
-        "lake.root": str(lake), "student.model": str(tiny), "sft.output_root": str(base / "ckpt"),
-        **{f"sft.{k}": v for k, v in FAST.items()}, "sft.max_steps": 3})
+    run_rollouts(
+        RolloutSpec(
+            run_key="boot",
+            iteration=0,
+            stage="bootstrap",
+            lake_root=str(lake),
+            jobs=jobs,
+            policy=PolicySpec("scripted"),
+            max_steps=6,
+            episode_timeout_s=60,
+            n_envs=2,
+        ),
+        progress=False,
+    )
+    cfg = load_config(
+        ROOT / "configs" / "tiny.yaml",
+        {
+            "lake.root": str(lake),
+            "student.model": str(tiny),
+            "sft.output_root": str(base / "ckpt"),
+            **{f"sft.{k}": v for k, v in FAST.items()},
+            "sft.max_steps": 3,
+        },
+    )
     res = curate(cfg, 0)
     assert res["n_steps"] == 15  # 3 seeds x (1 + 1 + 3) steps
     return {"tiny": tiny, "cfg": cfg, "data": res["data_files"], "dataset_id": res["dataset_id"], "tmp": base}
@@ -75,8 +111,13 @@ def test_per_sample_encoding_pads_to_the_processors_batch(env):
     rows = read_samples(env["data"])
     rows = [r for r in rows if len(r["messages"][1]["content"]) > 3][:1] + rows[:3]  # mixed lengths
     convs = [with_images(r["messages"], r["images"]) for r in rows]
-    ref = proc.apply_chat_template(convs, tokenize=True, return_dict=True, return_tensors="pt",
-                                   processor_kwargs={"padding": True, "padding_side": "right"})
+    ref = proc.apply_chat_template(
+        convs,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+        processor_kwargs={"padding": True, "padding_side": "right"},
+    )
     cached = EncodedSamples(rows, SFTCollator(proc))
     first = cached.batch([0, 1, 2, 3])
     again = cached.batch([0, 1, 2, 3])
@@ -98,6 +139,7 @@ def test_lengths_without_encoding_and_the_prefetch_thread(env):
     from PIL import Image
 
     from training.samples import Prefetch
+
     _, proc = load_model(env["tiny"])
     rows = read_samples(env["data"])
     big = dict(rows[1], images=[])
@@ -146,7 +188,7 @@ def test_shorter_targets_label_only_what_is_kept(env):
     full = row["messages"][-1]["content"][0]["text"]
     assert full.startswith("<thinking>") and "Action:" in full
     tok = proc.tokenizer
-    for fmt, expect in (("action", full[full.index("Action:"):]), ("tool_call", full[full.index("<tool_call>"):])):
+    for fmt, expect in (("action", full[full.index("Action:") :]), ("tool_call", full[full.index("<tool_call>") :])):
         sample = retarget_sample(row, fmt)
         assert sample["messages"][:-1] == row["messages"][:-1]  # the prompt is untouched
         labels = SFTCollator(proc)([sample])["labels"][0]
@@ -192,8 +234,10 @@ def test_full_finetune_learns_and_keeps_vision_frozen(env, tmp_path):
     assert changed and not any(".visual." in n for n in changed) and any("embed_tokens" in n for n in changed)
     assert m["adapter"] is False and m["merged_path"] is None
     reloaded, _ = load_model(tmp_path / "full")
-    assert torch.equal(dict(reloaded.named_parameters())["model.language_model.norm.weight"],
-                       dict(model.named_parameters())["model.language_model.norm.weight"])
+    assert torch.equal(
+        dict(reloaded.named_parameters())["model.language_model.norm.weight"],
+        dict(model.named_parameters())["model.language_model.norm.weight"],
+    )
 
 
 def test_grad_accum_invariant(env):
@@ -204,8 +248,13 @@ def test_grad_accum_invariant(env):
     for bs, acc in ((1, 4), (4, 1)):
         model, proc = load_model(env["tiny"])
         model.train()
-        loss, n_target, _ = train_step(model, EncodedSamples(rows, SFTCollator(proc)), idx,
-                                       TrainSettings(batch_size=bs, grad_accum=acc), torch.device("cpu"))
+        loss, n_target, _ = train_step(
+            model,
+            EncodedSamples(rows, SFTCollator(proc)),
+            idx,
+            TrainSettings(batch_size=bs, grad_accum=acc),
+            torch.device("cpu"),
+        )
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         losses.append(loss)
     assert abs(losses[0] - losses[1]) < 1e-5
@@ -235,9 +284,9 @@ def _packed_per_sample_losses(model, batch: dict, labels) -> list[float]:
     hidden = backbone(**fwd).last_hidden_state[0]
     out = []
     for a, b in zip(bounds, bounds[1:]):
-        lab = labels[0, a + 1:b]
+        lab = labels[0, a + 1 : b]
         sel = lab != IGNORE_INDEX
-        logits = head(hidden[a:b - 1][sel]).float()
+        logits = head(hidden[a : b - 1][sel]).float()
         out.append(float(torch.nn.functional.cross_entropy(logits, lab[sel], reduction="sum")))
     return out
 
@@ -268,8 +317,9 @@ def test_packed_loss_equals_each_sample_alone(env):
         assert "attention_mask" not in packed and packed["position_ids"].shape[0] == 4
         got = _packed_per_sample_losses(model, packed, labels)
         assert got == pytest.approx(alone, rel=2e-6)
-        total, n = labelled_token_loss(model, {k: v for k, v in packed.items() if not k.startswith(("cu_", "max_"))},
-                                       labels)
+        total, n = labelled_token_loss(
+            model, {k: v for k, v in packed.items() if not k.startswith(("cu_", "max_"))}, labels
+        )
         assert n == sum(int((samples.batch([i])["labels"][:, 1:] != IGNORE_INDEX).sum()) for i in range(len(rows)))
         assert float(total) == pytest.approx(sum(alone), rel=2e-6)
 
@@ -294,6 +344,7 @@ def test_packed_step_matches_padded_step(env):
         model.train()
         s = TrainSettings(batch_size=2, grad_accum=2, lora_dropout=0.0, packing=packing, pack_tokens=100_000)
         from training.packing import rope_positions_fn
+
         samples = EncodedSamples(rows, SFTCollator(proc), positions=rope_positions_fn(model) if packing else None)
         loss, n_target, _ = train_step(model, samples, idx, s, torch.device("cpu"))
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
@@ -330,8 +381,9 @@ def test_vision_cache_reuses_the_frozen_towers_outputs(env, packing):
         for _ in range(2):
             losses.append(train_step(model, samples, idx, s, torch.device("cpu"))[0])
             tower.append(len(calls))
-        runs.append((losses, tower, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
-                     samples))
+        runs.append(
+            (losses, tower, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, samples)
+        )
     (plain, plain_tower, plain_grads, _), (cached, tower, grads, samples) = runs
     assert plain_tower[1] == 2 * plain_tower[0] > 0  # without the cache the tower runs every step
     assert tower[1] == tower[0] > 0  # with it, not at all on the second step
@@ -342,8 +394,9 @@ def test_vision_cache_reuses_the_frozen_towers_outputs(env, packing):
     trainable = load_model(env["tiny"])[0]  # a trainable tower: its outputs change with training, no cache
     assert not VisionFeatures.supported(trainable)
     freeze_vision(trainable)  # past the cache's bound nothing is kept: the tower runs each time, as without it
-    unkept = EncodedSamples(rows, SFTCollator(proc), max_bytes=0,
-                            positions=rope_positions_fn(trainable) if packing else None)
+    unkept = EncodedSamples(
+        rows, SFTCollator(proc), max_bytes=0, positions=rope_positions_fn(trainable) if packing else None
+    )
     unkept.vision = VisionFeatures(trainable, unkept)
     train_step(trainable, unkept, idx, s, torch.device("cpu"))
     assert unkept.vision.tower_calls > 0 and not unkept.vision.stored
@@ -386,23 +439,50 @@ def test_pack_plan_and_bad_settings():
 
 
 def _sft_cmd(env, out: Path, settings: dict) -> list[str]:
-    return [sys.executable, "-m", "training.sft", "--base", str(env["tiny"]), "--data", env["data"], "--out", str(out),
-            "--settings", json.dumps(settings), "--no-progress", "--threads", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "training.sft",
+        "--base",
+        str(env["tiny"]),
+        "--data",
+        env["data"],
+        "--out",
+        str(out),
+        "--settings",
+        json.dumps(settings),
+        "--no-progress",
+        "--threads",
+        "1",
+    ]
 
 
 @pytest.mark.parametrize("ddp", [False, True], ids=["one-process", "ddp-2-processes"])
 def test_sigkill_then_resume_matches_uninterrupted(env, tmp_path, ddp):
     # 2 epochs (15 steps) capped at 10; dropout on, so the RNG state must resume too. With ddp, the kill takes
     # torchrun and both ranks down, and the rerun's ranks resume from the state rank 0 saved
-    settings = {**FAST, "epochs": 2.0, "lora_dropout": 0.1, "max_steps": 10, "keep_state": True,
-                **({"distributed": "ddp", "nproc": 2} if ddp else {})}
+    settings = {
+        **FAST,
+        "epochs": 2.0,
+        "lora_dropout": 0.1,
+        "max_steps": 10,
+        "keep_state": True,
+        **({"distributed": "ddp", "nproc": 2} if ddp else {}),
+    }
     killed = tmp_path / "killed"
-    p = subprocess.Popen(_sft_cmd(env, killed, {**settings, "step_sleep_s": 0.4}), cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(
+        _sft_cmd(env, killed, {**settings, "step_sleep_s": 0.4}),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (killed / "state" / "step-0000004").exists():
-            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read().decode()[-2000:] if p.poll() else "slow"
+            assert p.poll() is None and time.monotonic() < deadline, (
+                p.stderr.read().decode()[-2000:] if p.poll() else "slow"
+            )
             time.sleep(0.05)
         os.killpg(p.pid, signal.SIGKILL)
     finally:
@@ -431,8 +511,14 @@ def test_ddp_two_processes_match_one(env, tmp_path):
     r = subprocess.run(_sft_cmd(env, one, settings), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     from training.sft import train
-    two = train(env["tiny"], env["data"], tmp_path / "two", TrainSettings(**settings, distributed="ddp", nproc=2),
-                progress=False)
+
+    two = train(
+        env["tiny"],
+        env["data"],
+        tmp_path / "two",
+        TrainSettings(**settings, distributed="ddp", nproc=2),
+        progress=False,
+    )
     a = json.loads((one / "sft_result.json").read_text())
     assert two["world_size"] == 2 and a.get("world_size", 1) == 1 and two["steps"] == a["steps"] == 6
     assert two["loss_curve"] == pytest.approx(a["loss_curve"], abs=2e-5)
@@ -459,8 +545,13 @@ def test_stage_sft_records_checkpoint_and_is_idempotent(env):
     rows = con.sql("SELECT * FROM checkpoints").to_arrow_table().to_pylist()
     assert len(rows) == 1  # the rerun replaced its row
     row = rows[0]
-    assert (row["method"], row["dataset_id"], row["adapter"], row["iteration"], row["stage"]) == \
-        ("sft", env["dataset_id"], True, 0, "sft")
+    assert (row["method"], row["dataset_id"], row["adapter"], row["iteration"], row["stage"]) == (
+        "sft",
+        env["dataset_id"],
+        True,
+        0,
+        "sft",
+    )
     assert row["base_model"] == str(Path(env["tiny"]).resolve())
     assert json.loads(row["metrics"])["steps"] == 3 and Path(row["path"]).parent == Path(cfg.sft.output_root)
     # the next iteration continues from it (its merged model), and records the lineage
@@ -482,8 +573,14 @@ def test_stage_sft_records_checkpoint_and_is_idempotent(env):
     # the CLI sees the finished checkpoint and does not retrain
     cfg_file = env["tmp"] / "cli.yaml"
     cfg_file.write_text(json.dumps(cfg.model_dump(mode="json")))
-    r = subprocess.run([sys.executable, "-m", "flywheel", "stage", "sft", "-i", "0", "-c", str(cfg_file)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, "COLUMNS": "400"})
+    r = subprocess.run(
+        [sys.executable, "-m", "flywheel", "stage", "sft", "-i", "0", "-c", str(cfg_file)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
     assert r.returncode == 0, r.stderr
     assert f"reused checkpoint {res['checkpoint_id']}" in r.stdout
 
@@ -556,9 +653,16 @@ def test_each_lake_keeps_its_own_checkpoints(env, tmp_path):
         shutil.copytree(src, tmp_path / name, ignore=skip)
 
     def cfg(name: str, output_root: str | None = None):
-        return load_config(ROOT / "configs" / "tiny.yaml", {
-            "lake.root": str(tmp_path / name), "student.model": str(env["tiny"]), "sft.output_root": output_root,
-            **{f"sft.{k}": v for k, v in FAST.items()}, "sft.max_steps": 2})
+        return load_config(
+            ROOT / "configs" / "tiny.yaml",
+            {
+                "lake.root": str(tmp_path / name),
+                "student.model": str(env["tiny"]),
+                "sft.output_root": output_root,
+                **{f"sft.{k}": v for k, v in FAST.items()},
+                "sft.max_steps": 2,
+            },
+        )
 
     a = sft(cfg("a"), 0, env["dataset_id"], progress=False)
     b = sft(cfg("b"), 0, env["dataset_id"], progress=False)
@@ -573,8 +677,9 @@ def test_each_lake_keeps_its_own_checkpoints(env, tmp_path):
     # a moved lake: its rows still resolve, and its own finished checkpoint is reused from the new place
     (tmp_path / "a").rename(tmp_path / "a-moved")
     again = sft(cfg("a-moved"), 0, env["dataset_id"], progress=False)
-    assert again["skipped"] and again["model_path"] == str(tmp_path / "a-moved" / "_checkpoints" /
-                                                           again["checkpoint_id"] / "merged")
+    assert again["skipped"] and again["model_path"] == str(
+        tmp_path / "a-moved" / "_checkpoints" / again["checkpoint_id"] / "merged"
+    )
     # an output root outside the lakes that another lake already trained into: never silently taken over
     shared = str(tmp_path / "shared")
     assert not sft(cfg("c", shared), 0, env["dataset_id"], progress=False)["skipped"]
@@ -590,8 +695,9 @@ def test_cache_knobs_are_config_keys():
 
     d = TrainSettings.from_config(parse_config({}).sft)
     assert (d.vision_cache, d.encode_cache_gib, d.encode_workers) == (None, 4.0, None)
-    s = TrainSettings.from_config(parse_config({"sft": {"vision_cache": True, "encode_cache_gib": 0.5,
-                                                        "encode_workers": 3}}).sft)
+    s = TrainSettings.from_config(
+        parse_config({"sft": {"vision_cache": True, "encode_cache_gib": 0.5, "encode_workers": 3}}).sft
+    )
     assert (s.vision_cache, s.encode_cache_gib, s.encode_workers) == (True, 0.5, 3)
     with pytest.raises(ConfigError, match=r"sft\.encode_cache_gib"):
         parse_config({"sft": {"encode_cache_gib": -1}})

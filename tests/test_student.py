@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from agents.actions import Click
 from agents.backends.base import Sampling
 from agents.backends.hf import HFBackend
 from agents.base import StepRecord
-from agents.actions import Click
 from agents.prompts import PromptOptions, build_prompt, sft_messages, transform_for, ui_text_in_model_space
 from agents.student import StudentOptions, StudentPolicy
 from envs.base import Observation
@@ -21,6 +21,7 @@ from storage.synthetic import png_pool
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory) -> Path:
     from training.models import init_model
+
     return init_model("qwen3-vl", "tiny", tmp_path_factory.mktemp("models") / "tiny-qwen3vl", seed=0)
 
 
@@ -30,8 +31,13 @@ def backend(tiny_path):
 
 
 def _obs(i=0) -> Observation:
-    return Observation(png_pool(2, seed=i)[i % 2], 160, 210, "Click the button labelled OK.",
-                       'button "OK" @ (80,120) [40x20]\ninput_text "" @ (80,60) [120x18]')
+    return Observation(
+        png_pool(2, seed=i)[i % 2],
+        160,
+        210,
+        "Click the button labelled OK.",
+        'button "OK" @ (80,120) [40x20]\ninput_text "" @ (80,60) [120x18]',
+    )
 
 
 def test_prompt_window_history_and_model_space_ui_text():
@@ -54,8 +60,9 @@ def test_prompt_window_history_and_model_space_ui_text():
 
 def test_hf_backend_batched_seeded_with_true_logprobs(backend):
     t = transform_for("qwen3-vl", 160, 210)
-    prompts = [build_prompt(o.instruction, o.screenshot_png, o.ui_text, [], PromptOptions(), t)
-               for o in (_obs(0), _obs(1))]
+    prompts = [
+        build_prompt(o.instruction, o.screenshot_png, o.ui_text, [], PromptOptions(), t) for o in (_obs(0), _obs(1))
+    ]
     s = Sampling(temperature=1.0, max_new_tokens=12, seed=7)
     a = backend.generate(prompts, s)
     b = backend.generate(prompts, s)
@@ -67,12 +74,14 @@ def test_hf_backend_batched_seeded_with_true_logprobs(backend):
     ids = torch.cat([enc["input_ids"], torch.tensor([greedy.token_ids])], dim=1)
     fwd = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")}
     if "mm_token_type_ids" in fwd:  # response tokens are text (type 0)
-        fwd["mm_token_type_ids"] = torch.cat([fwd["mm_token_type_ids"], torch.zeros(1, len(greedy.token_ids),
-                                              dtype=fwd["mm_token_type_ids"].dtype)], dim=1)
+        fwd["mm_token_type_ids"] = torch.cat(
+            [fwd["mm_token_type_ids"], torch.zeros(1, len(greedy.token_ids), dtype=fwd["mm_token_type_ids"].dtype)],
+            dim=1,
+        )
     with torch.no_grad():
         logits = backend.model(input_ids=ids, attention_mask=torch.ones_like(ids), **fwd).logits[0].float()
     n = len(greedy.token_ids)
-    ref = torch.log_softmax(logits[-n - 1:-1], -1).gather(-1, torch.tensor(greedy.token_ids)[:, None]).squeeze(-1)
+    ref = torch.log_softmax(logits[-n - 1 : -1], -1).gather(-1, torch.tensor(greedy.token_ids)[:, None]).squeeze(-1)
     assert torch.allclose(ref, torch.tensor(greedy.logprobs), atol=1e-3)
 
 
@@ -89,21 +98,34 @@ def test_untrained_output_becomes_parse_errors_not_crashes(backend):
 def test_student_rollouts_on_real_miniwob_into_the_lake(tiny_path, lake_root):
     from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from storage.catalog import connect
+
     cfg = {"model": str(tiny_path), "max_new_tokens": 16}
-    spec = RolloutSpec(run_key="student-a", iteration=0, stage="rollouts", lake_root=str(lake_root),
-                       jobs=make_jobs("student-a", ["click-test", "focus-text"], [0, 1], group_size=2,
-                                      policy_tag="student"),
-                       policy=PolicySpec("student", {"model": str(tiny_path), "config": cfg}, version="tiny"),
-                       n_envs=2, max_steps=3, episode_timeout_s=120)
+    spec = RolloutSpec(
+        run_key="student-a",
+        iteration=0,
+        stage="rollouts",
+        lake_root=str(lake_root),
+        jobs=make_jobs("student-a", ["click-test", "focus-text"], [0, 1], group_size=2, policy_tag="student"),
+        policy=PolicySpec("student", {"model": str(tiny_path), "config": cfg}, version="tiny"),
+        n_envs=2,
+        max_steps=3,
+        episode_timeout_s=120,
+    )
     s = run_rollouts(spec, progress=False)
     assert s.ran == 8 and s.errors == 0, s
     con = connect(lake_root)
-    n, parse_err, with_lp = con.execute("""SELECT count(*), count(*) FILTER (NOT parse_ok),
-        count(*) FILTER (len(logprobs) = len(token_ids) AND len(token_ids) > 0) FROM steps WHERE NOT is_final""").fetchone()
+    n, parse_err, with_lp = con.execute(
+        """SELECT count(*), count(*) FILTER (NOT parse_ok),
+        count(*) FILTER (len(logprobs) = len(token_ids) AND len(token_ids) > 0) """
+        "FROM steps WHERE NOT is_final"
+    ).fetchone()
     assert n == 8 * 3 and parse_err == n and with_lp == n  # untrained: every step a recorded parse error
     ctx = json.loads(con.execute("SELECT prompt_context FROM steps WHERE NOT is_final LIMIT 1").fetchone()[0])
     assert ctx["coord_space"] == "relative1000" and ctx["history_images"] == 1
-    assert con.execute("SELECT bool_and(status = 'truncated'), max(n_parse_errors) FROM episodes").fetchone() == (True, 3)
+    assert con.execute("SELECT bool_and(status = 'truncated'), max(n_parse_errors) FROM episodes").fetchone() == (
+        True,
+        3,
+    )
 
 
 @pytest.mark.browser
@@ -111,11 +133,21 @@ def test_lockstep_batched_episodes_keep_their_own_rows(tiny_path, lake_root):
     """One worker steps 3 envs with one batched generate per tick; every row lands in its own episode."""
     from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from storage.catalog import connect
+
     cfg = {"model": str(tiny_path), "max_new_tokens": 8}
     jobs = make_jobs("lock", ["click-test", "focus-text", "enter-text"], [0, 1], policy_tag="student")
-    spec = RolloutSpec(run_key="lock", iteration=0, stage="rollouts", lake_root=str(lake_root), jobs=jobs,
-                       policy=PolicySpec("student", {"model": str(tiny_path), "config": cfg}), n_envs=1,
-                       envs_per_worker=3, max_steps=2, episode_timeout_s=120)
+    spec = RolloutSpec(
+        run_key="lock",
+        iteration=0,
+        stage="rollouts",
+        lake_root=str(lake_root),
+        jobs=jobs,
+        policy=PolicySpec("student", {"model": str(tiny_path), "config": cfg}),
+        n_envs=1,
+        envs_per_worker=3,
+        max_steps=2,
+        episode_timeout_s=120,
+    )
     s = run_rollouts(spec, progress=False)
     assert s.ran == 6 and s.errors == 0
     con = connect(lake_root)
@@ -131,14 +163,24 @@ def test_pool_keeps_workers_and_reloads_weights_between_runs(tiny_path, lake_roo
     from flywheel.rollout import PolicySpec, RolloutPool, RolloutSpec, make_jobs, run_rollouts
     from storage.catalog import connect
     from training.models import init_model
+
     other = init_model("qwen3-vl", "tiny", tmp_path / "round-1", seed=9)
     cfg = {"model": str(tiny_path), "temperature": 0.0, "max_new_tokens": 8}
     policy = PolicySpec("student", {"model": str(tiny_path), "config": cfg}, version="round-0")
 
     def spec(key):
-        return RolloutSpec(run_key=key, iteration=0, stage="rl", lake_root=str(lake_root), policy=policy,
-                           jobs=make_jobs(key, ["click-test"], [0, 1], policy_tag="student"), n_envs=1,
-                           envs_per_worker=2, max_steps=1, episode_timeout_s=120)
+        return RolloutSpec(
+            run_key=key,
+            iteration=0,
+            stage="rl",
+            lake_root=str(lake_root),
+            policy=policy,
+            jobs=make_jobs(key, ["click-test"], [0, 1], policy_tag="student"),
+            n_envs=1,
+            envs_per_worker=2,
+            max_steps=1,
+            episode_timeout_s=120,
+        )
 
     with RolloutPool(spec("r0")) as pool:
         s0 = run_rollouts(spec("r0"), progress=False, pool=pool)
@@ -151,8 +193,10 @@ def test_pool_keeps_workers_and_reloads_weights_between_runs(tiny_path, lake_roo
     versions = dict(con.execute("SELECT run_key, any_value(policy_version) FROM episodes GROUP BY 1").fetchall())
     assert versions == {"r0": "round-0", "r1": "round-1"}
     # the same greedy prompt under different weights gives different logprobs: the reload took effect
-    lp = dict(con.execute("""SELECT e.run_key, s.logprobs FROM steps s JOIN episodes e USING (episode_id)
-                             WHERE e.seed = (SELECT min(seed) FROM episodes) AND NOT s.is_final""").fetchall())
+    lp = dict(
+        con.execute("""SELECT e.run_key, s.logprobs FROM steps s JOIN episodes e USING (episode_id)
+                             WHERE e.seed = (SELECT min(seed) FROM episodes) AND NOT s.is_final""").fetchall()
+    )
     assert lp["r0"] != lp["r1"]
 
 
@@ -163,16 +207,30 @@ def test_rollouts_stage_temperature_overrides_the_students(tiny_path, tmp_path):
     from configs.models import load_config
     from flywheel.stages import student_rollouts
     from storage.catalog import connect
+
     root = Path(__file__).resolve().parents[1]
 
     def replies(temperature, lake):
-        cfg = load_config(root / "configs" / "tiny.yaml", {
-            "lake.root": str(lake), "student.model": str(tiny_path), "student.max_new_tokens": 12,
-            "rollouts.temperature": temperature, "rollout.group_size": 2, "env.max_steps": 2,
-            "rollouts.selection.tasks": ["click-test"], "rollouts.selection.seeds_per_task": 1})
+        cfg = load_config(
+            root / "configs" / "tiny.yaml",
+            {
+                "lake.root": str(lake),
+                "student.model": str(tiny_path),
+                "student.max_new_tokens": 12,
+                "rollouts.temperature": temperature,
+                "rollout.group_size": 2,
+                "env.max_steps": 2,
+                "rollouts.selection.tasks": ["click-test"],
+                "rollouts.selection.seeds_per_task": 1,
+            },
+        )
         assert student_rollouts(cfg, 0, str(tiny_path), progress=False)["ran"] == 2
-        rows = connect(lake).execute("""SELECT e.sample_idx, list(s.response_text ORDER BY s.step_idx)
-            FROM episodes e JOIN steps s USING (episode_id) WHERE NOT s.is_final GROUP BY 1 ORDER BY 1""").fetchall()
+        rows = (
+            connect(lake)
+            .execute("""SELECT e.sample_idx, list(s.response_text ORDER BY s.step_idx)
+            FROM episodes e JOIN steps s USING (episode_id) WHERE NOT s.is_final GROUP BY 1 ORDER BY 1""")
+            .fetchall()
+        )
         return [r[1] for r in rows]
 
     greedy = replies(0.0, tmp_path / "greedy")

@@ -9,12 +9,12 @@ import re
 import threading
 
 import pytest
+from teacher_episode import run_teacher as run_episode
 
 from agents.actions import ActionType, Click, Type
 from agents.parsing import parse_response
 from agents.teacher import ScriptedTeacher, supported_tasks
 from envs import registry, synth
-from teacher_episode import run_teacher as run_episode
 
 SEEDS = registry.seeds("train", 10, offset=300)
 PIXEL_ACTIONS = {ActionType.CLICK, ActionType.TYPE}
@@ -23,6 +23,7 @@ PIXEL_ACTIONS = {ActionType.CLICK, ActionType.TYPE}
 @pytest.fixture(scope="module")
 def env():
     from envs.miniwob import MiniWobEnv
+
     e = MiniWobEnv(task_id="synth/click")  # a synth id works as the start page too
     yield e
     e.close()
@@ -83,8 +84,10 @@ def test_same_seed_same_page_and_seeds_differ(env):
     assert len(targets) >= 15 and roles == {"button", "link"}
     assert max(xs) - min(xs) > 80 and max(ys) - min(ys) > 60, (xs, ys)
     # the same seed in another kind draws other words
-    assert dict(env.reset("synth/type", 3).extra["fields"])["field_1"] != dict(
-        env.reset("synth/form", 3).extra["fields"])["field_1"]
+    assert (
+        dict(env.reset("synth/type", 3).extra["fields"])["field_1"]
+        != dict(env.reset("synth/form", 3).extra["fields"])["field_1"]
+    )
 
 
 @pytest.mark.browser
@@ -103,6 +106,7 @@ def test_wrong_actions_fail(env):
     obs = env.reset("synth/type", 5)
     f = dict(obs.extra["fields"])
     from agents.teacher_synth import field_id
+
     env.step(click_on(find(obs, id=field_id(f["field_1"]))))
     env.step(Type(text=f["text_1"] + "x"))
     res = env.step(click_on(find(obs, tag="button", text=f["button"])))
@@ -129,6 +133,7 @@ def test_ui_text_and_fields(env):
     f = dict(obs.extra["fields"])
     assert f["text_1"] in obs.instruction and f["text_2"] in obs.instruction and f["button"] in obs.instruction
     from agents.teacher_synth import field_id
+
     for k in ("field_1", "field_2"):
         assert re.search(rf'^input_text#{field_id(f[k])} "" @ \(', obs.ui_text, re.M), obs.ui_text
         assert re.search(rf'^label "{re.escape(f[k])}" @ \(', obs.ui_text, re.M)
@@ -171,6 +176,7 @@ def test_materialize_is_idempotent_and_concurrent(tmp_path):
             outs.append(synth.materialize(tmp_path))
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
+
     threads = [threading.Thread(target=go) for _ in range(6)]
     for t in threads:
         t.start()

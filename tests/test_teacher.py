@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import pytest
+from teacher_episode import run_teacher
 
 from agents.actions import ActionType
 from agents.parsing import parse_response
 from agents.teacher import ScriptedTeacher, UnknownTask, supported_tasks
 from envs import registry
-from teacher_episode import run_teacher
 
 # Diverse on purpose: one click, text matching, several clicks, typing, animation waits,
 # tree expansion, keyboard chords, layout variants. 8 tasks x 5 seeds keeps this under ~1 min.
-TASKS = ["click-button", "click-checkboxes", "enter-text", "click-collapsible", "navigate-tree", "use-autocomplete",
-         "multi-layouts", "guess-number"]
+TASKS = [
+    "click-button",
+    "click-checkboxes",
+    "enter-text",
+    "click-collapsible",
+    "navigate-tree",
+    "use-autocomplete",
+    "multi-layouts",
+    "guess-number",
+]
 SEEDS = registry.seeds("train", 5, offset=500)  # not the seeds the recipes were developed on
 PIXEL_ACTIONS = {ActionType.CLICK, ActionType.TYPE, ActionType.KEY, ActionType.WAIT, ActionType.DONE}
 
@@ -21,6 +29,7 @@ PIXEL_ACTIONS = {ActionType.CLICK, ActionType.TYPE, ActionType.KEY, ActionType.W
 @pytest.fixture(scope="module")
 def env():
     from envs.miniwob import MiniWobEnv
+
     e = MiniWobEnv()
     yield e
     e.close()
@@ -49,6 +58,7 @@ def test_teacher_success_on_diverse_tasks(env):
 @pytest.mark.browser
 def test_teacher_speaks_model_coordinates(env):
     from agents.coords import CoordTransform
+
     obs = env.reset("click-test", 3)
     t = CoordTransform.for_qwen3(obs.width, obs.height)
     d = ScriptedTeacher(transform=t).act(obs, [])
@@ -65,6 +75,7 @@ def test_click_cites_the_ui_line_of_its_element(env):
 
     from agents.coords import CoordTransform
     from agents.prompts import ui_text_in_model_space
+
     for seed in SEEDS:
         obs = env.reset("click-button", seed)
         label = re.search(r'"(.+)"', obs.instruction).group(1)

@@ -9,7 +9,6 @@ module that the Prefect artifact and the viewer both render.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -34,13 +33,45 @@ def lake_env(tmp_path, monkeypatch):
     return Lake(tmp_path / "lake")
 
 
-def episodes(lake: Lake, *, iteration: int, stage: str, run_key: str, task: str, n: int, policy: str = "scripted",
-             cost: float = 0.0, success: bool = True, seed0: int = 0, ids: list[str] | None = None) -> list[str]:
+def episodes(
+    lake: Lake,
+    *,
+    iteration: int,
+    stage: str,
+    run_key: str,
+    task: str,
+    n: int,
+    policy: str = "scripted",
+    cost: float = 0.0,
+    success: bool = True,
+    seed0: int = 0,
+    ids: list[str] | None = None,
+) -> list[str]:
     ids = ids or [f"{run_key}-{task}-{seed0 + i}" for i in range(n)]
-    lake.replace_run("episodes", [[dict(episode_id=e, task_id=task, seed=seed0 + i, policy=policy, status="ok",
-                                        success=success, task_reward=float(success), cost=cost, n_steps=1,
-                                        split="train", run_key=run_key) for i, e in enumerate(ids)]],
-                     iteration=iteration, stage=stage, run_key=run_key)
+    lake.replace_run(
+        "episodes",
+        [
+            [
+                dict(
+                    episode_id=e,
+                    task_id=task,
+                    seed=seed0 + i,
+                    policy=policy,
+                    status="ok",
+                    success=success,
+                    task_reward=float(success),
+                    cost=cost,
+                    n_steps=1,
+                    split="train",
+                    run_key=run_key,
+                )
+                for i, e in enumerate(ids)
+            ]
+        ],
+        iteration=iteration,
+        stage=stage,
+        run_key=run_key,
+    )
     return ids
 
 
@@ -51,8 +82,17 @@ def test_spend_per_stage_and_task_is_what_the_rows_say(tmp_path):
     episodes(lake, iteration=0, stage="bootstrap", run_key="boot0b", task="focus-text", n=2, policy="claude", cost=0.25)
     episodes(lake, iteration=1, stage="bootstrap", run_key="boot1", task="click-test", n=1, policy="claude", cost=0.5)
     episodes(lake, iteration=0, stage="rl", run_key="guide0", task="click-test", n=4, policy="claude", cost=1.0)
-    episodes(lake, iteration=0, stage="rl", run_key="fresh0", task="click-test", n=2, policy="claude", cost=1.0,
-             success=False)
+    episodes(
+        lake,
+        iteration=0,
+        stage="rl",
+        run_key="fresh0",
+        task="click-test",
+        n=2,
+        policy="claude",
+        cost=1.0,
+        success=False,
+    )
     # not teacher spend: the student's own episodes, imports, evaluations of the teacher, the mid-training corpus
     episodes(lake, iteration=0, stage="rl", run_key="round0", task="click-test", n=8, policy="student")
     episodes(lake, iteration=0, stage="rollouts", run_key="ro0", task="focus-text", n=5, policy="student")
@@ -67,14 +107,21 @@ def test_spend_per_stage_and_task_is_what_the_rows_say(tmp_path):
 
     spend = teacher_spend(connect(lake, write_catalog_file=False))
     assert spend.by_stage() == {"bootstrap": Spent(6, 6, 2.5), "rl": Spent(7, 5, 6.5)}
-    assert spend.by_task() == {"click-test": Spent(10, 8, 8.0), "focus-text": Spent(2, 2, 0.5),
-                               "synth/type": Spent(1, 1, 0.5)}
+    assert spend.by_task() == {
+        "click-test": Spent(10, 8, 8.0),
+        "focus-text": Spent(2, 2, 0.5),
+        "synth/type": Spent(1, 1, 0.5),
+    }
     assert spend.by_iteration() == {0: Spent(11, 9, 8.0), 1: Spent(2, 2, 1.0)}
     assert spend.total == Spent(13, 11, 9.0)
     rows = {(r["iteration"], r["stage"], r["task_id"]): (r["episodes"], r["successes"], r["usd"]) for r in spend.rows}
-    assert rows == {(0, "bootstrap", "click-test"): (3, 3, 1.5), (0, "bootstrap", "focus-text"): (2, 2, 0.5),
-                    (1, "bootstrap", "click-test"): (1, 1, 0.5), (0, "rl", "click-test"): (6, 4, 6.0),
-                    (1, "rl", "synth/type"): (1, 1, 0.5)}
+    assert rows == {
+        (0, "bootstrap", "click-test"): (3, 3, 1.5),
+        (0, "bootstrap", "focus-text"): (2, 2, 0.5),
+        (1, "bootstrap", "click-test"): (1, 1, 0.5),
+        (0, "rl", "click-test"): (6, 4, 6.0),
+        (1, "rl", "synth/type"): (1, 1, 0.5),
+    }
     assert teacher_spend(connect(lake, write_catalog_file=False), iteration=1).total == Spent(2, 2, 1.0)
 
 
@@ -83,8 +130,10 @@ def test_config_one_budget_and_the_old_name_still_loads(tmp_path):
         load_config(path)
     flywheel8 = load_config(ROOT / "configs" / "flywheel8.yaml")
     assert limits(flywheel8).per_task == 20  # bootstrap.max_demos_per_task: the per-task budget's older name
-    new = cfg_with(tmp_path, **{"teacher_budget.max_episodes_per_task": 7, "teacher_budget.max_episodes": 30,
-                                "teacher_budget.usd": 2.5})
+    new = cfg_with(
+        tmp_path,
+        **{"teacher_budget.max_episodes_per_task": 7, "teacher_budget.max_episodes": 30, "teacher_budget.usd": 2.5},
+    )
     assert (limits(new).per_task, limits(new).total, limits(new).usd) == (7, 30, 2.5)
     assert limits(cfg_with(tmp_path)).any is False
     same = cfg_with(tmp_path, **{"teacher_budget.max_episodes_per_task": 7, "bootstrap.max_demos_per_task": 7})
@@ -105,22 +154,43 @@ class FakeRunner:
 
     def run(self, spec, progress=True, pool=None, on_result=None):
         from flywheel.rollout import existing_episodes
+
         self.specs.append(spec)
         lake = spec.lake()
         done = existing_episodes(lake, spec)
         todo = [j for j in spec.jobs if j.episode_id not in done]
         for j in todo:
-            lake.write("episodes", [dict(episode_id=j.episode_id, task_id=j.task_id, seed=j.seed, policy=spec.policy.kind,
-                                         status="ok", success=True, task_reward=1.0, cost=self.cost, n_steps=1,
-                                         split="train", run_key=spec.run_key)],
-                       iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key, part=j.episode_id)
-        return RolloutSummary(spec.run_key, len(spec.jobs), len(spec.jobs) - len(todo), len(todo), len(todo),
-                              len(todo), 0, 0.0)
+            lake.write(
+                "episodes",
+                [
+                    dict(
+                        episode_id=j.episode_id,
+                        task_id=j.task_id,
+                        seed=j.seed,
+                        policy=spec.policy.kind,
+                        status="ok",
+                        success=True,
+                        task_reward=1.0,
+                        cost=self.cost,
+                        n_steps=1,
+                        split="train",
+                        run_key=spec.run_key,
+                    )
+                ],
+                iteration=spec.iteration,
+                stage=spec.stage,
+                run_key=spec.run_key,
+                part=j.episode_id,
+            )
+        return RolloutSummary(
+            spec.run_key, len(spec.jobs), len(spec.jobs) - len(todo), len(todo), len(todo), len(todo), 0, 0.0
+        )
 
 
 @pytest.fixture
 def fake_runner(monkeypatch):
     import flywheel.rl_stage as rl_stage
+
     runner = FakeRunner()
 
     class Pool:
@@ -129,6 +199,7 @@ def fake_runner(monkeypatch):
 
         def close(self):
             pass
+
     monkeypatch.setattr(rl_stage, "run_rollouts", runner.run)
     monkeypatch.setattr(rl_stage, "RolloutPool", Pool)
     return runner
@@ -136,8 +207,11 @@ def fake_runner(monkeypatch):
 
 def test_rl_clone_fresh_gets_only_what_the_per_task_budget_left(tmp_path, lake_env, fake_runner):
     from flywheel.rl_stage import _fresh_seeds, _teach_fresh
-    cfg = cfg_with(tmp_path, **{"teacher_budget.max_episodes_per_task": 10, "rl.enabled": True, "rl.clone_steps": 1,
-                                "rl.clone_fresh": 6})
+
+    cfg = cfg_with(
+        tmp_path,
+        **{"teacher_budget.max_episodes_per_task": 10, "rl.enabled": True, "rl.clone_steps": 1, "rl.clone_fresh": 6},
+    )
     episodes(lake_env, iteration=0, stage="bootstrap", run_key="boot-ct", task="click-test", n=6)
     episodes(lake_env, iteration=0, stage="bootstrap", run_key="boot-ft", task="focus-text", n=3)
     index = spend_index(lake_env)  # as the RL stage keeps one: each round reads only the files written since
@@ -145,7 +219,10 @@ def test_rl_clone_fresh_gets_only_what_the_per_task_budget_left(tmp_path, lake_e
     (spec,) = fake_runner.specs
     got = {t: [j.seed for j in spec.jobs if j.task_id == t] for t in TASKS}
     fresh = _fresh_seeds(cfg, 0, 0)
-    assert got == {"click-test": fresh[:4], "focus-text": fresh}  # 10 - 6 left for click-test, 10 - 3 >= 6 for focus-text
+    assert got == {
+        "click-test": fresh[:4],
+        "focus-text": fresh,
+    }  # 10 - 6 left for click-test, 10 - 3 >= 6 for focus-text
     assert pool is not None and spec.stage == "rl" and spec.policy.kind == "scripted"
     spend = teacher_spend(connect(lake_env, write_catalog_file=False))
     assert spend.by_task()["click-test"].episodes == 10 and spend.by_stage()["rl"].episodes == 10
@@ -156,34 +233,77 @@ def test_rl_clone_fresh_gets_only_what_the_per_task_budget_left(tmp_path, lake_e
     _teach_fresh(cfg, 0, 2, TASKS, pool, progress=False, spend=index)
     assert len(fake_runner.specs) == 2
     assert teacher_spend(connect(lake_env, write_catalog_file=False)).by_task() == {
-        "click-test": Spent(10, 10, 0.0), "focus-text": Spent(10, 10, 0.0)}
+        "click-test": Spent(10, 10, 0.0),
+        "focus-text": Spent(10, 10, 0.0),
+    }
 
 
 def test_rl_guide_spent_budget_gives_no_guide_episodes(tmp_path, lake_env, fake_runner, caplog):
     import logging
 
     from flywheel.rl_stage import _guide
+
     cfg = cfg_with(tmp_path, **{"teacher_budget.max_episodes": 5, "rl.enabled": True, "rl.guide": "all"})
     # the round's student groups: every instance failed
-    lake_env.replace_run("episodes", [[dict(episode_id=f"s{t}{s}{k}", task_id=t, seed=5000 + s, policy="student",
-                                            status="ok", success=False, task_reward=0.0, run_key="round0")
-                                       for t in TASKS for s in range(3) for k in range(2)]],
-                         iteration=0, stage="rl", run_key="round0")
+    lake_env.replace_run(
+        "episodes",
+        [
+            [
+                dict(
+                    episode_id=f"s{t}{s}{k}",
+                    task_id=t,
+                    seed=5000 + s,
+                    policy="student",
+                    status="ok",
+                    success=False,
+                    task_reward=0.0,
+                    run_key="round0",
+                )
+                for t in TASKS
+                for s in range(3)
+                for k in range(2)
+            ]
+        ],
+        iteration=0,
+        stage="rl",
+        run_key="round0",
+    )
     episodes(lake_env, iteration=0, stage="bootstrap", run_key="boot", task="click-test", n=2)
     keys, pool = _guide(cfg, 0, "round0", lake_env, None, progress=False)
     (spec,) = fake_runner.specs
     # 5 in all - 2 spent = 3 new episodes, spread over both tasks rather than all on the first
-    assert sorted((j.task_id, j.seed) for j in spec.jobs) == [("click-test", 5000), ("click-test", 5001),
-                                                               ("focus-text", 5000)]
+    assert sorted((j.task_id, j.seed) for j in spec.jobs) == [
+        ("click-test", 5000),
+        ("click-test", 5001),
+        ("focus-text", 5000),
+    ]
     assert keys == [spec.run_key]
     caplog.set_level(logging.WARNING, logger="flywheel.teacher_budget")
     keys, _ = _guide(cfg, 0, "round0", lake_env, pool, progress=False)  # a rerun of the round: the same episodes
     assert keys == [spec.run_key] and fake_runner.specs[1].jobs == spec.jobs
     assert teacher_spend(connect(lake_env, write_catalog_file=False)).total.episodes == 5
     # another round's failures once the budget is spent: no guide episodes, no run key, a log line
-    lake_env.replace_run("episodes", [[dict(episode_id=f"r1{t}", task_id=t, seed=5100, policy="student", status="ok",
-                                            success=False, task_reward=0.0, run_key="round1") for t in TASKS]],
-                         iteration=0, stage="rl", run_key="round1")
+    lake_env.replace_run(
+        "episodes",
+        [
+            [
+                dict(
+                    episode_id=f"r1{t}",
+                    task_id=t,
+                    seed=5100,
+                    policy="student",
+                    status="ok",
+                    success=False,
+                    task_reward=0.0,
+                    run_key="round1",
+                )
+                for t in TASKS
+            ]
+        ],
+        iteration=0,
+        stage="rl",
+        run_key="round1",
+    )
     caplog.clear()
     keys, _ = _guide(cfg, 0, "round1", lake_env, pool, progress=False)
     assert keys == [] and len(fake_runner.specs) == 2
@@ -194,19 +314,47 @@ def test_dollars_left_cap_the_teacher_run_and_a_resumed_run_counts_once(tmp_path
     """teacher_budget.usd: a run's budget_usd is what the other run keys left (the runner adds its own run key's
     spend itself); once this run key's own spend reaches it, no new job is kept; its finished jobs always are."""
     from flywheel.stages import rollout_spec
+
     cfg = cfg_with(tmp_path, **{"teacher_budget.usd": 3.0})
-    episodes(lake_env, iteration=0, stage="bootstrap", run_key="boot", task="click-test", n=2, policy="claude", cost=0.5)
-    spec = rollout_spec(cfg, iteration=0, stage="rl", policy=PolicySpec("claude", version="m"), tasks=TASKS,
-                        seeds=[1000, 1001, 1002], split="train")
+    episodes(
+        lake_env, iteration=0, stage="bootstrap", run_key="boot", task="click-test", n=2, policy="claude", cost=0.5
+    )
+    spec = rollout_spec(
+        cfg,
+        iteration=0,
+        stage="rl",
+        policy=PolicySpec("claude", version="m"),
+        tasks=TASKS,
+        seeds=[1000, 1001, 1002],
+        split="train",
+    )
     capped, cap = cap_teacher_spec(cfg, spec, what="rl.clone_fresh")
     assert capped.budget_usd == pytest.approx(2.0) and capped.jobs == spec.jobs and cap.dropped == 0
     # bootstrap.budget_usd (one run's guard) applies too, the lower one wins
     assert cap_teacher_spec(cfg, spec, run_usd=1.5)[0].budget_usd == pytest.approx(1.5)
     # the run spent $2.4 on two of its jobs (a crash stopped it): a resume keeps those, starts nothing new
     ran = spec.jobs[:2]
-    lake_env.replace_run("episodes", [[dict(episode_id=j.episode_id, task_id=j.task_id, seed=j.seed, policy="claude",
-                                            status="ok", success=True, cost=1.2, run_key=spec.run_key) for j in ran]],
-                         iteration=0, stage="rl", run_key=spec.run_key)
+    lake_env.replace_run(
+        "episodes",
+        [
+            [
+                dict(
+                    episode_id=j.episode_id,
+                    task_id=j.task_id,
+                    seed=j.seed,
+                    policy="claude",
+                    status="ok",
+                    success=True,
+                    cost=1.2,
+                    run_key=spec.run_key,
+                )
+                for j in ran
+            ]
+        ],
+        iteration=0,
+        stage="rl",
+        run_key=spec.run_key,
+    )
     capped, cap = cap_teacher_spec(cfg, spec, what="rl.clone_fresh")
     assert capped.jobs == ran and capped.budget_usd == pytest.approx(2.0) and cap.dropped == 4
     spend = teacher_spend(connect(lake_env, write_catalog_file=False))
@@ -217,9 +365,17 @@ def test_resumed_run_keeps_its_own_episodes_within_the_per_task_cap(tmp_path, la
     """A run key that already holds episodes gets the same jobs back (they are spent once, not twice), and only
     the jobs beyond what the budget left are cut."""
     from flywheel.stages import rollout_spec
+
     cfg = cfg_with(tmp_path, **{"teacher_budget.max_episodes_per_task": 4})
-    spec = rollout_spec(cfg, iteration=0, stage="rl", policy=PolicySpec("scripted"), tasks=["click-test"],
-                        seeds=list(range(1000, 1006)), split="train")
+    spec = rollout_spec(
+        cfg,
+        iteration=0,
+        stage="rl",
+        policy=PolicySpec("scripted"),
+        tasks=["click-test"],
+        seeds=list(range(1000, 1006)),
+        split="train",
+    )
     first, _ = cap_teacher_spec(cfg, spec)
     assert [j.seed for j in first.jobs] == [1000, 1001, 1002, 1003]
     FakeRunner().run(first)
@@ -228,11 +384,25 @@ def test_resumed_run_keeps_its_own_episodes_within_the_per_task_cap(tmp_path, la
     # without the budget every job would run: the cap is what keeps the lake at 4
     assert len(cap_teacher_spec(cfg_with(tmp_path), spec)[0].jobs) == 6
     # the free oracle on synthetic tasks is never cut (its episodes are not spend); a paid teacher there is
-    synth = rollout_spec(cfg, iteration=0, stage="rl", policy=PolicySpec("scripted"), tasks=["synth/click"],
-                         seeds=list(range(1000, 1006)), split="train")
+    synth = rollout_spec(
+        cfg,
+        iteration=0,
+        stage="rl",
+        policy=PolicySpec("scripted"),
+        tasks=["synth/click"],
+        seeds=list(range(1000, 1006)),
+        split="train",
+    )
     assert len(cap_teacher_spec(cfg, synth)[0].jobs) == 6
-    paid = rollout_spec(cfg, iteration=0, stage="rl", policy=PolicySpec("claude", version="m"), tasks=["synth/click"],
-                        seeds=list(range(1000, 1006)), split="train")
+    paid = rollout_spec(
+        cfg,
+        iteration=0,
+        stage="rl",
+        policy=PolicySpec("claude", version="m"),
+        tasks=["synth/click"],
+        seeds=list(range(1000, 1006)),
+        split="train",
+    )
     assert len(cap_teacher_spec(cfg, paid)[0].jobs) == 4
 
 
@@ -240,12 +410,21 @@ def test_a_pools_later_run_keeps_its_own_dollar_budget(tmp_path):
     """The RL stage's teacher runs share one rollout pool: each run's budget_usd is its own (the budget left when
     it starts), not the first run's. A run whose dollars are spent starts no episode (and no browser)."""
     from flywheel.rollout import RolloutPool, RolloutSpec, make_jobs, run_rollouts
+
     root = str(tmp_path / "lake")
 
     def spec(key: str, budget: float | None) -> RolloutSpec:
-        return RolloutSpec(run_key=key, iteration=0, stage="rl", lake_root=root, policy=PolicySpec("scripted"),
-                           jobs=make_jobs(key, ["click-test"], [1000, 1001], policy_tag="scripted:0"), n_envs=1,
-                           budget_usd=budget)
+        return RolloutSpec(
+            run_key=key,
+            iteration=0,
+            stage="rl",
+            lake_root=root,
+            policy=PolicySpec("scripted"),
+            jobs=make_jobs(key, ["click-test"], [1000, 1001], policy_tag="scripted:0"),
+            n_envs=1,
+            budget_usd=budget,
+        )
+
     pool = RolloutPool(spec("first", None))
     try:
         res = run_rollouts(spec("second", 0.0), pool=pool, progress=False)
@@ -257,6 +436,7 @@ def test_a_pools_later_run_keeps_its_own_dollar_budget(tmp_path):
 # ------------------------------------------------------------------------------------------ bootstrap + curriculum
 def test_bootstrap_counts_the_rl_stages_teacher_episodes(tmp_path, lake_env, monkeypatch):
     import flywheel.stages as stages
+
     runner = FakeRunner()
     monkeypatch.setattr(stages, "run_rollouts", lambda spec, progress=True: runner.run(spec))
     cfg = cfg_with(tmp_path, **{"bootstrap.max_demos_per_task": 4})
@@ -265,8 +445,12 @@ def test_bootstrap_counts_the_rl_stages_teacher_episodes(tmp_path, lake_env, mon
     res = stages.bootstrap(cfg, 1, progress=False)
     (spec,) = runner.specs
     # click-test: 4 - (1 demo + 2 RL teacher episodes) = 1 more, on the seed after its demo; focus-text: its 3
-    assert sorted((j.task_id, j.seed) for j in spec.jobs) == [("click-test", 1), ("focus-text", 0), ("focus-text", 1),
-                                                               ("focus-text", 2)]
+    assert sorted((j.task_id, j.seed) for j in spec.jobs) == [
+        ("click-test", 1),
+        ("focus-text", 0),
+        ("focus-text", 1),
+        ("focus-text", 2),
+    ]
     assert res["teacher_budget_capped"] == 0
     # the lake-wide cap: 9 in all, 7 spent now -> 2 more, one per task
     cfg = cfg_with(tmp_path, **{"teacher_budget.max_episodes": 9})
@@ -279,11 +463,30 @@ def test_bootstrap_counts_the_rl_stages_teacher_episodes(tmp_path, lake_env, mon
 
 def test_curriculum_top_ups_count_every_stage(tmp_path, lake_env):
     from flywheel.curriculum import plan_iteration
-    cfg = cfg_with(tmp_path, **{"curriculum.enabled": True, "teacher_budget.max_episodes_per_task": 6,
-                                "curriculum.top_up_demos": 4})
-    lake_env.write("evals", [dict(eval_id="e0", checkpoint_id="ck", task_id=t, split="eval-seed", n_episodes=10,
-                                  successes=0, success_rate=0.0, run_key="ev0") for t in TASKS],
-                   iteration=0, stage="evaluate", run_key="ev0")
+
+    cfg = cfg_with(
+        tmp_path,
+        **{"curriculum.enabled": True, "teacher_budget.max_episodes_per_task": 6, "curriculum.top_up_demos": 4},
+    )
+    lake_env.write(
+        "evals",
+        [
+            dict(
+                eval_id="e0",
+                checkpoint_id="ck",
+                task_id=t,
+                split="eval-seed",
+                n_episodes=10,
+                successes=0,
+                success_rate=0.0,
+                run_key="ev0",
+            )
+            for t in TASKS
+        ],
+        iteration=0,
+        stage="evaluate",
+        run_key="ev0",
+    )
     episodes(lake_env, iteration=0, stage="bootstrap", run_key="boot", task="click-test", n=2)
     episodes(lake_env, iteration=0, stage="bootstrap", run_key="boot-ft", task="focus-text", n=2)
     episodes(lake_env, iteration=0, stage="rl", run_key="guide", task="click-test", n=3, seed0=5000)
@@ -296,8 +499,9 @@ def test_curriculum_top_ups_count_every_stage(tmp_path, lake_env):
     plan = {d.task_id: d for d in plan_iteration(cfg, lake_env, 1, TASKS).decisions}
     assert plan["click-test"].decision == "park" and "budget of 6 demos is spent" in plan["click-test"].reason
     # a lake-wide budget is handed out in task order: 9 in all, 8 spent -> 1 top-up
-    cfg = cfg_with(tmp_path, **{"curriculum.enabled": True, "teacher_budget.max_episodes": 9,
-                                "curriculum.top_up_demos": 4})
+    cfg = cfg_with(
+        tmp_path, **{"curriculum.enabled": True, "teacher_budget.max_episodes": 9, "curriculum.top_up_demos": 4}
+    )
     plan = {d.task_id: d for d in plan_iteration(cfg, lake_env, 1, TASKS).decisions}
     assert [plan[t].teacher_demos for t in TASKS] == [1, 0] and plan["focus-text"].decision == "park"
 
@@ -309,8 +513,22 @@ def report_lake(root: Path) -> Lake:
     lake = Lake(root)
 
     def eps(it, stage, rk, task, policy, succ, n0=0, cost=0.0):
-        rows = [dict(episode_id=f"{rk}-{task}-{i}", task_id=task, seed=n0 + i, policy=policy, status="ok", success=s,
-                     task_reward=float(s), cost=cost, n_steps=2, split="train", run_key=rk) for i, s in enumerate(succ)]
+        rows = [
+            dict(
+                episode_id=f"{rk}-{task}-{i}",
+                task_id=task,
+                seed=n0 + i,
+                policy=policy,
+                status="ok",
+                success=s,
+                task_reward=float(s),
+                cost=cost,
+                n_steps=2,
+                split="train",
+                run_key=rk,
+            )
+            for i, s in enumerate(succ)
+        ]
         lake.write("episodes", rows, iteration=it, stage=stage, run_key=rk, part=task)
         return [r["episode_id"] for r in rows]
 
@@ -335,21 +553,72 @@ def report_lake(root: Path) -> Lake:
     steps(s0, 1, n_unfit=2)  # unfit steps are never SFT samples
     steps(s1, 3)
     from datetime import datetime, timezone
-    lake.write("datasets", [dict(dataset_id="ds0", episode_ids=t0 + t0b, n_episodes=5, n_steps=8, run_key="ds0",
-                                 created_at=datetime(2025, 1, 1, tzinfo=timezone.utc))],
-               iteration=0, stage="curate", run_key="ds0")
+
+    lake.write(
+        "datasets",
+        [
+            dict(
+                dataset_id="ds0",
+                episode_ids=t0 + t0b,
+                n_episodes=5,
+                n_steps=8,
+                run_key="ds0",
+                created_at=datetime(2025, 1, 1, tzinfo=timezone.utc),
+            )
+        ],
+        iteration=0,
+        stage="curate",
+        run_key="ds0",
+    )
     # the mid-training corpus is a dataset too (stage midtrain, iteration 0, newer): never the iteration's SFT data
-    lake.write("datasets", [dict(dataset_id="mt", episode_ids=s0, n_episodes=4, n_steps=4, run_key="mt",
-                                 created_at=datetime(2025, 1, 2, tzinfo=timezone.utc))],
-               iteration=0, stage="midtrain", run_key="mt")
-    lake.write("datasets", [dict(dataset_id="ds1", episode_ids=t0 + t0b + s0[:1] + s1[:2], n_episodes=8, n_steps=15,
-                                 run_key="ds1")], iteration=1, stage="curate", run_key="ds1")
-    for it, rates in ((0, {"click-test": 0.2, "focus-text": 0.5, "__all__": 0.35}),
-                      (1, {"click-test": 0.6, "focus-text": 1.0, "__all__": 0.8})):
-        lake.write("evals", [dict(eval_id=f"ev{it}", checkpoint_id=f"ck{it}", task_id=t, split="eval-seed",
-                                  n_episodes=10, successes=int(r * 10), success_rate=r, ci_low=max(0.0, r - 0.3),
-                                  ci_high=min(1.0, r + 0.3), run_key=f"ev{it}")
-                             for t, r in rates.items()], iteration=it, stage="evaluate", run_key=f"ev{it}")
+    lake.write(
+        "datasets",
+        [
+            dict(
+                dataset_id="mt",
+                episode_ids=s0,
+                n_episodes=4,
+                n_steps=4,
+                run_key="mt",
+                created_at=datetime(2025, 1, 2, tzinfo=timezone.utc),
+            )
+        ],
+        iteration=0,
+        stage="midtrain",
+        run_key="mt",
+    )
+    lake.write(
+        "datasets",
+        [dict(dataset_id="ds1", episode_ids=t0 + t0b + s0[:1] + s1[:2], n_episodes=8, n_steps=15, run_key="ds1")],
+        iteration=1,
+        stage="curate",
+        run_key="ds1",
+    )
+    for it, rates in (
+        (0, {"click-test": 0.2, "focus-text": 0.5, "__all__": 0.35}),
+        (1, {"click-test": 0.6, "focus-text": 1.0, "__all__": 0.8}),
+    ):
+        lake.write(
+            "evals",
+            [
+                dict(
+                    eval_id=f"ev{it}",
+                    checkpoint_id=f"ck{it}",
+                    task_id=t,
+                    split="eval-seed",
+                    n_episodes=10,
+                    successes=int(r * 10),
+                    success_rate=r,
+                    ci_low=max(0.0, r - 0.3),
+                    ci_high=min(1.0, r + 0.3),
+                    run_key=f"ev{it}",
+                )
+                for t, r in rates.items()
+            ],
+            iteration=it,
+            stage="evaluate",
+            run_key=f"ev{it}",
+        )
     return lake
 
 
@@ -365,14 +634,28 @@ EXPECTED = {  # (iteration, task): attempts, successes, teacher episodes, $, SFT
 
 def test_iteration_table_on_a_small_lake(tmp_path):
     from storage.reports import iteration_table
+
     lake = report_lake(tmp_path / "lake")
     rows = iteration_table(connect(lake, write_catalog_file=False))
-    got = {(r["iteration"], r["task_id"]): (r["attempts"], r["successes"], r["teacher_episodes"], r["teacher_usd"],
-                                            r["sft_samples"], r["student_samples"], r["heldout_success"]) for r in rows}
+    got = {
+        (r["iteration"], r["task_id"]): (
+            r["attempts"],
+            r["successes"],
+            r["teacher_episodes"],
+            r["teacher_usd"],
+            r["sft_samples"],
+            r["student_samples"],
+            r["heldout_success"],
+        )
+        for r in rows
+    }
     assert got == EXPECTED
     by = {(r["iteration"], r["task_id"]): r for r in rows}
     assert by[(1, "click-test")]["student_share"] == pytest.approx(7 / 13, abs=1e-3)
-    assert by[(1, "__all__")]["student_share"] == pytest.approx(7 / 15, abs=1e-3) and by[(0, "__all__")]["student_share"] == 0
+    assert (
+        by[(1, "__all__")]["student_share"] == pytest.approx(7 / 15, abs=1e-3)
+        and by[(0, "__all__")]["student_share"] == 0
+    )
     assert by[(1, "click-test")]["heldout_n"] == 10
     assert [r["task_id"] for r in rows] == ["click-test", "focus-text", "__all__"] * 2  # the total row last
     only = iteration_table(connect(lake, write_catalog_file=False), iteration=1)
@@ -384,6 +667,7 @@ def test_iteration_table_on_a_small_lake(tmp_path):
 def test_prefect_artifact_and_viewer_show_the_same_rows(tmp_path, monkeypatch):
     from tasks.artifacts import flywheel_markdown
     from viewer.site import build_site
+
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
     lake = report_lake(tmp_path / "lake")
     cfg = cfg_with(tmp_path, **{"teacher_budget.max_episodes_per_task": 6, "teacher_budget.usd": 10.0})
@@ -399,8 +683,10 @@ def test_prefect_artifact_and_viewer_show_the_same_rows(tmp_path, monkeypatch):
     html = (out / "report.html").read_text()
     per_task = html.split("<table id='per-task'>", 1)[1].split("</table>", 1)[0]
     assert per_task.count("<tr class='pt'>") == len(EXPECTED)
-    assert ("<tr class='pt'><td>1</td><td>click-test</td><td>4</td><td>2</td><td>0</td><td>0</td><td>13</td>"
-            "<td>7</td><td>54%</td><td>60% <span class='muted'>n=10</span></td></tr>") in per_task
+    assert (
+        "<tr class='pt'><td>1</td><td>click-test</td><td>4</td><td>2</td><td>0</td><td>0</td><td>13</td>"
+        "<td>7</td><td>54%</td><td>60% <span class='muted'>n=10</span></td></tr>"
+    ) in per_task
     teacher = html.split("Teacher budget: where it went", 1)[1]
     assert "7 teacher episodes, 6 successes, $2.75 (bootstrap: 5 episodes, $0.75; rl: 2 episodes, $2)" in teacher
     assert "<td>0</td><td>rl</td><td>click-test</td><td>2</td><td>1</td><td>2.0</td>" in teacher
@@ -411,8 +697,17 @@ def test_rl_teacher_run_in_chromium_stops_at_the_budget(tmp_path, lake_env):
     """The real path: rl.clone_fresh's scripted teacher in Chromium, its per-task budget nearly spent by the
     bootstrap -- only what is left runs, and the lake says so."""
     from flywheel.rl_stage import _teach_fresh
-    cfg = cfg_with(tmp_path, **{"teacher_budget.max_episodes_per_task": 3, "rl.enabled": True, "rl.clone_steps": 1,
-                                "rl.clone_fresh": 3, "rl.tasks": ["click-test"]})
+
+    cfg = cfg_with(
+        tmp_path,
+        **{
+            "teacher_budget.max_episodes_per_task": 3,
+            "rl.enabled": True,
+            "rl.clone_steps": 1,
+            "rl.clone_fresh": 3,
+            "rl.tasks": ["click-test"],
+        },
+    )
     episodes(lake_env, iteration=0, stage="bootstrap", run_key="boot", task="click-test", n=2)
     pool = _teach_fresh(cfg, 0, 0, ["click-test"], None, progress=False)
     try:
@@ -421,7 +716,11 @@ def test_rl_teacher_run_in_chromium_stops_at_the_budget(tmp_path, lake_env):
         assert rl == (1, 1)
         assert teacher_spend(con).by_task() == {"click-test": Spent(3, 3, 0.0)}
         assert _teach_fresh(cfg, 0, 1, ["click-test"], pool, progress=False) is pool  # spent: nothing runs
-        assert connect(lake_env, write_catalog_file=False).execute(
-            "SELECT count(*) FROM episodes WHERE stage = 'rl'").fetchone()[0] == 1
+        assert (
+            connect(lake_env, write_catalog_file=False)
+            .execute("SELECT count(*) FROM episodes WHERE stage = 'rl'")
+            .fetchone()[0]
+            == 1
+        )
     finally:
         pool.close()

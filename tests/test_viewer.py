@@ -32,24 +32,88 @@ def lake(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("viewer") / "lake"
     for stage in ("bootstrap", "rollouts"):
         jobs = make_jobs(f"view-{stage}", TASKS, SEEDS, policy_tag="scripted:0")
-        s = run_rollouts(RolloutSpec(run_key=f"view-{stage}", iteration=0, stage=stage, lake_root=str(root),
-                                     jobs=jobs, policy=PolicySpec("scripted"), n_envs=1, max_steps=4,
-                                     episode_timeout_s=60), progress=False)
+        s = run_rollouts(
+            RolloutSpec(
+                run_key=f"view-{stage}",
+                iteration=0,
+                stage=stage,
+                lake_root=str(root),
+                jobs=jobs,
+                policy=PolicySpec("scripted"),
+                n_envs=1,
+                max_steps=4,
+                episode_timeout_s=60,
+            ),
+            progress=False,
+        )
         assert s.ran == 4 and s.errors == 0
     lk = Lake(root)
-    lk.write("checkpoints", [
-        dict(checkpoint_id="sft-it0-aaa", method="sft", parent_checkpoint="init", dataset_id="curate-it0",
-             metrics=json.dumps({"steps": 540, "final_loss": 0.0061234}), run_key="sft"),
-        dict(checkpoint_id="rl-it0-bbb", method="grpo", parent_checkpoint=str(root / "_checkpoints" / "sft-it0-aaa"),
-             metrics=json.dumps({"rounds": 8}), run_key="rl")], iteration=0, stage="sft", run_key="sft")
-    lk.write("evals", [dict(eval_id="e1", checkpoint_id=ck, task_id=t, split="eval-seed", n_episodes=25,
-                            successes=k, success_rate=k / 25, ci_low=max(0, k / 25 - 0.2), ci_high=min(1, k / 25 + 0.2),
-                            run_key=f"ev-{ck}")
-                       for ck, k in (("sft-it0-aaa", 7), ("rl-it0-bbb", 15)) for t in ("click-button", "__all__")],
-             iteration=0, stage="evaluate", run_key="ev")
-    lk.write("rl_metrics", [dict(round=r, update_step=0, global_step=r, algo="grpo", loss=0.1 * r, entropy=0.2,
-                                 approx_kl=0.01, grad_norm=1.0, round_success=0.3 + 0.05 * r, run_key="rl")
-                            for r in range(4)], iteration=0, stage="rl", run_key="rl")
+    lk.write(
+        "checkpoints",
+        [
+            dict(
+                checkpoint_id="sft-it0-aaa",
+                method="sft",
+                parent_checkpoint="init",
+                dataset_id="curate-it0",
+                metrics=json.dumps({"steps": 540, "final_loss": 0.0061234}),
+                run_key="sft",
+            ),
+            dict(
+                checkpoint_id="rl-it0-bbb",
+                method="grpo",
+                parent_checkpoint=str(root / "_checkpoints" / "sft-it0-aaa"),
+                metrics=json.dumps({"rounds": 8}),
+                run_key="rl",
+            ),
+        ],
+        iteration=0,
+        stage="sft",
+        run_key="sft",
+    )
+    lk.write(
+        "evals",
+        [
+            dict(
+                eval_id="e1",
+                checkpoint_id=ck,
+                task_id=t,
+                split="eval-seed",
+                n_episodes=25,
+                successes=k,
+                success_rate=k / 25,
+                ci_low=max(0, k / 25 - 0.2),
+                ci_high=min(1, k / 25 + 0.2),
+                run_key=f"ev-{ck}",
+            )
+            for ck, k in (("sft-it0-aaa", 7), ("rl-it0-bbb", 15))
+            for t in ("click-button", "__all__")
+        ],
+        iteration=0,
+        stage="evaluate",
+        run_key="ev",
+    )
+    lk.write(
+        "rl_metrics",
+        [
+            dict(
+                round=r,
+                update_step=0,
+                global_step=r,
+                algo="grpo",
+                loss=0.1 * r,
+                entropy=0.2,
+                approx_kl=0.01,
+                grad_norm=1.0,
+                round_success=0.3 + 0.05 * r,
+                run_key="rl",
+            )
+            for r in range(4)
+        ],
+        iteration=0,
+        stage="rl",
+        run_key="rl",
+    )
     return root
 
 
@@ -66,11 +130,18 @@ def browser():
     from selenium.webdriver.chrome.service import Service
 
     from envs.miniwob import configure_browser
+
     chrome, driver = configure_browser()
     opts = webdriver.ChromeOptions()
     opts.binary_location = chrome
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,900",
-              "--force-device-scale-factor=1", "--hide-scrollbars"):
+    for a in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1200,900",
+        "--force-device-scale-factor=1",
+        "--hide-scrollbars",
+    ):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     d = webdriver.Chrome(service=Service(driver), options=opts)
@@ -86,8 +157,11 @@ def _open(browser, path: Path) -> None:
 
 def _rows(browser) -> list[list[str]]:
     from selenium.webdriver.common.by import By
-    return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-            for tr in browser.find_elements(By.CSS_SELECTOR, "#episodes tr.ep")]
+
+    return [
+        [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#episodes tr.ep")
+    ]
 
 
 def test_pages_load_without_console_errors(site, browser):
@@ -96,15 +170,23 @@ def test_pages_load_without_console_errors(site, browser):
     _open(browser, out / "index.html")
     assert len(_rows(browser)) == 8 and browser.find_element("id", "count").text == "8 episodes"
     eid = next((out / "episode").glob("*.html")).stem
-    for page in (out / "episode" / f"{eid}.html", out / "compare-0.html", next((out / "pair").glob("*.html")),
-                 out / "report.html"):
+    for page in (
+        out / "episode" / f"{eid}.html",
+        out / "compare-0.html",
+        next((out / "pair").glob("*.html")),
+        out / "report.html",
+    ):
         _open(browser, page)
-        assert all(img.get_attribute("naturalWidth") != "0" for img in browser.find_elements("tag name", "img")
-                   if img.is_displayed() and browser.execute_script("return arguments[0].complete", img))
+        assert all(
+            img.get_attribute("naturalWidth") != "0"
+            for img in browser.find_elements("tag name", "img")
+            if img.is_displayed() and browser.execute_script("return arguments[0].complete", img)
+        )
 
 
 def test_filters_change_the_list(site, browser):
     from selenium.webdriver.support.ui import Select
+
     out, _ = site
     _open(browser, out / "index.html")
     Select(browser.find_element("id", "f-stage")).select_by_value("bootstrap")
@@ -132,8 +214,9 @@ def test_side_by_side_pairs_the_same_task_and_seed(lake, site, browser):
     out, _ = site
     _open(browser, out / "compare-0.html")
     links = browser.find_elements("css selector", "tr.cmp a")
-    assert sorted(link.get_attribute("href").rsplit("/", 1)[1].split("?")[0] for link in links) == \
-        sorted(f"{p['a_id']}--{p['b_id']}.html" for p in pairs)
+    assert sorted(link.get_attribute("href").rsplit("/", 1)[1].split("?")[0] for link in links) == sorted(
+        f"{p['a_id']}--{p['b_id']}.html" for p in pairs
+    )
     links[0].click()
     halves = browser.find_elements("css selector", ".pair")[0].find_elements("css selector", ":scope > div")
     assert "A: stage=bootstrap" in halves[0].text and "B: stage=rollouts" in halves[1].text
@@ -149,7 +232,7 @@ def _marker_centroid(png: bytes, box: tuple[int, int, int, int]) -> tuple[float,
     img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
     x0, y0, x1, y1 = box
     crop = img[y0:y1, x0:x1]
-    hit = (np.abs(crop - np.array(MARK_RGB)).sum(axis=2) < 60)
+    hit = np.abs(crop - np.array(MARK_RGB)).sum(axis=2) < 60
     if hit.sum() < 5:
         return None
     ys, xs = np.nonzero(hit)
@@ -159,8 +242,9 @@ def _marker_centroid(png: bytes, box: tuple[int, int, int, int]) -> tuple[float,
 def test_click_marker_is_drawn_at_the_action_pixel(lake, site, browser):
     out, _ = site
     v = ViewerData(lake)
-    eid = v.con.execute("SELECT episode_id FROM ep WHERE task_id = 'click-button' AND stage = 'bootstrap' "
-                        "ORDER BY seed LIMIT 1").fetchone()[0]
+    eid = v.con.execute(
+        "SELECT episode_id FROM ep WHERE task_id = 'click-button' AND stage = 'bootstrap' ORDER BY seed LIMIT 1"
+    ).fetchone()[0]
     step = v.episode(eid)["steps"][0]
     act = json.loads(step["action"])
     assert act["action"] == "click"
@@ -178,7 +262,9 @@ def test_click_marker_is_drawn_at_the_action_pixel(lake, site, browser):
     # and the marker is ours, not the page: the final screen (no action) has no marker colour there
     final = browser.find_element("css selector", ".step.final svg")
     browser.execute_script("arguments[0].scrollIntoView()", final)
-    r2 = browser.execute_script("const b = arguments[0].getBoundingClientRect(); return [b.left, b.top, b.width];", final)
+    r2 = browser.execute_script(
+        "const b = arguments[0].getBoundingClientRect(); return [b.left, b.top, b.width];", final
+    )
     box2 = tuple(int(v) for v in (r2[0], r2[1], r2[0] + r2[2], r2[1] + step["screen_h"] * scale))
     assert _marker_centroid(browser.get_screenshot_as_png(), box2) is None
 
@@ -202,8 +288,10 @@ def test_report_shows_per_task_rows_and_where_the_teacher_budget_went(site):
     html = (out / "report.html").read_text()
     per_task = html.split("<table id='per-task'>", 1)[1].split("</table>", 1)[0]
     assert per_task.count("<tr class='pt'>") == 3  # click-button, click-test, all
-    assert ("<tr class='pt'><td>0</td><td>click-test</td><td>0</td><td>0</td><td>4</td><td>0</td><td>0</td><td>0</td>"
-            "<td>-</td><td>-</td></tr>") in per_task
+    assert (
+        "<tr class='pt'><td>0</td><td>click-test</td><td>0</td><td>0</td><td>4</td><td>0</td><td>0</td><td>0</td>"
+        "<td>-</td><td>-</td></tr>"
+    ) in per_task
     assert "<tr class='pt'><td>0</td><td>all</td><td>0</td><td>0</td><td>8</td>" in per_task
     teacher = html.split("Teacher budget: where it went", 1)[1]
     assert "8 teacher episodes" in teacher and "(bootstrap: 4 episodes, $0; rollouts: 4 episodes, $0)" in teacher
@@ -213,10 +301,13 @@ def test_bad_input_gets_one_clear_message(lake, tmp_path, browser):
     cli = [sys.executable, "-m", "flywheel"]
     r = subprocess.run(cli + ["view", "--lake", str(tmp_path / "nowhere")], capture_output=True, text=True)
     assert r.returncode == 2 and "no lake at" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run(cli + ["view", "--lake", str(lake), "--compare", "stage=bootstrap"], capture_output=True, text=True)
+    r = subprocess.run(
+        cli + ["view", "--lake", str(lake), "--compare", "stage=bootstrap"], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "--compare comes in pairs" in r.stderr
     # a corrupt file is named and skipped; the rest of the lake still shows
     import shutil
+
     broken = tmp_path / "lake"
     shutil.copytree(lake, broken)
     victim = sorted((broken / "episodes").glob("iteration=0/stage=rollouts/*.parquet"))[0]
@@ -237,6 +328,7 @@ def test_bad_input_gets_one_clear_message(lake, tmp_path, browser):
 
 def test_serve_answers_the_same_pages(lake):
     from starlette.testclient import TestClient
+
     v = ViewerData(lake)
     eid = v.index()["columns"]["episode_id"][0]
     with TestClient(make_app(lake)) as c:

@@ -106,8 +106,10 @@ def load_for_training(base: str, s: Any):
     if s.method == "lora":
         # adapters in the model's dtype (bf16 on GPU: no fp32 copy of every projection's input); the optimizer
         # keeps fp32 masters of them (TrainableWeights)
-        return load_model(base, lora=LoraSpec(r=s.lora_r, alpha=s.lora_alpha, dropout=s.lora_dropout,
-                                              fp32_adapters=s.lora_fp32_adapters))
+        return load_model(
+            base,
+            lora=LoraSpec(r=s.lora_r, alpha=s.lora_alpha, dropout=s.lora_dropout, fp32_adapters=s.lora_fp32_adapters),
+        )
     model, proc = load_model(base)
     freeze_vision(model)
     return model, proc
@@ -125,9 +127,15 @@ def _unsloth_model(base: str, s: Any):
     from training.tokenizer import load_processor
 
     model, _ = FastVisionModel.from_pretrained(base, load_in_4bit=False)
-    model = FastVisionModel.get_peft_model(model, finetune_vision_layers=False, finetune_language_layers=True,
-                                           r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
-                                           random_state=s.seed)
+    model = FastVisionModel.get_peft_model(
+        model,
+        finetune_vision_layers=False,
+        finetune_language_layers=True,
+        r=s.lora_r,
+        lora_alpha=s.lora_alpha,
+        lora_dropout=s.lora_dropout,
+        random_state=s.seed,
+    )
     freeze_vision(model)
     return model, load_processor(base)  # our processor: the same chat template and collator as the torch path
 
@@ -167,8 +175,11 @@ class TrainableWeights:
         self.params = trainable(model)
         if not self.params:
             raise ValueError("the model has no trainable parameters")
-        self.master = ({n: p.detach().float().clone().requires_grad_(True) for n, p in self.params.items()}
-                       if master and any(p.dtype != torch.float32 for p in self.params.values()) else None)
+        self.master = (
+            {n: p.detach().float().clone().requires_grad_(True) for n, p in self.params.items()}
+            if master and any(p.dtype != torch.float32 for p in self.params.values())
+            else None
+        )
 
     @property
     def opt_params(self) -> list[Any]:
@@ -210,8 +221,9 @@ def make_optimizer(weights: TrainableWeights, lr: float, weight_decay: float, fu
     tensors; the same update and state_dict layout)."""
     import torch
 
-    return torch.optim.AdamW(weights.opt_params, lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay,
-                             fused=True if fused else None)
+    return torch.optim.AdamW(
+        weights.opt_params, lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay, fused=True if fused else None
+    )
 
 
 def optimizer_step(weights: TrainableWeights, opt, grad_clip: float) -> float:
@@ -251,8 +263,15 @@ def latest_state(out: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def save_state(out: Path, weights: TrainableWeights, opt, st: TrainState, keep: int = 2,
-               extra: dict[str, Any] | None = None, rng: dict[str, Any] | None = None) -> Path:
+def save_state(
+    out: Path,
+    weights: TrainableWeights,
+    opt,
+    st: TrainState,
+    keep: int = 2,
+    extra: dict[str, Any] | None = None,
+    rng: dict[str, Any] | None = None,
+) -> Path:
     """Write a resumable checkpoint to a temp folder and rename it into place (never half-written).
     `extra`: more named tensors to keep (e.g. an RL teacher's EMA weights), read back with `load_extra`.
     `rng`: the RNG state to keep (default this process's; DDP: {"ranks": [each rank's]})."""
@@ -274,7 +293,7 @@ def save_state(out: Path, weights: TrainableWeights, opt, st: TrainState, keep: 
         shutil.rmtree(final)
     os.replace(tmp, final)
     older = sorted(p for p in root.glob("step-*") if p != final)
-    for old in older[:max(len(older) - (keep - 1), 0)]:  # keep the newest `keep`, this one included
+    for old in older[: max(len(older) - (keep - 1), 0)]:  # keep the newest `keep`, this one included
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -302,8 +321,17 @@ def load_extra(path: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ output
-def save_model(model, proc, out: Path, metrics: dict[str, Any], *, merge: bool, adapter: bool, result_file: str,
-               keep_state: bool = False) -> dict[str, Any]:
+def save_model(
+    model,
+    proc,
+    out: Path,
+    metrics: dict[str, Any],
+    *,
+    merge: bool,
+    adapter: bool,
+    result_file: str,
+    keep_state: bool = False,
+) -> dict[str, Any]:
     """Save the adapter/full model + processor (+ a merged model for an adapter when `merge`), then `result_file`
     (the metrics JSON) last, as the completion mark; `<out>/state` is removed unless `keep_state`."""
     model.eval()
@@ -333,8 +361,13 @@ class Bar:
     def __init__(self, total: int, done: int, label: str = "sft"):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.p = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+        self.p = Progress(
+            TextColumn(f"[bold]{label}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+        )
         self.task = self.p.add_task(label, total=total, completed=done, stats="")
         self.p.start()
 
@@ -342,8 +375,11 @@ class Bar:
         self.p.update(self.task, total=n)
 
     def update(self, st: TrainState, elapsed: float) -> None:
-        self.p.update(self.task, completed=st.step,
-                      stats=f"loss {st.losses[-1]:.4f} | {st.tokens / max(st.elapsed_s, 1e-9):,.0f} tok/s")
+        self.p.update(
+            self.task,
+            completed=st.step,
+            stats=f"loss {st.losses[-1]:.4f} | {st.tokens / max(st.elapsed_s, 1e-9):,.0f} tok/s",
+        )
 
     def show(self, done: int, stats: str) -> None:
         self.p.update(self.task, completed=done, stats=stats)
@@ -382,9 +418,11 @@ def reusable(con, ckpt_id: str, out: Path, root: Path, result_file: str) -> bool
     if con.execute("SELECT count(*) FROM checkpoints WHERE checkpoint_id = ?", [ckpt_id]).fetchone()[0]:
         return True
     if not out.resolve().is_relative_to(root):
-        raise FileExistsError(f"{out} holds a finished checkpoint that the lake at {root} has no row for (another "
-                              f"lake's?): set sft.output_root to a folder of this lake (default: <lake>/"
-                              f"{CHECKPOINTS_DIR}), or remove that folder")
+        raise FileExistsError(
+            f"{out} holds a finished checkpoint that the lake at {root} has no row for (another "
+            f"lake's?): set sft.output_root to a folder of this lake (default: <lake>/"
+            f"{CHECKPOINTS_DIR}), or remove that folder"
+        )
     shutil.rmtree(out)
     return False
 
@@ -396,8 +434,11 @@ def model_path_of(row: dict[str, Any], root: Path | None = None) -> str:
     if row.get("adapter"):
         if not (path / MERGED_DIR).exists():
             from training.models import ModelError
-            raise ModelError(f"checkpoint {row['checkpoint_id']} is an adapter without {MERGED_DIR}/: train it with "
-                             f"sft.merge: true to continue from it")
+
+            raise ModelError(
+                f"checkpoint {row['checkpoint_id']} is an adapter without {MERGED_DIR}/: train it with "
+                f"sft.merge: true to continue from it"
+            )
         return str(path / MERGED_DIR)
     return str(path)
 
@@ -414,26 +455,60 @@ def resolve_base(cfg: Any, con, iteration: int, base: str | None, root: Path | N
     if base is not None:
         folder = str(Path(base).expanduser().resolve()) if Path(base).exists() else base
         stored = lake_key(folder, root)  # how the row names it: relative when inside the lake
-        rows = con.sql(f"SELECT * FROM checkpoints WHERE checkpoint_id = ? OR path IN (?, ?) "
-                       f"OR path || '/{MERGED_DIR}' IN (?, ?) ORDER BY created_at DESC LIMIT 1",
-                       params=[base, folder, stored, folder, stored]).to_arrow_table().to_pylist()
+        rows = (
+            con.sql(
+                f"SELECT * FROM checkpoints WHERE checkpoint_id = ? OR path IN (?, ?) "
+                f"OR path || '/{MERGED_DIR}' IN (?, ?) ORDER BY created_at DESC LIMIT 1",
+                params=[base, folder, stored, folder, stored],
+            )
+            .to_arrow_table()
+            .to_pylist()
+        )
         if not rows:
             return base, None
         return (model_path_of(rows[0], root) if rows[0]["checkpoint_id"] == base else folder), rows[0]["checkpoint_id"]
-    rows = con.sql(f"SELECT * FROM checkpoints WHERE iteration < ? AND {ITERATION_CHECKPOINTS} "
-                   "ORDER BY iteration DESC, created_at DESC LIMIT 1", params=[iteration]).to_arrow_table().to_pylist()
+    rows = (
+        con.sql(
+            f"SELECT * FROM checkpoints WHERE iteration < ? AND {ITERATION_CHECKPOINTS} "
+            "ORDER BY iteration DESC, created_at DESC LIMIT 1",
+            params=[iteration],
+        )
+        .to_arrow_table()
+        .to_pylist()
+    )
     return (model_path_of(rows[0], root), rows[0]["checkpoint_id"]) if rows else (cfg.student.model, None)
 
 
-def checkpoint_row(lake: Any, *, ckpt_id: str, out: Path, method: str, base_model: str, parent: str | None,
-                   dataset_id: str | None, adapter: bool, metrics: dict[str, Any], git_sha: str | None,
-                   config_hash: str | None) -> dict[str, Any]:
+def checkpoint_row(
+    lake: Any,
+    *,
+    ckpt_id: str,
+    out: Path,
+    method: str,
+    base_model: str,
+    parent: str | None,
+    dataset_id: str | None,
+    adapter: bool,
+    metrics: dict[str, Any],
+    git_sha: str | None,
+    config_hash: str | None,
+) -> dict[str, Any]:
     """A `checkpoints` row: paths inside the lake stored relative to its root, `metrics` as JSON (no settings)."""
     from datetime import datetime, timezone
 
     if Path(base_model).exists():
         base_model = lake.rel(base_model)
-    return dict(checkpoint_id=ckpt_id, path=lake.rel(out), method=method, base_model=base_model,
-                parent_checkpoint=parent, dataset_id=dataset_id, adapter=adapter,
-                metrics=json.dumps({k: v for k, v in metrics.items() if k != "settings"}, default=str),
-                created_at=datetime.now(timezone.utc), run_key=ckpt_id, git_sha=git_sha, config_hash=config_hash)
+    return dict(
+        checkpoint_id=ckpt_id,
+        path=lake.rel(out),
+        method=method,
+        base_model=base_model,
+        parent_checkpoint=parent,
+        dataset_id=dataset_id,
+        adapter=adapter,
+        metrics=json.dumps({k: v for k, v in metrics.items() if k != "settings"}, default=str),
+        created_at=datetime.now(timezone.utc),
+        run_key=ckpt_id,
+        git_sha=git_sha,
+        config_hash=config_hash,
+    )

@@ -77,8 +77,9 @@ def target_text(step: dict[str, Any], transform: CoordTransform) -> str:
     return format_response(thought, desc or "", action, transform)
 
 
-def episode_samples(instruction: str, steps: Sequence[dict[str, Any]], arch: str,
-                    opts: PromptOptions) -> list[dict[str, Any]]:
+def episode_samples(
+    instruction: str, steps: Sequence[dict[str, Any]], arch: str, opts: PromptOptions
+) -> list[dict[str, Any]]:
     """One sample per fit step of an episode (steps in order, each a CURATE_EXPORT_STEPS row).
 
     Returns dicts with `messages` (sft_messages: the prompt + the assistant target), `images` (PNG bytes, in
@@ -87,14 +88,22 @@ def episode_samples(instruction: str, steps: Sequence[dict[str, Any]], arch: str
     history: list[StepRecord] = []
     for i, step in enumerate(steps):
         if int(step["step_idx"]) != i:
-            raise ValueError(f"episode {step.get('episode_id')}: steps must be complete and ordered "
-                             f"(got step_idx {step['step_idx']} at position {i})")
+            raise ValueError(
+                f"episode {step.get('episode_id')}: steps must be complete and ordered "
+                f"(got step_idx {step['step_idx']} at position {i})"
+            )
         t = transform_for(arch, int(step["screen_w"]), int(step["screen_h"]))
         if step.get("fit"):
             prompt = build_prompt(instruction, step["screenshot"], step.get("ui_text"), history, opts, t)
             target = target_text(step, t)
-            out.append({"messages": sft_messages(prompt, target), "images": list(prompt.images),
-                        "step_idx": i, "target": target})
+            out.append(
+                {
+                    "messages": sft_messages(prompt, target),
+                    "images": list(prompt.images),
+                    "step_idx": i,
+                    "target": target,
+                }
+            )
         history.append(history_record(step, t))
     return out
 
@@ -152,7 +161,7 @@ def retarget(text: str, fmt: str) -> str:
         raise ValueError(f"unknown SFT target format {fmt!r}: use one of {', '.join(TARGET_FORMATS)}")
     i, j = text.find(THINK_OPEN), text.find(THINK_CLOSE)
     if i != -1 and j > i:
-        text = (text[:i] + text[j + len(THINK_CLOSE):]).lstrip("\n")
+        text = (text[:i] + text[j + len(THINK_CLOSE) :]).lstrip("\n")
     if fmt == "tool_call":
         k = text.find(CALL_OPEN)
         text = text[k:] if k != -1 else text
@@ -166,8 +175,13 @@ def retarget_sample(sample: dict[str, Any], fmt: str) -> dict[str, Any]:
     msgs = []
     for m in sample["messages"]:
         if m["role"] == "assistant" and isinstance(m["content"], list):
-            m = {**m, "content": [{**c, "text": retarget(c["text"], fmt)} if c.get("type") == "text" and c.get("text")
-                                  else c for c in m["content"]]}
+            m = {
+                **m,
+                "content": [
+                    {**c, "text": retarget(c["text"], fmt)} if c.get("type") == "text" and c.get("text") else c
+                    for c in m["content"]
+                ],
+            }
         msgs.append(m)
     return {**sample, "messages": msgs}
 
@@ -189,8 +203,11 @@ def hinted_samples(samples: Sequence[dict[str, Any]], fraction: float, seed: int
     out = []
     for i in picked:
         msgs = samples[i]["messages"]
-        reply = next((c["text"] for c in msgs[-1]["content"] if c.get("type") == "text"), None) \
-            if msgs and msgs[-1]["role"] == "assistant" and isinstance(msgs[-1]["content"], list) else None
+        reply = (
+            next((c["text"] for c in msgs[-1]["content"] if c.get("type") == "text"), None)
+            if msgs and msgs[-1]["role"] == "assistant" and isinstance(msgs[-1]["content"], list)
+            else None
+        )
         if not reply:
             continue
         if samples[i].get("step_idx") is None:
@@ -238,8 +255,9 @@ class SFTCollator:
         import torch
 
         conv = with_images(sample["messages"], sample.get("images") or [])
-        out = self.processor.apply_chat_template([conv], tokenize=True, return_dict=True, return_tensors="pt",
-                                                 return_assistant_tokens_mask=True)
+        out = self.processor.apply_chat_template(
+            [conv], tokenize=True, return_dict=True, return_tensors="pt", return_assistant_tokens_mask=True
+        )
         mask = torch.as_tensor(out.pop("assistant_masks")).bool() & out["attention_mask"].bool()
         if not mask.any():
             raise ValueError("a sample has no assistant tokens to train on (does its template mark {% generation %}?)")
@@ -257,8 +275,15 @@ class SFTCollator:
         from PIL import Image
 
         # the template only writes a placeholder per image item: no pixels needed, and PIL reads sizes from headers
-        conv = [{"role": m["role"], "content": [{k: v for k, v in c.items() if v is not None} for c in m["content"]]
-                 if isinstance(m["content"], list) else m["content"]} for m in sample["messages"]]
+        conv = [
+            {
+                "role": m["role"],
+                "content": [{k: v for k, v in c.items() if v is not None} for c in m["content"]]
+                if isinstance(m["content"], list)
+                else m["content"],
+            }
+            for m in sample["messages"]
+        ]
         text = self.processor.apply_chat_template([conv], tokenize=False)
         n = len(self.processor.tokenizer(text[0] if isinstance(text, list) else text)["input_ids"])
         if not images:
@@ -266,8 +291,14 @@ class SFTCollator:
 
         def size(img):
             raw = img.get("bytes") or img.get("path") if isinstance(img, dict) else img
-            return (Image.open(io.BytesIO(raw)) if isinstance(raw, (bytes, bytearray)) else
-                    Image.open(raw) if isinstance(raw, str) else raw).size
+            return (
+                Image.open(io.BytesIO(raw))
+                if isinstance(raw, (bytes, bytearray))
+                else Image.open(raw)
+                if isinstance(raw, str)
+                else raw
+            ).size
+
         mm = count(image_sizes=[(h, w) for w, h in map(size, images)])
         per_image = mm["num_image_tokens"] if isinstance(mm, dict) else mm.num_image_tokens
         return n - len(images) + sum(per_image)

@@ -66,6 +66,7 @@ def setup() -> Context:
     die_with_parent()
     import torch
     import torch.distributed as dist
+
     ctx = Context(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
     if torch.cuda.is_available():
         torch.cuda.set_device(ctx.local_rank)  # "cuda" below means this rank's GPU
@@ -77,6 +78,7 @@ def setup() -> Context:
 def teardown(ctx: Context) -> None:
     if ctx.active:
         import torch.distributed as dist
+
         if dist.is_initialized():
             dist.barrier()
             _CPU_GROUP.clear()
@@ -86,6 +88,7 @@ def teardown(ctx: Context) -> None:
 def barrier(ctx: Context) -> None:
     if ctx.active:
         import torch.distributed as dist
+
         dist.barrier()
 
 
@@ -99,6 +102,7 @@ _CPU_GROUP: list = []
 def _cpu_group():
     """A gloo group for host-side counters: summing them over NCCL would make every rank wait for its GPU."""
     import torch.distributed as dist
+
     if not _CPU_GROUP:
         _CPU_GROUP.append(dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None)
     return _CPU_GROUP[0]
@@ -114,6 +118,7 @@ def global_floats(ctx: Context, values: list[float]) -> list[float]:
         return list(values)
     import torch
     import torch.distributed as dist
+
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, group=_cpu_group())
     return t.tolist()
@@ -124,6 +129,7 @@ def gather(ctx: Context, obj: Any) -> list[Any]:
     if not ctx.active:
         return [obj]
     import torch.distributed as dist
+
     out: list[Any] = [None] * ctx.world
     dist.all_gather_object(out, obj, group=_cpu_group())
     return out
@@ -177,6 +183,7 @@ def nproc_for(s: Any) -> int:
     if s.nproc:
         return int(s.nproc)
     import torch
+
     return max(1, torch.cuda.device_count())
 
 
@@ -184,8 +191,15 @@ def wants_launch(s: Any) -> bool:
     return s.distributed == "ddp" and not in_worker() and nproc_for(s) > 1
 
 
-def torchrun(module: str, args: list[str], n: int, *, progress: bool, env: dict[str, str] | None = None,
-             what: str = "DDP training") -> None:
+def torchrun(
+    module: str,
+    args: list[str],
+    n: int,
+    *,
+    progress: bool,
+    env: dict[str, str] | None = None,
+    what: str = "DDP training",
+) -> None:
     """`python -m <module> <args>` under torchrun, n processes on this machine; one clear error if it fails."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m", module, *args]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
@@ -198,9 +212,15 @@ def torchrun(module: str, args: list[str], n: int, *, progress: bool, env: dict[
 def launch(base: str, data_files: str | Path, out: Path, s: Any, *, progress: bool) -> dict[str, Any]:
     """Run this training under torchrun (one process per GPU) and return rank 0's result."""
     from training.sft import RESULT_FILE
+
     settings = json.dumps({k: v for k, v in asdict(s).items()})
-    torchrun("training.sft", ["--base", str(base), "--data", str(data_files), "--out", str(out), "--settings", settings]
-             + ([] if progress else ["--no-progress"]), nproc_for(s), progress=progress)
+    torchrun(
+        "training.sft",
+        ["--base", str(base), "--data", str(data_files), "--out", str(out), "--settings", settings]
+        + ([] if progress else ["--no-progress"]),
+        nproc_for(s),
+        progress=progress,
+    )
     return json.loads((Path(out) / RESULT_FILE).read_text())
 
 
@@ -218,5 +238,7 @@ def ddp_wrap(fn, model, device):
 
         def forward(self, *args, **kw):
             return fn(self.model, *args, **kw)
-    return DistributedDataParallel(Call(model), device_ids=[device.index] if device.type == "cuda" else None,
-                                   gradient_as_bucket_view=True)  # grads live in the buckets: no copy, less memory
+
+    return DistributedDataParallel(
+        Call(model), device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
+    )  # grads live in the buckets: no copy, less memory

@@ -30,6 +30,7 @@ _STOCK_ROPE: dict[str, object] = {}  # transformers module name -> its own apply
 def apply_fused_kernels(arch: str) -> list[str]:
     """Patch the transformers modules of `arch` with fused kernels; returns what was applied."""
     import torch
+
     if not torch.cuda.is_available():
         return []
     try:
@@ -40,9 +41,11 @@ def apply_fused_kernels(arch: str) -> list[str]:
         return []
     if arch == "qwen3-vl":
         from transformers.models.qwen3_vl import modeling_qwen3_vl as m
+
         m.Qwen3VLTextRMSNorm, m.Qwen3VLTextMLP = LigerRMSNorm, LigerSwiGLUMLP
     elif arch == "qwen2.5-vl":
         from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as m
+
         m.Qwen2_5_VLRMSNorm, m.Qwen2MLP = LigerRMSNorm, LigerSwiGLUMLP  # vision norms too: same op
         return ["rms_norm", "swiglu"]  # Qwen2.5-VL's multimodal RoPE has its own signature
     else:
@@ -92,8 +95,11 @@ def fuse_model(model) -> list[str]:
         if name in _RMS_CLASSES and hasattr(mod, "variance_epsilon"):
             mod.forward = MethodType(_rms_forward, mod)
             applied.add("rms_norm")
-        elif (name in _MLP_CLASSES and getattr(getattr(mod, "config", None), "hidden_act", None) in ("silu", "swish")
-              and all(hasattr(mod, p) for p in ("gate_proj", "up_proj", "down_proj"))):
+        elif (
+            name in _MLP_CLASSES
+            and getattr(getattr(mod, "config", None), "hidden_act", None) in ("silu", "swish")
+            and all(hasattr(mod, p) for p in ("gate_proj", "up_proj", "down_proj"))
+        ):
             mod.forward = MethodType(_swiglu_forward, mod)
             applied.add("swiglu")
         if name.startswith("Qwen3VL"):
@@ -142,9 +148,13 @@ def linear_patch_embed(model) -> bool:
     found = False
     for mod in model.modules():
         proj = getattr(mod, "proj", None)
-        if (type(mod).__name__ in _PATCH_CLASSES and type(proj).__name__ == "Conv3d"
-                and tuple(proj.kernel_size) == tuple(proj.stride) and proj.padding in ((0, 0, 0), 0)
-                and proj.groups == 1):
+        if (
+            type(mod).__name__ in _PATCH_CLASSES
+            and type(proj).__name__ == "Conv3d"
+            and tuple(proj.kernel_size) == tuple(proj.stride)
+            and proj.padding in ((0, 0, 0), 0)
+            and proj.groups == 1
+        ):
             mod.forward = MethodType(_patch_linear_forward, mod)
             found = True
     return found

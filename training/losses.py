@@ -42,13 +42,14 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     return loss, int(sel.sum())
 
 
-def chunked_head_loss(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
-                      chunk: int = 4096) -> torch.Tensor:
+def chunked_head_loss(
+    hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
     """Sum of CE(head(hidden[i]), targets[i]) over rows, projecting `chunk` rows at a time."""
     total = hidden.new_zeros((), dtype=torch.float32)
     for i in range(0, hidden.shape[0], chunk):
-        logits = head(hidden[i:i + chunk]).float()
-        total = total + F.cross_entropy(logits, targets[i:i + chunk], reduction="sum")
+        logits = head(hidden[i : i + chunk]).float()
+        total = total + F.cross_entropy(logits, targets[i : i + chunk], reduction="sum")
     return total
 
 
@@ -74,6 +75,7 @@ def labelled_token_loss(model, batch: dict, labels: torch.Tensor, chunk: int = 4
 # RL: advantages. One value per episode (group_advantages) or per step row (GiGPO); plain
 # sequences or 1-D tensors in, float32 tensors out. Statistics are computed in float64.
 # =============================================================================================
+
 
 def _as_list(x) -> list:
     return x.tolist() if isinstance(x, torch.Tensor) else list(x)
@@ -160,6 +162,7 @@ def shaped_advantages(adv: torch.Tensor, n_penalised, penalty: float = 0.1) -> t
 # Per-token losses are 0 at masked-out positions; reduce them with `aggregate`.
 # =============================================================================================
 
+
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask.to(x.dtype)
     return (torch.where(m > 0, x, torch.zeros_like(x)) * m).sum() / m.sum().clamp_min(1.0)
@@ -187,9 +190,16 @@ def ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level:
     raise ValueError(f"unknown ratio level {level!r}")
 
 
-def clipped_pg_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                    eps_low: float = 0.2, eps_high: float = 0.28, level: str = "token",
-                    is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def clipped_pg_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    level: str = "token",
+    is_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
     """PPO clipped surrogate per token (to minimise), DAPO clip-higher by default:
 
         loss_t = -min(r_t * A, clip(r_t, 1 - eps_low, 1 + eps_high) * A) * w_t
@@ -212,9 +222,11 @@ def clipped_pg_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tenso
         rd = r.detach()
         clipped = ((a > 0) & (rd > 1.0 + eps_high)) | ((a < 0) & (rd < 1.0 - eps_low))
         log_r = torch.where(m, logp - old_logp, torch.zeros_like(logp)).detach()
-        stats = {"clip_frac": float(_masked_mean(clipped.to(rd.dtype), m)),
-                 "ratio_mean": float(_masked_mean(rd, m)),
-                 "approx_kl": float(_masked_mean(torch.expm1(log_r) - log_r, m))}
+        stats = {
+            "clip_frac": float(_masked_mean(clipped.to(rd.dtype), m)),
+            "ratio_mean": float(_masked_mean(rd, m)),
+            "approx_kl": float(_masked_mean(torch.expm1(log_r) - log_r, m)),
+        }
     return per_tok, stats
 
 
@@ -229,8 +241,9 @@ def truncated_is_weight(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, ca
         return torch.exp(old_logp - behaviour_logp).clamp(max=cap)
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
-              constant: float | None = None) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean", constant: float | None = None
+) -> torch.Tensor:
     """Reduce a per-token loss [B, T] to a scalar over the mask (masked-out positions never count):
 
         constant (Dr.GRPO):          sum_{masked} loss / constant, constant fixed across batches,
@@ -280,6 +293,7 @@ def entropy_from_logprobs(lp: torch.Tensor) -> torch.Tensor:
 # env feedback), teacher-forcing the student's own response; its logprobs/logits carry no gradient.
 # =============================================================================================
 
+
 def _sdpo_is_weight(student_logp: torch.Tensor, old_logp: torch.Tensor | None, is_clip: float | None) -> torch.Tensor:
     """w_t = min(exp(sg(student_t - old_t)), is_clip), detached; 1 when old_logp is None."""
     if old_logp is None:
@@ -288,8 +302,13 @@ def _sdpo_is_weight(student_logp: torch.Tensor, old_logp: torch.Tensor | None, i
     return w if is_clip is None else w.clamp(max=is_clip)
 
 
-def sdpo_token_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, old_logp: torch.Tensor | None,
-                    mask: torch.Tensor, is_clip: float | None = 2.0) -> tuple[torch.Tensor, dict]:
+def sdpo_token_loss(
+    student_logp: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    mask: torch.Tensor,
+    is_clip: float | None = 2.0,
+) -> tuple[torch.Tensor, dict]:
     """Sampled-token SDPO (alpha = 1, reverse KL), as a policy gradient with a per-token advantage:
 
         A_t    = sg(teacher_logp_t - student_logp_t)
@@ -305,9 +324,11 @@ def sdpo_token_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, old_
     per_tok = torch.where(m, -a * student_logp * w, torch.zeros_like(student_logp))
     with torch.no_grad():
         capped = (w >= is_clip) if (is_clip is not None and old_logp is not None) else torch.zeros_like(m)
-        stats = {"adv_mean": float(_masked_mean(a, m)),
-                 "teacher_higher_frac": float(_masked_mean((a > 0).to(a.dtype), m)),
-                 "is_clip_frac": float(_masked_mean(capped.to(a.dtype), m))}
+        stats = {
+            "adv_mean": float(_masked_mean(a, m)),
+            "teacher_higher_frac": float(_masked_mean((a > 0).to(a.dtype), m)),
+            "is_clip_frac": float(_masked_mean(capped.to(a.dtype), m)),
+        }
     return per_tok, stats
 
 
@@ -337,9 +358,17 @@ def generalized_jsd(lp_s: torch.Tensor, lp_t: torch.Tensor, alpha: float) -> tor
     return (1.0 - alpha) * _kl(lp_s, log_m) + alpha * _kl(lp_t, log_m)
 
 
-def sdpo_topk_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor,
-                   k: int = 20, alpha: float = 0.5, tail: bool = True, old_logp: torch.Tensor | None = None,
-                   sampled_ids: torch.Tensor | None = None, is_clip: float | None = 2.0) -> tuple[torch.Tensor, dict]:
+def sdpo_topk_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor,
+    k: int = 20,
+    alpha: float = 0.5,
+    tail: bool = True,
+    old_logp: torch.Tensor | None = None,
+    sampled_ids: torch.Tensor | None = None,
+    is_clip: float | None = 2.0,
+) -> tuple[torch.Tensor, dict]:
     """Top-k logit SDPO: a divergence per response position between student and (detached) teacher.
 
     At each masked position take the STUDENT's top-k vocabulary indices, gather both log-softmaxes
@@ -364,8 +393,9 @@ def sdpo_topk_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, m
     return out, {"div_mean": float(div.detach().mean()) if div.numel() else 0.0}
 
 
-def blend(grpo_per_token: torch.Tensor, sdpo_per_token: torch.Tensor, sdpo_mask: torch.Tensor,
-          weight: float) -> torch.Tensor:
+def blend(
+    grpo_per_token: torch.Tensor, sdpo_per_token: torch.Tensor, sdpo_mask: torch.Tensor, weight: float
+) -> torch.Tensor:
     """Per-token blend of the policy-gradient and SDPO losses (TRL SDPOTrainer distillation_weight):
 
         rows with SDPO context (sdpo_mask[b] true):  (1 - weight) * grpo + weight * sdpo

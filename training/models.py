@@ -6,11 +6,12 @@
     cfg = build_config("qwen3-vl", "8b")                 # config only: nothing allocated
     param_counts("qwen3-vl", "8b")                       # counted on the meta device
 
-Sizes: `tiny` (~0.5M, tests), `mini` (~6M, the CPU learning-bar run), `small` (~20M, the CPU default) and the released shapes for GPU benchmarks
-(`2b`/`4b`/`8b` for Qwen3-VL, `3b`/`7b` for Qwen2.5-VL). A built folder holds model.safetensors, config.json,
-generation_config.json (eos = <|im_end|>), the locally trained tokenizer (training/tokenizer.py), the image
-processor, processor_config.json and video_preprocessor_config.json, so stock `AutoProcessor` loads it where
-torchvision works and `load_processor` loads it everywhere. Pure torch/transformers: no Prefect here.
+Sizes: `tiny` (~0.5M, tests), `mini` (~6M, the CPU learning-bar run), `small` (~20M, the CPU default) and the
+released shapes for GPU benchmarks (`2b`/`4b`/`8b` for Qwen3-VL, `3b`/`7b` for Qwen2.5-VL). A built folder holds
+model.safetensors, config.json, generation_config.json (eos = <|im_end|>), the locally trained tokenizer
+(training/tokenizer.py), the image processor, processor_config.json and video_preprocessor_config.json, so stock
+`AutoProcessor` loads it where torchvision works and `load_processor` loads it everywhere. Pure torch/transformers:
+no Prefect here.
 """
 
 from __future__ import annotations
@@ -25,8 +26,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from training.tokenizer import (SPECIAL_TOKENS, build_processor, build_tokenizer, image_processor_settings,
-                                load_processor, special_ids)
+from training.tokenizer import (
+    SPECIAL_TOKENS,
+    build_processor,
+    build_tokenizer,
+    image_processor_settings,
+    load_processor,
+    special_ids,
+)
 
 ARCHS = ("qwen3-vl", "qwen2.5-vl")
 _MODEL_TYPES = {"qwen3_vl": "qwen3-vl", "qwen2_5_vl": "qwen2.5-vl"}
@@ -41,25 +48,62 @@ class ModelError(ValueError):
 
 # --------------------------------------------------------------------------------------------- shapes
 def _q3(h, layers, heads, kv, ffn, tie, vision, deepstack, head_dim=128, mrope=(24, 20, 20), vocab=151936):
-    text = dict(vocab_size=vocab, hidden_size=h, intermediate_size=ffn, num_hidden_layers=layers,
-                num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, max_position_embeddings=262144,
-                rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=5e6, mrope_section=list(mrope),
-                                                        mrope_interleaved=True))
+    text = dict(
+        vocab_size=vocab,
+        hidden_size=h,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        max_position_embeddings=262144,
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(rope_type="default", rope_theta=5e6, mrope_section=list(mrope), mrope_interleaved=True),
+    )
     depth, vh, vffn, vheads, npos = vision
-    vis = dict(depth=depth, hidden_size=vh, intermediate_size=vffn, num_heads=vheads, patch_size=16,
-               spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=h, num_position_embeddings=npos,
-               deepstack_visual_indexes=list(deepstack), hidden_act="gelu_pytorch_tanh")
+    vis = dict(
+        depth=depth,
+        hidden_size=vh,
+        intermediate_size=vffn,
+        num_heads=vheads,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=h,
+        num_position_embeddings=npos,
+        deepstack_visual_indexes=list(deepstack),
+        hidden_act="gelu_pytorch_tanh",
+    )
     return dict(text=text, vision=vis, tie=tie)
 
 
 def _q25(h, layers, heads, kv, ffn, tie, vision, mrope=(16, 24, 24), vocab=151936):
-    text = dict(vocab_size=vocab, hidden_size=h, intermediate_size=ffn, num_hidden_layers=layers,
-                num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=128000, rms_norm_eps=1e-6,
-                rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=list(mrope)))
+    text = dict(
+        vocab_size=vocab,
+        hidden_size=h,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=128000,
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=list(mrope)),
+    )
     depth, vh, vffn, vheads, fullatt = vision
-    vis = dict(depth=depth, hidden_size=vh, intermediate_size=vffn, num_heads=vheads, patch_size=14,
-               spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=h, window_size=112,
-               fullatt_block_indexes=list(fullatt), tokens_per_second=2, hidden_act="silu")
+    vis = dict(
+        depth=depth,
+        hidden_size=vh,
+        intermediate_size=vffn,
+        num_heads=vheads,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=h,
+        window_size=112,
+        fullatt_block_indexes=list(fullatt),
+        tokens_per_second=2,
+        hidden_act="silu",
+    )
     return dict(text=text, vision=vis, tie=tie)
 
 
@@ -108,13 +152,20 @@ def build_config(arch: str, size: str, token_ids: dict[str, int] | None = None, 
     if arch == "qwen2.5-vl":  # its text config otherwise defaults bos/eos to the released ids
         text.update(bos_token_id=None, eos_token_id=ids["<|im_end|>"])
     cls = Qwen3VLConfig if arch == "qwen3-vl" else Qwen2_5_VLConfig
-    return cls(text_config=text, vision_config=dict(shape["vision"]), image_token_id=ids["<|image_pad|>"],
-               video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-               vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=shape["tie"])
+    return cls(
+        text_config=text,
+        vision_config=dict(shape["vision"]),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=shape["tie"],
+    )
 
 
 def _model_class(arch: str):
     from transformers import Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration
+
     return Qwen3VLForConditionalGeneration if arch == "qwen3-vl" else Qwen2_5_VLForConditionalGeneration
 
 
@@ -224,8 +275,10 @@ def _looks_local(name: str) -> bool:
 
 
 def _hub_error(name: str, why: str) -> ModelError:
-    return ModelError(f"cannot reach the Hugging Face Hub to download {name!r} ({why}); pass a local folder "
-                      f"(flywheel model init ...) or set HF_HUB_OFFLINE=0 on a machine with access")
+    return ModelError(
+        f"cannot reach the Hugging Face Hub to download {name!r} ({why}); pass a local folder "
+        f"(flywheel model init ...) or set HF_HUB_OFFLINE=0 on a machine with access"
+    )
 
 
 def _hub_preflight(name: str) -> bool:
@@ -240,6 +293,7 @@ def _hub_preflight(name: str) -> bool:
     if offline:
         raise _hub_error(name, "HF_HUB_OFFLINE is set")
     import httpx
+
     endpoint = os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/")
     try:  # one short request instead of the library's retries with backoff
         httpx.head(f"{endpoint}/api/models/{name}", timeout=5.0, follow_redirects=True)
@@ -259,6 +313,7 @@ def _thread_only_tqdm_lock() -> None:
     import threading
 
     from tqdm import tqdm
+
     if "_lock" not in vars(tqdm):  # a bar drawn earlier keeps its lock
         tqdm.set_lock(threading.RLock())
 
@@ -288,8 +343,9 @@ def load_model(name_or_path: str | Path, dtype: str = "auto", device: str = "aut
     except OSError as e:
         raise ModelError(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
     if lora is not None:
-        model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules,
-                           fp32_adapters=lora.fp32_adapters)
+        model = apply_lora(
+            model, lora.r, lora.alpha, lora.dropout, lora.target_modules, fp32_adapters=lora.fp32_adapters
+        )
     return model, proc
 
 
@@ -299,8 +355,9 @@ def _from_pretrained(src: str, torch_dtype, dev, local_only: bool):
     cfg = AutoConfig.from_pretrained(src, local_files_only=local_only)
     if cfg.model_type not in _MODEL_TYPES:
         raise ModelError(f"{src}: model type {cfg.model_type!r} is not Qwen3-VL or Qwen2.5-VL")
-    model = AutoModelForImageTextToText.from_pretrained(src, dtype=torch_dtype, device_map=str(dev),
-                                                        local_files_only=local_only)
+    model = AutoModelForImageTextToText.from_pretrained(
+        src, dtype=torch_dtype, device_map=str(dev), local_files_only=local_only
+    )
     proc = load_processor(src)
     if model.generation_config.eos_token_id is None:  # released Qwen3-VL configs: stop at <|im_end|>
         set_generation_ids(model, proc.tokenizer)
@@ -356,8 +413,15 @@ def freeze_vision(model) -> int:
     return n
 
 
-def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.05, target_modules: str = _LM_TARGETS, *,
-               fp32_adapters: bool = True):
+def apply_lora(
+    model,
+    r: int = 16,
+    alpha: int = 32,
+    dropout: float = 0.05,
+    target_modules: str = _LM_TARGETS,
+    *,
+    fp32_adapters: bool = True,
+):
     """Wrap `model` with PEFT LoRA on the language model only (regex, because the Qwen2.5-VL vision MLP also has
     gate/up/down_proj); every base weight, the vision tower included, is frozen.
 
@@ -369,9 +433,11 @@ def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.05, targe
     if r < 1 or alpha <= 0 or not 0 <= dropout < 1:
         raise ModelError(f"bad LoRA settings r={r} alpha={alpha} dropout={dropout}")
     with _quiet_peft():
-        peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
-                                                      target_modules=target_modules),
-                                    autocast_adapter_dtype=fp32_adapters)
+        peft_model = get_peft_model(
+            model,
+            LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules),
+            autocast_adapter_dtype=fp32_adapters,
+        )
     freeze_vision(peft_model)
     return peft_model
 
@@ -382,7 +448,7 @@ def image_token_count(proc, width: int = 160, height: int = 210) -> int:
     from PIL import Image
 
     grid = proc.image_processor(images=[Image.new("RGB", (width, height))], return_tensors="pt")["image_grid_thw"]
-    return int(grid.prod(-1).sum()) // proc.image_processor.merge_size ** 2
+    return int(grid.prod(-1).sum()) // proc.image_processor.merge_size**2
 
 
 def describe(name_or_path: str | Path, lora: LoraSpec = LoraSpec()) -> dict[str, Any]:
@@ -409,11 +475,19 @@ def describe(name_or_path: str | Path, lora: LoraSpec = LoraSpec()) -> dict[str,
         lora_trainable = count_parameters(apply_lora(model, lora.r, lora.alpha, lora.dropout))["trainable"]
     proc = load_processor(src)
     text_cfg = cfg.text_config
-    return {"arch": _MODEL_TYPES[cfg.model_type], "class": (cfg.architectures or ["?"])[0], **counts,
-            "lora_r": lora.r, "lora_trainable": lora_trainable, "vocab_size": text_cfg.vocab_size,
-            "tokenizer_size": len(proc.tokenizer), "hidden_size": text_cfg.hidden_size,
-            "layers": text_cfg.num_hidden_layers, "image_tokens_160x210": image_token_count(proc, 160, 210),
-            "dtype": str(getattr(cfg, "dtype", None) or "float32").replace("torch.", "")}
+    return {
+        "arch": _MODEL_TYPES[cfg.model_type],
+        "class": (cfg.architectures or ["?"])[0],
+        **counts,
+        "lora_r": lora.r,
+        "lora_trainable": lora_trainable,
+        "vocab_size": text_cfg.vocab_size,
+        "tokenizer_size": len(proc.tokenizer),
+        "hidden_size": text_cfg.hidden_size,
+        "layers": text_cfg.num_hidden_layers,
+        "image_tokens_160x210": image_token_count(proc, 160, 210),
+        "dtype": str(getattr(cfg, "dtype", None) or "float32").replace("torch.", ""),
+    }
 
 
 def is_lora_param(name: str) -> bool:

@@ -66,9 +66,11 @@ def rope_positions_fn(model) -> Callable[[dict[str, Any]], Any]:
         if "image_grid_thw" not in enc:
             return torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1).clone()
         with torch.no_grad():
-            pos, _ = inner.get_rope_index(ids, mm_token_type_ids=enc["mm_token_type_ids"],
-                                          image_grid_thw=enc["image_grid_thw"])
+            pos, _ = inner.get_rope_index(
+                ids, mm_token_type_ids=enc["mm_token_type_ids"], image_grid_thw=enc["image_grid_thw"]
+            )
         return pos.cpu()
+
     return positions
 
 
@@ -130,8 +132,11 @@ def _varlen_signature() -> dict[str, bool]:
         from torch.nn.attention.varlen import varlen_attn
 
         params = inspect.signature(varlen_attn).parameters
-        _VARLEN_SIG = {"is_causal": "is_causal" in params, "window_size": "window_size" in params,
-                       "enable_gqa": "enable_gqa" in params}
+        _VARLEN_SIG = {
+            "is_causal": "is_causal" in params,
+            "window_size": "window_size" in params,
+            "enable_gqa": "enable_gqa" in params,
+        }
     return _VARLEN_SIG
 
 
@@ -152,7 +157,8 @@ class _FlashVarlen:
                 @staticmethod
                 def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
                     out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
-                        q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale)
+                        q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale
+                    )
                     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seed, offset)
                     ctx.args = (max_q, max_k, causal, scale)
                     return out
@@ -162,8 +168,22 @@ class _FlashVarlen:
                     q, k, v, out, lse, cu_q, cu_k, seed, offset = ctx.saved_tensors
                     max_q, max_k, causal, scale = ctx.args
                     dq, dk, dv = torch.ops.aten._flash_attention_backward(
-                        grad.contiguous(), q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.0, causal, seed, offset,
-                        scale=scale)
+                        grad.contiguous(),
+                        q,
+                        k,
+                        v,
+                        out,
+                        lse,
+                        cu_q,
+                        cu_k,
+                        max_q,
+                        max_k,
+                        0.0,
+                        causal,
+                        seed,
+                        offset,
+                        scale=scale,
+                    )
                     return dq, dk, dv, None, None, None, None, None, None
 
             cls.fn = Fn
@@ -173,9 +193,21 @@ class _FlashVarlen:
 GQA_NATIVE = True  # False: torch's varlen_attn with K/V repeated to the query heads when it lacks enable_gqa
 
 
-def varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-                     is_causal: bool | None = None, cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None,
-                     max_length_k=None, **kwargs):
+def varlen_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    cu_seq_lens_q=None,
+    cu_seq_lens_k=None,
+    max_length_q=None,
+    max_length_k=None,
+    **kwargs,
+):
     """A transformers attention function: attention within each packed sequence on flash varlen kernels; causal
     unless the caller says `is_causal=False`.
 
@@ -184,8 +216,9 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
     if cu_seq_lens_q is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     b, hq, t, d = query.shape
     hk = key.shape[1]
     causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)

@@ -75,9 +75,20 @@ class ProgressLog:
     `64/128 episodes` instead of `step 120/540`; `rate_unit` names the unit in the rate (default: `unit`).
     `clock` is injectable (tests)."""
 
-    def __init__(self, label: str, total: int | None, done: int = 0, *, unit: str = "step", unit_after: bool = False,
-                 rate_unit: str | None = None, quiet: bool = False, every: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None):
+    def __init__(
+        self,
+        label: str,
+        total: int | None,
+        done: int = 0,
+        *,
+        unit: str = "step",
+        unit_after: bool = False,
+        rate_unit: str | None = None,
+        quiet: bool = False,
+        every: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        logger: logging.Logger | None = None,
+    ):
         self.label, self.total, self.done, self.first = label, total, done, done
         self.unit, self.unit_after, self.rate_unit = unit, unit_after, rate_unit or unit
         self.quiet, self.every = quiet, every_s() if every is None else every
@@ -183,8 +194,9 @@ class _Console(logging.Handler):
         try:
             text = self.format(record) + "\n"
             out, err = sys.stdout, sys.stderr
-            elsewhere = _forwarding > 0 or (log.propagate and any(h.level <= record.levelno
-                                                                  for h in logging.getLogger().handlers))
+            elsewhere = _forwarding > 0 or (
+                log.propagate and any(h.level <= record.levelno for h in logging.getLogger().handlers)
+            )
             if not elsewhere or (not _isatty(out) and not _same_file(out, err)):  # same file: the line is there
                 out.write(text)
                 out.flush()

@@ -1,7 +1,8 @@
 """The RL update on lake step rows: GRPO / Dr.GRPO / GSPO / SDPO, pure torch/transformers (no Prefect).
 
     s = RLSettings.from_config(cfg)                        # cfg.rl + the student's prompt options and max_new_tokens
-    trainer = RLTrainer(model, processor, s)               # optimizer, weights, SDPO teacher, KL reference: kept over rounds
+    trainer = RLTrainer(model, processor, s)               # optimizer, weights, SDPO teacher, KL reference:
+                                                           # kept over rounds
     res = trainer.train_round(lake, ["<rollout run key>"], round_idx=0, iteration=0, run_key="rl-it0-...")
     metrics = rl_update(model, processor, rows, s)          # one update on rows you built (training.rl_data)
 
@@ -58,12 +59,24 @@ from training.core import Bar, TrainableWeights, TrainState, make_optimizer, opt
 from training.distributed import Context, balanced_share, ddp_wrap, gather, global_float, global_floats
 from training.kernels import fuse_model
 from training.progress import ProgressLog, draws_bar
-from training.rl_encode import (FEEDBACK_BLOCK, SOLUTION_BLOCK, RowEncoder, frozen_copy, length_batches,  # noqa: F401
-                                pixel_dtype, response_logprobs, rows_tensor, teacher_messages)
+from training.rl_data import (
+    assign_advantages,
+    attach_sdpo_context,
+    load_rl_rows,  # noqa: F401
+    row_record,
+    update_summary,
+)
+from training.rl_encode import (
+    RowEncoder,
+    frozen_copy,
+    length_batches,  # noqa: F401
+    pixel_dtype,
+    response_logprobs,
+    rows_tensor,
+    teacher_messages,
+)
 from training.rl_settings import ALGORITHMS, RLSettings  # noqa: F401  (re-exported)
 from training.rl_state import ResumableTrainer
-from training.rl_data import (assign_advantages, attach_sdpo_context, episode_rows, load_rl_rows,  # noqa: F401
-                              row_record, update_summary)
 
 
 # ------------------------------------------------------------------------------------------------ trainer
@@ -76,8 +89,17 @@ class RLTrainer(ResumableTrainer):
 
     device_rows_bytes = 4 << 30  # an update's encoded rows kept on a GPU (bf16 pixels); the rest is placed per use
 
-    def __init__(self, model, processor, settings: RLSettings, *, ref=None, teacher=None, base_model: str | None = None,
-                 ctx: Context | None = None):
+    def __init__(
+        self,
+        model,
+        processor,
+        settings: RLSettings,
+        *,
+        ref=None,
+        teacher=None,
+        base_model: str | None = None,
+        ctx: Context | None = None,
+    ):
         from training.models import freeze_vision, is_lora_param
 
         self.model, self.processor, self.s, self.base_model = model, processor, settings, base_model
@@ -108,9 +130,16 @@ class RLTrainer(ResumableTrainer):
         s = self.s
         if s.distill_weight > 0:
             attach_sdpo_context(rows, s.sdpo_context)
-        return assign_advantages(rows, mode=s.advantage_mode, drop_zero_variance=s.drop_zero_variance,
-                                 parse_error_penalty=s.parse_error_penalty, keep_sdpo_rows=s.distill_weight > 0,
-                                 gigpo_omega=s.gigpo_omega, gigpo_gamma=s.gigpo_gamma, step_weight=s.step_weight)
+        return assign_advantages(
+            rows,
+            mode=s.advantage_mode,
+            drop_zero_variance=s.drop_zero_variance,
+            parse_error_penalty=s.parse_error_penalty,
+            keep_sdpo_rows=s.distill_weight > 0,
+            gigpo_omega=s.gigpo_omega,
+            gigpo_gamma=s.gigpo_gamma,
+            step_weight=s.step_weight,
+        )
 
     def _score(self, model, encoded: list[dict[str, Any]], temperature: float | None = None) -> list[Any]:
         """Per-row response log-probs (cpu, detached) under `model` at `temperature` (default: the sampler's)."""
@@ -138,16 +167,24 @@ class RLTrainer(ResumableTrainer):
         import torch
 
         s = self.s
-        own = {i for i, r in enumerate(rows) if s.old_logp == "rollout" and s.temperature == 1.0
-               and not r.get("replayed") and r.get("behaviour_logp") and len(r["behaviour_logp"]) == len(resp[i])}
+        own = {
+            i
+            for i, r in enumerate(rows)
+            if s.old_logp == "rollout"
+            and s.temperature == 1.0
+            and not r.get("replayed")
+            and r.get("behaviour_logp")
+            and len(r["behaviour_logp"]) == len(resp[i])
+        }
         rest = [i for i in range(len(rows)) if i not in own]
         out = dict(zip(rest, self._score(self.model, [enc[i] for i in rest])))
         out.update({i: torch.tensor(rows[i]["behaviour_logp"], dtype=torch.float32) for i in own})
         return [out[i] for i in range(len(rows))]
 
     # ---------------------------------------------------------------- update
-    def update(self, rows: list[dict[str, Any]], *, round_idx: int = 0, progress: bool = False,
-               lines: bool = True) -> dict[str, Any]:
+    def update(
+        self, rows: list[dict[str, Any]], *, round_idx: int = 0, progress: bool = False, lines: bool = True
+    ) -> dict[str, Any]:
         """`settings.epochs` passes of minibatch updates over `rows` (prepared with `prepare` first when they carry
         no advantages). `progress` draws a bar on a terminal; else `lines` logs progress lines (training.progress).
         Returns {"steps": per optimizer step metrics, "rows": per row records, "summary",
@@ -159,8 +196,11 @@ class RLTrainer(ResumableTrainer):
         steps: list[dict[str, Any]] = []
         per_epoch = math.ceil(len(rows) / s.batch_size)
         bar = Bar(per_epoch * s.epochs, 0, "rl") if draws_bar(progress) and rows else None
-        plog = ProgressLog(f"rl round {round_idx + 1} update", per_epoch * s.epochs,
-                           quiet=bar is not None or not lines or not rows or not self.ctx.main)
+        plog = ProgressLog(
+            f"rl round {round_idx + 1} update",
+            per_epoch * s.epochs,
+            quiet=bar is not None or not lines or not rows or not self.ctx.main,
+        )
         stopped = "done" if rows else "empty"
         try:
             for epoch in range(s.epochs if rows else 0):
@@ -170,10 +210,16 @@ class RLTrainer(ResumableTrainer):
                         stopped = "budget"
                         break
                     t0 = time.monotonic()
-                    m = self._step(order[k:k + s.batch_size], rows, enc, tenc, old, ref, isw)
+                    m = self._step(order[k : k + s.batch_size], rows, enc, tenc, old, ref, isw)
                     self.count_time(t0)
-                    m.update(round=round_idx, update_step=len(steps), global_step=self.state.step - 1, epoch=epoch,
-                             algo=s.algorithm, lr=m.pop("lr"))
+                    m.update(
+                        round=round_idx,
+                        update_step=len(steps),
+                        global_step=self.state.step - 1,
+                        epoch=epoch,
+                        algo=s.algorithm,
+                        lr=m.pop("lr"),
+                    )
                     steps.append(m)
                     if bar:
                         bar.show(len(steps), f"loss {m['loss']:.4f} | clip {m['clip_frac']:.2f} | H {m['entropy']:.2f}")
@@ -185,11 +231,22 @@ class RLTrainer(ResumableTrainer):
                 bar.stop()
             plog.stop()
         self.state.stopped = stopped
-        records = [dict(row_record(r), n_tokens=len(resp[i]), old_logp_mean=float(old[i].mean()) if len(old[i]) else None,
-                        is_weight_mean=float(isw[i].mean()) if len(isw[i]) else None, sdpo=bool(r.get("sdpo")))
-                   for i, r in enumerate(rows)]
-        return {"steps": steps, "rows": records, "summary": {**update_summary(steps), "n_rows_unscorable": n_unscorable},
-                "stopped": stopped}
+        records = [
+            dict(
+                row_record(r),
+                n_tokens=len(resp[i]),
+                old_logp_mean=float(old[i].mean()) if len(old[i]) else None,
+                is_weight_mean=float(isw[i].mean()) if len(isw[i]) else None,
+                sdpo=bool(r.get("sdpo")),
+            )
+            for i, r in enumerate(rows)
+        ]
+        return {
+            "steps": steps,
+            "rows": records,
+            "summary": {**update_summary(steps), "n_rows_unscorable": n_unscorable},
+            "stopped": stopped,
+        }
 
     def apply_step(self, lr: float, n_rows: int, n_tok: int) -> float:
         """After a step's backward: the step's lr, clip + step + zero (training.core.optimizer_step), and the step
@@ -224,16 +281,22 @@ class RLTrainer(ResumableTrainer):
         if n_unscorable:  # rare garbage replies; their episodes still count in their groups' baselines
             rows, resp = [r for r, k in zip(rows, ok) if k], [ids for ids, k in zip(resp, ok) if k]
         enc = [self.encoder.encode(r["messages"], r["images"], ids) for r, ids in zip(rows, resp)]
-        tenc = {i: self.encoder.encode(teacher_messages(r["messages"], r.get("sdpo_solution"), r.get("sdpo_feedback")),
-                                       r["images"], resp[i])
-                for i, r in enumerate(rows) if s.distill_weight > 0 and r.get("sdpo")}
+        tenc = {
+            i: self.encoder.encode(
+                teacher_messages(r["messages"], r.get("sdpo_solution"), r.get("sdpo_feedback")), r["images"], resp[i]
+            )
+            for i, r in enumerate(rows)
+            if s.distill_weight > 0 and r.get("sdpo")
+        }
         enc, tenc = self._resident(enc, tenc)
         old = self._old_logp(rows, enc, resp)
         ref = self._score(self.ref, enc) if self.ref is not None and s.kl_coef > 0 else None
         # the sampler stores temperature-1 log-probs: at another temperature, staleness is measured at 1
         raw = old if s.temperature == 1.0 else self._score(self.model, enc, 1.0)
-        isw = [truncated_is_weight(o, torch.tensor(r["behaviour_logp"]) if r.get("behaviour_logp") else o, s.is_cap)
-               for o, r in zip(raw, rows)]
+        isw = [
+            truncated_is_weight(o, torch.tensor(r["behaviour_logp"]) if r.get("behaviour_logp") else o, s.is_cap)
+            for o, r in zip(raw, rows)
+        ]
         return rows, resp, enc, tenc, old, ref, isw, n_unscorable
 
     def _resident(self, enc: list[dict[str, Any]], tenc: dict[int, dict[str, Any]]):
@@ -249,8 +312,24 @@ class RLTrainer(ResumableTrainer):
         lens = [len(old[i]) for i in mb]
         demo_tok = sum(len(old[i]) for i in mb if rows[i].get("replayed"))
         norm = (len(mb), sum(lens), sum(n > 0 for n in lens), demo_tok)  # rows, tokens, non-empty rows, replayed tokens
-        acc = dict.fromkeys(("loss", "ent", "clip", "akl", "ratio", "isw", "klref", "sd_tok", "sd_high", "sd_adv",
-                             "sd_div", "n_sdpo", "demo_nll"), 0.0)
+        acc = dict.fromkeys(
+            (
+                "loss",
+                "ent",
+                "clip",
+                "akl",
+                "ratio",
+                "isw",
+                "klref",
+                "sd_tok",
+                "sd_high",
+                "sd_adv",
+                "sd_div",
+                "n_sdpo",
+                "demo_nll",
+            ),
+            0.0,
+        )
         # under DDP this rank runs its token-balanced share of the minibatch, its loss x world (DDP averages the
         # gradients); a rank left without a row (a minibatch smaller than the world) runs one at weight 0, so every
         # rank takes part in the one synced backward
@@ -270,14 +349,27 @@ class RLTrainer(ResumableTrainer):
         self.state.losses.append(round(acc["loss"], 6))
         a = torch.tensor([rows[i]["advantage"] for i in mb], dtype=torch.float64)
         T, sd = max(n_tok, 1), acc["sd_tok"]
-        return dict(lr=lr, loss=acc["loss"], entropy=acc["ent"] / T, clip_frac=acc["clip"] / T, approx_kl=acc["akl"] / T,
-                    kl_ref=acc["klref"] / T, ratio_mean=acc["ratio"] / T, is_weight_mean=acc["isw"] / T,
-                    adv_mean=float(a.mean()), adv_std=float(a.std(unbiased=False)), adv_abs=float(a.abs().mean()),
-                    grad_norm=grad_norm, n_rows=n_rows, n_tokens=n_tok, n_sdpo_rows=int(acc["n_sdpo"]),
-                    sdpo_teacher_higher_frac=acc["sd_high"] / sd if sd else None,
-                    sdpo_adv_mean=acc["sd_adv"] / sd if sd else None,
-                    sdpo_div_mean=acc["sd_div"] / sd if sd and s.sdpo_mode == "topk" else None,
-                    demo_nll=acc["demo_nll"] if norm[3] and s.demo_nll else None)
+        return dict(
+            lr=lr,
+            loss=acc["loss"],
+            entropy=acc["ent"] / T,
+            clip_frac=acc["clip"] / T,
+            approx_kl=acc["akl"] / T,
+            kl_ref=acc["klref"] / T,
+            ratio_mean=acc["ratio"] / T,
+            is_weight_mean=acc["isw"] / T,
+            adv_mean=float(a.mean()),
+            adv_std=float(a.std(unbiased=False)),
+            adv_abs=float(a.abs().mean()),
+            grad_norm=grad_norm,
+            n_rows=n_rows,
+            n_tokens=n_tok,
+            n_sdpo_rows=int(acc["n_sdpo"]),
+            sdpo_teacher_higher_frac=acc["sd_high"] / sd if sd else None,
+            sdpo_adv_mean=acc["sd_adv"] / sd if sd else None,
+            sdpo_div_mean=acc["sd_div"] / sd if sd and s.sdpo_mode == "topk" else None,
+            demo_nll=acc["demo_nll"] if norm[3] and s.demo_nll else None,
+        )
 
     def _micro(self, idx, rows, enc, tenc, old, ref, isw, norm, scale, acc) -> None:
         """Forward + backward of one micro-batch; its loss over the minibatch's normaliser `norm`, x `scale`."""
@@ -312,7 +404,9 @@ class RLTrainer(ResumableTrainer):
         elif s.aggregation == "token_mean":
             loss = aggregate(per_tok, mask, "constant", constant=max(n_tok, 1))
         else:
-            loss = aggregate(per_tok, mask, "seq_mean_token_mean") * (int((mask.sum(-1) > 0).sum()) / max(n_nonempty, 1))
+            loss = aggregate(per_tok, mask, "seq_mean_token_mean") * (
+                int((mask.sum(-1) > 0).sum()) / max(n_nonempty, 1)
+            )
         demo = [j for j, i in enumerate(idx) if rows[i].get("replayed")]
         if s.demo_nll and demo:  # DAPG: behaviour cloning on the minibatch's replayed tokens, their own token mean
             dm = torch.zeros_like(mask)
@@ -324,9 +418,14 @@ class RLTrainer(ResumableTrainer):
         if not scale:  # a weight-0 stand-in: no metrics
             return
         t = float(mask.sum())
-        part.update(loss=float(loss.detach()), ent=float(torch.where(mask, ent, torch.zeros_like(ent)).sum()),
-                    clip=st["clip_frac"] * t, akl=st["approx_kl"] * t, ratio=st["ratio_mean"] * t,
-                    isw=float(torch.where(mask, isw_t, torch.zeros_like(isw_t)).sum()))
+        part.update(
+            loss=float(loss.detach()),
+            ent=float(torch.where(mask, ent, torch.zeros_like(ent)).sum()),
+            clip=st["clip_frac"] * t,
+            akl=st["approx_kl"] * t,
+            ratio=st["ratio_mean"] * t,
+            isw=float(torch.where(mask, isw_t, torch.zeros_like(isw_t)).sum()),
+        )
         for key, v in part.items():
             acc[key] += v
 
@@ -346,8 +445,14 @@ class RLTrainer(ResumableTrainer):
         with torch.no_grad():
             tb, tpos, tmask = self.encoder.pad([tenc[idx[j]] for j in sd_rows], dev, self.pixel_dtype)
             r_t = tpos.shape[1]  # the same response lengths as the student's rows, at the teacher's positions
-            tlp, _, *t_top = response_logprobs(self.teacher, tb, tpos, tmask, temperature=s.temperature,
-                                               at=s_ids[sel, :r_t] if s_ids is not None else None)
+            tlp, _, *t_top = response_logprobs(
+                self.teacher,
+                tb,
+                tpos,
+                tmask,
+                temperature=s.temperature,
+                at=s_ids[sel, :r_t] if s_ids is not None else None,
+            )
         cur = teacher_lp[sel, :r_t]
         teacher_lp[sel, :r_t] = torch.where(tmask, tlp, cur)
         sd_mask = torch.zeros(len(idx), dtype=torch.bool, device=dev)
@@ -380,16 +485,38 @@ class RLTrainer(ResumableTrainer):
             torch._foreach_lerp_(t, [p.to(q.dtype) for p, q in zip(st, t)], self.s.sdpo_ema_rate)
 
     # ---------------------------------------------------------------- a round over the lake
-    def train_round(self, lake: Any, run_keys: list[str], *, round_idx: int, iteration: int, run_key: str,
-                    git_sha: str | None = None, progress: bool = False, lines: bool = True,
-                    guide_keys: Sequence[str] = ()) -> dict[str, Any]:
+    def train_round(
+        self,
+        lake: Any,
+        run_keys: list[str],
+        *,
+        round_idx: int,
+        iteration: int,
+        run_key: str,
+        git_sha: str | None = None,
+        progress: bool = False,
+        lines: bool = True,
+        guide_keys: Sequence[str] = (),
+    ) -> dict[str, Any]:
         """training.rl_round.train_round with this trainer: load, prepare, update (+ clone steps), write the lake."""
         from training.rl_round import train_round
-        return train_round(self, lake, run_keys, round_idx=round_idx, iteration=iteration, run_key=run_key,
-                           git_sha=git_sha, progress=progress, lines=lines, guide_keys=guide_keys)
+
+        return train_round(
+            self,
+            lake,
+            run_keys,
+            round_idx=round_idx,
+            iteration=iteration,
+            run_key=run_key,
+            git_sha=git_sha,
+            progress=progress,
+            lines=lines,
+            guide_keys=guide_keys,
+        )
 
 
-def rl_update(model, processor, rows: list[dict[str, Any]], settings: RLSettings, *, ref=None,
-              teacher=None) -> dict[str, Any]:
+def rl_update(
+    model, processor, rows: list[dict[str, Any]], settings: RLSettings, *, ref=None, teacher=None
+) -> dict[str, Any]:
     """One update of `model` on `rows` (advantages assigned here if the rows carry none); see RLTrainer.update."""
     return RLTrainer(model, processor, settings, ref=ref, teacher=teacher).update(rows)

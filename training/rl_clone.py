@@ -29,8 +29,15 @@ from typing import Any, Sequence
 CLONE_ALGO = "clone"
 
 
-def draw(pool: dict[str, list[dict[str, Any]]], focus: Sequence[str], n: int, focus_frac: float,
-         rng, hard: set[tuple[str, int]] = frozenset(), hard_frac: float = 0.0) -> list[dict[str, Any]]:
+def draw(
+    pool: dict[str, list[dict[str, Any]]],
+    focus: Sequence[str],
+    n: int,
+    focus_frac: float,
+    rng,
+    hard: set[tuple[str, int]] = frozenset(),
+    hard_frac: float = 0.0,
+) -> list[dict[str, Any]]:
     """`n` episodes drawn with replacement from `pool` (task -> episodes): round(n x focus_frac) from the `focus`
     tasks, the rest from the other tasks (all n from whichever side is non-empty when the other is empty). Of the
     focus draws, round(k x hard_frac) come from the episodes whose (task_id, seed) is in `hard` (none when no
@@ -56,6 +63,7 @@ def attempts_index(lake: Any):
     """The student's RL attempts (task_id, seed, success), read incrementally (storage.catalog.FilteredRows): kept on
     the trainer, so each round opens only the episode files added since the last, as training.rl_data.stored_index."""
     from storage.catalog import FilteredRows
+
     return FilteredRows(lake, "episodes", "task_id, seed, success", ATTEMPT_WHERE)
 
 
@@ -90,8 +98,7 @@ def clone_rows(con, lake: Any, episodes: Sequence[dict[str, Any]], *, arch: str,
 
     uniq = {e["episode_id"]: e for e in episodes}
     steps = _steps_of(con, list(uniq.values()), lake)
-    rows = {k: episode_rows(e, steps[k], arch=arch, opts=opts, targets=targets, replayed=True)
-            for k, e in uniq.items()}
+    rows = {k: episode_rows(e, steps[k], arch=arch, opts=opts, targets=targets, replayed=True) for k, e in uniq.items()}
     return [r for e in episodes for r in rows[e["episode_id"]]]
 
 
@@ -129,8 +136,11 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int, lines: bool = T
     enc, n_resp = [e for e, _ in drawn], [n for _, n in drawn]
     out: list[dict[str, Any]] = []
     n = min(len(enc), s.clone_steps * s.clone_batch)
-    plog = ProgressLog(f"rl round {round_idx + 1} clone", math.ceil(n / s.clone_batch),
-                       quiet=not lines or not n or not trainer.ctx.main)
+    plog = ProgressLog(
+        f"rl round {round_idx + 1} clone",
+        math.ceil(n / s.clone_batch),
+        quiet=not lines or not n or not trainer.ctx.main,
+    )
     for k in range(0, n, s.clone_batch):
         if s.max_minutes and trainer.state.elapsed_s >= s.max_minutes * 60:
             trainer.state.stopped = "budget"
@@ -149,9 +159,20 @@ def clone_round(trainer: Any, con, lake: Any, *, round_idx: int, lines: bool = T
         lr = clone_lr(s, round_idx * s.clone_steps + k // s.clone_batch)
         grad_norm = trainer.apply_step(lr, len(mb), n_tok)
         trainer.count_time(t0)
-        out.append(dict(round=round_idx, global_step=trainer.state.step - 1, epoch=None, algo=CLONE_ALGO,
-                        loss=acc["loss"] / n_tok, entropy=acc["ent"] / n_tok, grad_norm=grad_norm, lr=lr,
-                        n_rows=len(mb), n_tokens=n_tok))
+        out.append(
+            dict(
+                round=round_idx,
+                global_step=trainer.state.step - 1,
+                epoch=None,
+                algo=CLONE_ALGO,
+                loss=acc["loss"] / n_tok,
+                entropy=acc["ent"] / n_tok,
+                grad_norm=grad_norm,
+                lr=lr,
+                n_rows=len(mb),
+                n_tokens=n_tok,
+            )
+        )
         plog.update(len(out), loss=out[-1]["loss"])
     plog.stop()
     return out

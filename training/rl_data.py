@@ -37,9 +37,14 @@ from typing import Any
 from agents.prompts import PromptOptions, build_prompt, transform_for
 from training.data import _action, history_record, retarget, target_text
 
-_STEP_COLS = ("episode_id, step_idx, screenshot, screen_w, screen_h, ui_text, thought, action_desc, raw_action, action, "
-              "parse_ok, parse_error, exec_error, token_ids, logprobs, feedback")
-_EP_COLS = "episode_id, task_id, seed, instruction, policy, group_id, sample_idx, task_reward, success, status, n_steps, run_key"
+_STEP_COLS = (
+    "episode_id, step_idx, screenshot, screen_w, screen_h, ui_text, thought, action_desc, raw_action, action, "
+    "parse_ok, parse_error, exec_error, token_ids, logprobs, feedback"
+)
+_EP_COLS = (
+    "episode_id, task_id, seed, instruction, policy, group_id, sample_idx, "
+    "task_reward, success, status, n_steps, run_key"
+)
 
 
 # ------------------------------------------------------------------------------------------------ one episode
@@ -65,8 +70,11 @@ def feedback_text(episode: dict[str, Any], steps: Sequence[dict[str, Any]], arch
 
     n = len(steps)
     status = episode.get("status") or "ok"
-    how = {"truncated": " (it hit the step limit)", "timeout": " (it ran out of time)",
-           "error": " (the environment failed)"}.get(status, "")
+    how = {
+        "truncated": " (it hit the step limit)",
+        "timeout": " (it ran out of time)",
+        "error": " (the environment failed)",
+    }.get(status, "")
     parts = [f"The episode ended without success after {n} step{'s' if n != 1 else ''}{how}."]
     if steps:
         last = steps[-1]
@@ -84,8 +92,16 @@ def feedback_text(episode: dict[str, Any], steps: Sequence[dict[str, Any]], arch
     return " ".join(parts)
 
 
-def episode_rows(episode: dict[str, Any], steps: Sequence[dict[str, Any]], *, arch: str, opts: PromptOptions,
-                 targets: str = "full", replayed: bool = False, group_id: str | None = None) -> list[dict[str, Any]]:
+def episode_rows(
+    episode: dict[str, Any],
+    steps: Sequence[dict[str, Any]],
+    *,
+    arch: str,
+    opts: PromptOptions,
+    targets: str = "full",
+    replayed: bool = False,
+    group_id: str | None = None,
+) -> list[dict[str, Any]]:
     """Training rows of one episode (an `episodes` row and its non-final `steps` rows, any order).
 
     A step with token ids is a row (its response = those ids, behaviour = its logprobs). Without token ids, a
@@ -94,16 +110,25 @@ def episode_rows(episode: dict[str, Any], steps: Sequence[dict[str, Any]], *, ar
     steps = sorted((s for s in steps if not s.get("is_final")), key=lambda s: int(s["step_idx"]))
     for i, s in enumerate(steps):
         if int(s["step_idx"]) != i:
-            raise ValueError(f"episode {episode['episode_id']}: steps must be complete (got step_idx "
-                             f"{s['step_idx']} at position {i})")
+            raise ValueError(
+                f"episode {episode['episode_id']}: steps must be complete (got step_idx "
+                f"{s['step_idx']} at position {i})"
+            )
     success = bool(episode.get("success"))
     reward = 1.0 if replayed else float(episode.get("task_reward") or 0.0)
-    common = dict(episode_id=episode["episode_id"], group_id=group_id or episode.get("group_id") or episode["episode_id"],
-                  task_id=episode.get("task_id"), seed=episode.get("seed"), reward=reward, success=success or replayed,
-                  replayed=replayed, policy=episode.get("policy"),
-                  solution=solution_text(steps, arch) if (success or replayed) else None,
-                  feedback=None if (success or replayed) else feedback_text(episode, steps, arch),
-                  episode_steps=len(steps))
+    common = dict(
+        episode_id=episode["episode_id"],
+        group_id=group_id or episode.get("group_id") or episode["episode_id"],
+        task_id=episode.get("task_id"),
+        seed=episode.get("seed"),
+        reward=reward,
+        success=success or replayed,
+        replayed=replayed,
+        policy=episode.get("policy"),
+        solution=solution_text(steps, arch) if (success or replayed) else None,
+        feedback=None if (success or replayed) else feedback_text(episode, steps, arch),
+        episode_steps=len(steps),
+    )
     rows, history = [], []
     for s in steps:
         ids, target = s.get("token_ids"), None
@@ -113,10 +138,19 @@ def episode_rows(episode: dict[str, Any], steps: Sequence[dict[str, Any]], *, ar
         if ids or target:
             prompt = build_prompt(episode.get("instruction") or "", s["screenshot"], s.get("ui_text"), history, opts, t)
             lp = s.get("logprobs")
-            rows.append(dict(common, step_idx=int(s["step_idx"]), messages=prompt.messages, images=list(prompt.images),
-                             response_ids=[int(x) for x in ids] if ids else None,
-                             behaviour_logp=[float(x) for x in lp] if ids and lp and len(lp) == len(ids) else None,
-                             target_text=target, parse_error=_action(s) is None, screen_hash=screen_hash(s)))
+            rows.append(
+                dict(
+                    common,
+                    step_idx=int(s["step_idx"]),
+                    messages=prompt.messages,
+                    images=list(prompt.images),
+                    response_ids=[int(x) for x in ids] if ids else None,
+                    behaviour_logp=[float(x) for x in lp] if ids and lp and len(lp) == len(ids) else None,
+                    target_text=target,
+                    parse_error=_action(s) is None,
+                    screen_hash=screen_hash(s),
+                )
+            )
         history.append(history_record(s, t))
     return rows
 
@@ -135,6 +169,7 @@ def _query(con, sql: str, params: list[Any]) -> list[dict[str, Any]]:
 def _source(lake: Any, table: str, run_keys: Sequence[str]) -> str:
     """The table's view, or with a lake only the files of these run keys (catalog.runs_sql)."""
     from storage.catalog import runs_sql
+
     return f"({runs_sql(lake, table, sorted(set(run_keys)))})" if lake is not None else table
 
 
@@ -144,8 +179,12 @@ def _steps_of(con, episodes: Sequence[dict[str, Any]], lake: Any = None) -> dict
     if not episodes:
         return out
     src = _source(lake, "steps", [e["run_key"] for e in episodes])
-    got = _query(con, f"SELECT {_STEP_COLS} FROM {src} WHERE NOT is_final AND list_contains($1, episode_id) "
-                      f"ORDER BY episode_id, step_idx", [list(out)])
+    got = _query(
+        con,
+        f"SELECT {_STEP_COLS} FROM {src} WHERE NOT is_final AND list_contains($1, episode_id) "
+        f"ORDER BY episode_id, step_idx",
+        [list(out)],
+    )
     for s in got:
         out[s["episode_id"]].append(s)
     return out
@@ -158,24 +197,31 @@ def stored_index(lake: Any):
     """The lake's stored successes, read incrementally (storage.catalog.FilteredRows): keep one per RL run and pass
     it to load_rl_rows, so each round opens only the episode files added since the last."""
     from storage.catalog import FilteredRows
+
     return FilteredRows(lake, "episodes", _EP_COLS + ", ended_at", STORED_WHERE)
 
 
-def stored_successes(con, task_ids: Sequence[str], exclude_run_keys: Sequence[str],
-                     index: Any = None) -> dict[str, list[dict[str, Any]]]:
+def stored_successes(
+    con, task_ids: Sequence[str], exclude_run_keys: Sequence[str], index: Any = None
+) -> dict[str, list[dict[str, Any]]]:
     """Successful train-split episodes of these tasks outside `exclude_run_keys`, per task, newest first (`index`:
     a stored_index, the same rows without reading every file of the table)."""
     if not task_ids:
         return {}
     if index is None:
-        rows = _query(con, f"SELECT {_EP_COLS} FROM episodes WHERE {STORED_WHERE} "
-                           f"AND list_contains($1, task_id) AND NOT list_contains($2, run_key) "
-                           f"ORDER BY task_id, ended_at DESC NULLS LAST, episode_id",
-                      [list(task_ids), list(exclude_run_keys)])
+        rows = _query(
+            con,
+            f"SELECT {_EP_COLS} FROM episodes WHERE {STORED_WHERE} "
+            f"AND list_contains($1, task_id) AND NOT list_contains($2, run_key) "
+            f"ORDER BY task_id, ended_at DESC NULLS LAST, episode_id",
+            [list(task_ids), list(exclude_run_keys)],
+        )
     else:  # the same filter and order as the query above
         tasks, skip = set(task_ids), set(exclude_run_keys)
-        rows = sorted((r for r in index.rows(con) if r["task_id"] in tasks and r["run_key"] not in skip),
-                      key=lambda r: r["episode_id"])
+        rows = sorted(
+            (r for r in index.rows(con) if r["task_id"] in tasks and r["run_key"] not in skip),
+            key=lambda r: r["episode_id"],
+        )
         rows.sort(key=lambda r: (0,) if r["ended_at"] is None else (1, r["ended_at"]), reverse=True)
         rows = [{k: v for k, v in r.items() if k != "ended_at"} for r in sorted(rows, key=lambda r: r["task_id"])]
     out: dict[str, list[dict[str, Any]]] = {}
@@ -196,15 +242,29 @@ def _pick(cands: list[dict[str, Any]], seed: Any, same_seed: bool = False, turn:
     return same + other[k:] + other[:k]
 
 
-def _join_guides(con, rows: list[dict[str, Any]], groups: dict[str, list[dict[str, Any]]], guide_keys: Sequence[str],
-                 guide: str, *, arch: str, opts: PromptOptions, targets: str, lake: Any) -> set[str]:
+def _join_guides(
+    con,
+    rows: list[dict[str, Any]],
+    groups: dict[str, list[dict[str, Any]]],
+    guide_keys: Sequence[str],
+    guide: str,
+    *,
+    arch: str,
+    opts: PromptOptions,
+    targets: str,
+    lake: Any,
+) -> set[str]:
     """rl.guide: append the teacher's successful episode of each group's (task, seed) to `rows` as a replayed
     member of that group (when the group has a failure, or only failures with `guide` "failed"); the group ids
     that got one."""
     if not guide_keys:
         return set()
-    eps = _query(con, f"SELECT {_EP_COLS} FROM {_source(lake, 'episodes', list(guide_keys))} WHERE "
-                      f"list_contains($1, run_key) AND {STORED_WHERE} ORDER BY episode_id", [list(guide_keys)])
+    eps = _query(
+        con,
+        f"SELECT {_EP_COLS} FROM {_source(lake, 'episodes', list(guide_keys))} WHERE "
+        f"list_contains($1, run_key) AND {STORED_WHERE} ORDER BY episode_id",
+        [list(guide_keys)],
+    )
     by_instance = {(e["task_id"], e["seed"]): e for e in eps}
     steps = _steps_of(con, eps, lake)
     joined: set[str] = set()
@@ -220,10 +280,21 @@ def _join_guides(con, rows: list[dict[str, Any]], groups: dict[str, list[dict[st
     return joined
 
 
-def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: PromptOptions = PromptOptions(),
-                 targets: str = "full", replay: bool = True, stored_context: bool = True,
-                 same_seed: bool = False, lake: Any = None, guide_keys: Sequence[str] = (),
-                 guide: str = "all", index: Any = None) -> list[dict[str, Any]]:
+def load_rl_rows(
+    con,
+    run_keys: Sequence[str],
+    *,
+    arch: str = "qwen3-vl",
+    opts: PromptOptions = PromptOptions(),
+    targets: str = "full",
+    replay: bool = True,
+    stored_context: bool = True,
+    same_seed: bool = False,
+    lake: Any = None,
+    guide_keys: Sequence[str] = (),
+    guide: str = "all",
+    index: Any = None,
+) -> list[dict[str, Any]]:
     """Step rows of the episodes the rollouts `run_keys` wrote (episodes that never got a reward are left out).
 
     `replay`: each all-failed group gets a stored success of its task as an extra, replayed member (`same_seed`:
@@ -238,8 +309,12 @@ def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: 
     run_keys = list(run_keys)
     if not run_keys:
         return []
-    eps = _query(con, f"SELECT {_EP_COLS} FROM {_source(lake, 'episodes', run_keys)} WHERE list_contains($1, run_key) "
-                      f"AND task_reward IS NOT NULL ORDER BY group_id, sample_idx, episode_id", [run_keys])
+    eps = _query(
+        con,
+        f"SELECT {_EP_COLS} FROM {_source(lake, 'episodes', run_keys)} WHERE list_contains($1, run_key) "
+        f"AND task_reward IS NOT NULL ORDER BY group_id, sample_idx, episode_id",
+        [run_keys],
+    )
     steps = _steps_of(con, eps, lake)
     rows: list[dict[str, Any]] = []
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -247,19 +322,20 @@ def load_rl_rows(con, run_keys: Sequence[str], *, arch: str = "qwen3-vl", opts: 
         rows += episode_rows(e, steps[e["episode_id"]], arch=arch, opts=opts, targets=targets)
         groups.setdefault(e["group_id"] or e["episode_id"], []).append(e)
     guided = _join_guides(con, rows, groups, guide_keys, guide, arch=arch, opts=opts, targets=targets, lake=lake)
-    failed = {g: members for g, members in groups.items()
-              if g not in guided and not any(m["success"] for m in members)}
+    failed = {g: members for g, members in groups.items() if g not in guided and not any(m["success"] for m in members)}
     if not failed or not (replay or stored_context):
         return rows
-    stored = stored_successes(con, sorted({m[0]["task_id"] for m in failed.values()}),
-                              list(run_keys) + list(guide_keys), index)
+    stored = stored_successes(
+        con, sorted({m[0]["task_id"] for m in failed.values()}), list(run_keys) + list(guide_keys), index
+    )
     cache: dict[str, list[dict[str, Any]]] = {}
     for turn, (g, members) in enumerate(failed.items()):
         for cand in _pick(stored.get(members[0]["task_id"], []), members[0]["seed"], same_seed, turn):
             if cand["episode_id"] not in cache:
                 cache.update(_steps_of(con, [cand], lake))
-            got = episode_rows(cand, cache[cand["episode_id"]], arch=arch, opts=opts, targets=targets,
-                               replayed=True, group_id=g)
+            got = episode_rows(
+                cand, cache[cand["episode_id"]], arch=arch, opts=opts, targets=targets, replayed=True, group_id=g
+            )
             if not got:
                 continue  # nothing trainable in it: try the next one
             if replay:
@@ -299,9 +375,17 @@ def attach_sdpo_context(rows: list[dict[str, Any]], mode: str = "both") -> list[
     return rows
 
 
-def assign_advantages(rows: list[dict[str, Any]], *, mode: str = "zscore", drop_zero_variance: bool = True,
-                      parse_error_penalty: float = 0.0, keep_sdpo_rows: bool = False, gigpo_omega: float = 0.0,
-                      gigpo_gamma: float = 0.95, step_weight: str = "step") -> tuple[list[dict[str, Any]], dict]:
+def assign_advantages(
+    rows: list[dict[str, Any]],
+    *,
+    mode: str = "zscore",
+    drop_zero_variance: bool = True,
+    parse_error_penalty: float = 0.0,
+    keep_sdpo_rows: bool = False,
+    gigpo_omega: float = 0.0,
+    gigpo_gamma: float = 0.95,
+    step_weight: str = "step",
+) -> tuple[list[dict[str, Any]], dict]:
     """Episode-level group advantages (training.losses.group_advantages over one reward per episode, so long
     episodes weigh no more than short ones), broadcast to each of the episode's rows, minus `parse_error_penalty`
     on rows whose reply did not parse. Rows of zero-variance (or singleton) groups are dropped when
@@ -334,8 +418,11 @@ def assign_advantages(rows: list[dict[str, Any]], *, mode: str = "zscore", drop_
     ids = list(episodes)
     adv, keep = group_advantages([episodes[e]["reward"] for e in ids], [episodes[e]["group_id"] for e in ids], mode)
     by_ep = {e: (float(a), bool(k)) for e, a, k in zip(ids, adv.tolist(), keep.tolist())}
-    step = (gigpo_advantages(rows, [by_ep[r["episode_id"]][0] for r in rows], mode, gigpo_gamma, gigpo_omega)
-            if gigpo_omega > 0 else None)
+    step = (
+        gigpo_advantages(rows, [by_ep[r["episode_id"]][0] for r in rows], mode, gigpo_gamma, gigpo_omega)
+        if gigpo_omega > 0
+        else None
+    )
     n_rows: dict[str, int] = {}
     for r in rows:
         n_rows[r["episode_id"]] = n_rows.get(r["episode_id"], 0) + 1
@@ -348,21 +435,30 @@ def assign_advantages(rows: list[dict[str, Any]], *, mode: str = "zscore", drop_
         if step_weight == "episode":
             r["advantage"] /= n_rows[r["episode_id"]]
         r["group_kept"] = k
-        if (k or not drop_zero_variance or (keep_sdpo_rows and r.get("sdpo"))
-                or (step is not None and r["step_advantage"] != 0.0)):
+        if (
+            k
+            or not drop_zero_variance
+            or (keep_sdpo_rows and r.get("sdpo"))
+            or (step is not None and r["step_advantage"] != 0.0)
+        ):
             out.append(r)
     sampled = [e for e in ids if not episodes[e].get("replayed")]
     groups = {episodes[e]["group_id"] for e in ids}
-    stats = {"n_groups": len(groups), "n_groups_kept": len({episodes[e]["group_id"] for e in ids if by_ep[e][1]}),
-             "n_episodes": len(sampled), "n_replayed": len(ids) - len(sampled),
-             "round_success": (sum(bool(episodes[e]["success"]) for e in sampled) / len(sampled)) if sampled else None}
+    stats = {
+        "n_groups": len(groups),
+        "n_groups_kept": len({episodes[e]["group_id"] for e in ids if by_ep[e][1]}),
+        "n_episodes": len(sampled),
+        "n_replayed": len(ids) - len(sampled),
+        "round_success": (sum(bool(episodes[e]["success"]) for e in sampled) / len(sampled)) if sampled else None,
+    }
     if step is not None:
         stats["n_step_signal_rows"] = sum(a_s != 0.0 for a_s, _ in step)
     return out, stats
 
 
-def gigpo_advantages(rows: list[dict[str, Any]], episode_adv: Sequence[float], mode: str, gamma: float,
-                     omega: float) -> list[tuple[float, float]]:
+def gigpo_advantages(
+    rows: list[dict[str, Any]], episode_adv: Sequence[float], mode: str, gamma: float, omega: float
+) -> list[tuple[float, float]]:
     """Per row (A^S, A^E + omega A^S) as assign_advantages describes; `episode_adv`: each row's A^E."""
     import torch
 
@@ -384,24 +480,48 @@ def gigpo_advantages(rows: list[dict[str, Any]], episode_adv: Sequence[float], m
 
 def row_record(r: dict[str, Any]) -> dict[str, Any]:
     """The JSON-able part of a row (no prompt or images): what `rl_rows` stores besides the update's numbers."""
-    keep = ("episode_id", "step_idx", "group_id", "task_id", "reward", "advantage", "step_advantage", "screen_hash",
-            "replayed", "parse_error", "sdpo", "sdpo_sibling_episode_id", "sdpo_feedback")
+    keep = (
+        "episode_id",
+        "step_idx",
+        "group_id",
+        "task_id",
+        "reward",
+        "advantage",
+        "step_advantage",
+        "screen_hash",
+        "replayed",
+        "parse_error",
+        "sdpo",
+        "sdpo_sibling_episode_id",
+        "sdpo_feedback",
+    )
     return {k: r.get(k) for k in keep}
 
 
 def update_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Means over an update's optimizer steps (None where a metric never applied) and row counts."""
     keys = ("loss", "entropy", "clip_frac", "approx_kl", "kl_ref", "grad_norm", "adv_abs")
-    out: dict[str, Any] = {"n_steps": len(steps), "n_rows": sum(m["n_rows"] for m in steps),
-                           "n_sdpo_rows": sum(m["n_sdpo_rows"] for m in steps)}
+    out: dict[str, Any] = {
+        "n_steps": len(steps),
+        "n_rows": sum(m["n_rows"] for m in steps),
+        "n_sdpo_rows": sum(m["n_sdpo_rows"] for m in steps),
+    }
     for k in keys:
         vals = [m[k] for m in steps if m.get(k) is not None]
         out[k] = sum(vals) / len(vals) if vals else None
     return out
 
 
-def lake_rows(res: dict[str, Any], stats: dict[str, Any], *, round_idx: int, run_key: str, run_keys: list[str],
-              git_sha: str | None = None, config_hash: str | None = None) -> tuple[list[dict], list[dict]]:
+def lake_rows(
+    res: dict[str, Any],
+    stats: dict[str, Any],
+    *,
+    round_idx: int,
+    run_key: str,
+    run_keys: list[str],
+    git_sha: str | None = None,
+    config_hash: str | None = None,
+) -> tuple[list[dict], list[dict]]:
     """(rl_metrics rows, rl_rows rows) of one round's update, shaped for storage.schema."""
     from datetime import datetime, timezone
 
@@ -410,11 +530,27 @@ def lake_rows(res: dict[str, Any], stats: dict[str, Any], *, round_idx: int, run
     now = datetime.now(timezone.utc)
     prov = dict(run_key=run_key, git_sha=git_sha, config_hash=config_hash, created_at=now)
     mcols = set(RL_METRICS.names)
-    metrics = [{**{k: v for k, v in m.items() if k in mcols}, **prov, "rollout_run_keys": list(run_keys),
-                "round_success": stats.get("round_success"), "n_groups": stats.get("n_groups"),
-                "n_groups_kept": stats.get("n_groups_kept"), "n_replayed": stats.get("n_replayed")}
-               for m in res["steps"]]
+    metrics = [
+        {
+            **{k: v for k, v in m.items() if k in mcols},
+            **prov,
+            "rollout_run_keys": list(run_keys),
+            "round_success": stats.get("round_success"),
+            "n_groups": stats.get("n_groups"),
+            "n_groups_kept": stats.get("n_groups_kept"),
+            "n_replayed": stats.get("n_replayed"),
+        }
+        for m in res["steps"]
+    ]
     rcols = set(RL_ROWS.names)
-    rows = [{**{k: v for k, v in r.items() if k in rcols}, **prov, "round": round_idx,
-             "replayed": bool(r.get("replayed")), "parse_error": bool(r.get("parse_error"))} for r in res["rows"]]
+    rows = [
+        {
+            **{k: v for k, v in r.items() if k in rcols},
+            **prov,
+            "round": round_idx,
+            "replayed": bool(r.get("replayed")),
+            "parse_error": bool(r.get("parse_error")),
+        }
+        for r in res["rows"]
+    ]
     return metrics, rows

@@ -21,12 +21,16 @@ REPROMPT_TAIL = "\nCorrectly solve the original task.\n"
 
 
 # ------------------------------------------------------------------------------------------------ encoding
-def teacher_messages(messages: list[dict[str, Any]], solution: str | None = None,
-                     feedback: str | None = None) -> list[dict[str, Any]]:
+def teacher_messages(
+    messages: list[dict[str, Any]], solution: str | None = None, feedback: str | None = None
+) -> list[dict[str, Any]]:
     """The SDPO teacher's prompt: the row's own messages with the privileged block appended to the last user
     message (its images and history untouched)."""
-    block = ((SOLUTION_BLOCK.format(solution=solution) if solution else "")
-             + (FEEDBACK_BLOCK.format(feedback=feedback) if feedback else "") + REPROMPT_TAIL)
+    block = (
+        (SOLUTION_BLOCK.format(solution=solution) if solution else "")
+        + (FEEDBACK_BLOCK.format(feedback=feedback) if feedback else "")
+        + REPROMPT_TAIL
+    )
     out = [dict(m) for m in messages]
     k = max(i for i, m in enumerate(out) if m["role"] == "user")
     content = out[k]["content"]
@@ -84,8 +88,9 @@ class RowEncoder:
     def place(self, enc: dict[str, Any], device, dtype=None) -> dict[str, Any]:
         """One encoded row's tensors on `device`; floating ones (pixel_values) cast first to `dtype` when given (the
         dtype the vision tower casts them to: the same values, half the bytes to copy for bf16)."""
-        return {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).to(device)
-                for k, v in enc.items()}
+        return {
+            k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).to(device) for k, v in enc.items()
+        }
 
     def resident(self, enc: list[dict[str, Any]], tenc: dict[int, dict[str, Any]], device, dtype, budget: int):
         """An update's encoded rows (and SDPO teacher rows by index) on `device` (pixel_values in `dtype`) up to
@@ -95,8 +100,10 @@ class RowEncoder:
 
         out, used = [], 0
         for e in enc:
-            size = sum(v.numel() * (dtype or v.dtype).itemsize if v.is_floating_point() else
-                       v.numel() * v.element_size() for v in e.values())
+            size = sum(
+                v.numel() * (dtype or v.dtype).itemsize if v.is_floating_point() else v.numel() * v.element_size()
+                for v in e.values()
+            )
             keep = used + size <= budget
             used += size if keep else 0
             out.append(self.place(e, device, dtype) if keep else e)
@@ -130,11 +137,21 @@ def length_batches(idx, enc: list[dict[str, Any]], size: int) -> list[list[int]]
     random order pads ~24% of a click-button round's tokens, this order ~2%). A minibatch's loss is the sum of its
     micro-batches' terms over the minibatch's own normaliser, so the grouping changes nothing but the float order."""
     order = sorted(idx, key=lambda i: enc[i]["input_ids"].shape[-1])
-    return [order[k:k + size] for k in range(0, len(order), size)]
+    return [order[k : k + size] for k in range(0, len(order), size)]
 
 
-def response_logprobs(model, batch: dict[str, Any], pos, mask, *, entropy: bool = False, chunk: int = 1024,
-                      topk: int = 0, at=None, temperature: float = 1.0):
+def response_logprobs(
+    model,
+    batch: dict[str, Any],
+    pos,
+    mask,
+    *,
+    entropy: bool = False,
+    chunk: int = 1024,
+    topk: int = 0,
+    at=None,
+    temperature: float = 1.0,
+):
     """(log-probs [B, R] of the response tokens, entropies [B, R] or None): one backbone forward, the LM head
     only at the positions that predict a response token (the full-logits values, without [T x vocab]).
     `temperature`: the policy is softmax(logits / temperature), the distribution a sampler at that temperature
@@ -159,11 +176,11 @@ def response_logprobs(model, batch: dict[str, Any], pos, mask, *, entropy: bool 
     want = at[mask] if at is not None else None
     lps, ents, bks, ids = [], [], [], []
     for i in range(0, sel.shape[0], chunk):
-        logits = head(sel[i:i + chunk]).float()
+        logits = head(sel[i : i + chunk]).float()
         lp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, -1)  # serves all read below
-        lps.append(lp.gather(-1, tgt[i:i + chunk, None]).squeeze(-1))
+        lps.append(lp.gather(-1, tgt[i : i + chunk, None]).squeeze(-1))
         if topk or want is not None:
-            ix = want[i:i + chunk] if want is not None else lp.detach().topk(min(topk, lp.shape[-1]), dim=-1).indices
+            ix = want[i : i + chunk] if want is not None else lp.detach().topk(min(topk, lp.shape[-1]), dim=-1).indices
             bks.append(_topk_buckets(lp, ix, ix.shape[-1] < lp.shape[-1]))
             ids.append(ix)
         if entropy:  # a metric: from the same log-softmax, no gradient
@@ -206,5 +223,5 @@ def rows_tensor(values: list[Any], width: int, device, fill: float = 0.0):
 
     out = torch.full((len(values), width), fill, dtype=torch.float32)
     for i, v in enumerate(values):
-        out[i, :len(v)] = v[:width]
+        out[i, : len(v)] = v[:width]
     return out.to(device)

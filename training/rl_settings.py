@@ -69,15 +69,17 @@ class RLSettings:
     config_hash: str | None = None  # provenance on the lake rows
 
     def __post_init__(self):
-        for name, value, allowed in (("algorithm", self.algorithm, ALGORITHMS),
-                                     ("aggregation", self.aggregation, ("constant", "token_mean", "seq_mean_token_mean")),
-                                     ("adv_mode", self.adv_mode, (None, "zscore", "mean")),
-                                     ("sdpo_teacher", self.sdpo_teacher, ("ema", "frozen")),
-                                     ("sdpo_context", self.sdpo_context, ("sibling", "feedback", "both")),
-                                     ("sdpo_mode", self.sdpo_mode, ("sampled", "topk")),
-                                     ("old_logp", self.old_logp, ("recompute", "rollout")),
-                                     ("clone_source", self.clone_source, ("teacher", "all")),
-                                     ("clone_schedule", self.clone_schedule, ("cosine", "constant"))):
+        for name, value, allowed in (
+            ("algorithm", self.algorithm, ALGORITHMS),
+            ("aggregation", self.aggregation, ("constant", "token_mean", "seq_mean_token_mean")),
+            ("adv_mode", self.adv_mode, (None, "zscore", "mean")),
+            ("sdpo_teacher", self.sdpo_teacher, ("ema", "frozen")),
+            ("sdpo_context", self.sdpo_context, ("sibling", "feedback", "both")),
+            ("sdpo_mode", self.sdpo_mode, ("sampled", "topk")),
+            ("old_logp", self.old_logp, ("recompute", "rollout")),
+            ("clone_source", self.clone_source, ("teacher", "all")),
+            ("clone_schedule", self.clone_schedule, ("cosine", "constant")),
+        ):
             if value not in allowed:
                 raise ValueError(f"rl {name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
         if self.batch_size < 1 or self.epochs < 1:
@@ -85,11 +87,13 @@ class RLSettings:
         if not self.temperature > 0:
             raise ValueError(f"rl temperature must be > 0, got {self.temperature}")
         if self.sdpo_topk < 1 or not 0.0 <= self.sdpo_alpha <= 1.0:
-            raise ValueError(f"rl sdpo_topk must be >= 1 and sdpo_alpha in [0, 1], got {self.sdpo_topk}, "
-                             f"{self.sdpo_alpha}")
+            raise ValueError(
+                f"rl sdpo_topk must be >= 1 and sdpo_alpha in [0, 1], got {self.sdpo_topk}, {self.sdpo_alpha}"
+            )
         if self.gigpo_omega < 0 or not 0.0 < self.gigpo_gamma <= 1.0:
-            raise ValueError(f"rl gigpo_omega must be >= 0 and gigpo_gamma in (0, 1], got {self.gigpo_omega}, "
-                             f"{self.gigpo_gamma}")
+            raise ValueError(
+                f"rl gigpo_omega must be >= 0 and gigpo_gamma in (0, 1], got {self.gigpo_omega}, {self.gigpo_gamma}"
+            )
 
     @classmethod
     def from_config(cls, cfg: Any, algo: str | None = None) -> "RLSettings":
@@ -97,11 +101,16 @@ class RLSettings:
         names = {f.name for f in fields(cls)}
         d = {k: v for k, v in cfg.rl.model_dump().items() if k in names}
         t = cfg.rl_temperature()
-        d.update(temperature=t if t > 0 else 1.0,  # a greedy student config: RL still scores the raw policy
-                 max_new_tokens=cfg.student.max_new_tokens, targets=cfg.sft.targets, config_hash=cfg.config_hash("rl"),
-                 history_images=cfg.student.history_images, use_ui_text=cfg.student.use_ui_text,
-                 clone_tasks=tuple(cfg.rl.clone_tasks or cfg.rollouts.selection.tasks),
-                 focus_tasks=tuple(cfg.rl.tasks or cfg.rollouts.selection.tasks))
+        d.update(
+            temperature=t if t > 0 else 1.0,  # a greedy student config: RL still scores the raw policy
+            max_new_tokens=cfg.student.max_new_tokens,
+            targets=cfg.sft.targets,
+            config_hash=cfg.config_hash("rl"),
+            history_images=cfg.student.history_images,
+            use_ui_text=cfg.student.use_ui_text,
+            clone_tasks=tuple(cfg.rl.clone_tasks or cfg.rollouts.selection.tasks),
+            focus_tasks=tuple(cfg.rl.tasks or cfg.rollouts.selection.tasks),
+        )
         if algo:
             d["algorithm"] = algo
         return cls(**d)
@@ -113,8 +122,10 @@ class RLSettings:
     @property
     def clip(self) -> tuple[float, float]:
         gspo = self.algorithm == "gspo"
-        return (self.eps_low if self.eps_low is not None else (3e-4 if gspo else 0.2),
-                self.eps_high if self.eps_high is not None else (4e-4 if gspo else 0.28))
+        return (
+            self.eps_low if self.eps_low is not None else (3e-4 if gspo else 0.2),
+            self.eps_high if self.eps_high is not None else (4e-4 if gspo else 0.28),
+        )
 
     @property
     def advantage_mode(self) -> str:

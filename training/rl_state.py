@@ -7,8 +7,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from training.core import TrainState, load_extra, load_state as core_load_state, rng_state
-from training.core import save_state as core_save_state, set_rng_state
+from training.core import TrainState, load_extra, rng_state, set_rng_state
+from training.core import load_state as core_load_state
+from training.core import save_state as core_save_state
 
 
 class ResumableTrainer:
@@ -17,9 +18,13 @@ class ResumableTrainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs besides the model folder: trainable weights (fp32 masters), optimizer,
         the teacher's and reference's copies of them, step counters and RNG (torch.save-able, weights_only)."""
-        return {"weights": {n: p.detach().cpu().clone() for n, p in self.weights.named().items()},
-                "optimizer": self.opt.state_dict(), "train_state": asdict(self.state), "rng": rng_state(),
-                "twins": self._twins()}
+        return {
+            "weights": {n: p.detach().cpu().clone() for n, p in self.weights.named().items()},
+            "optimizer": self.opt.state_dict(),
+            "train_state": asdict(self.state),
+            "rng": rng_state(),
+            "twins": self._twins(),
+        }
 
     def load_state(self, src: str | Path | dict[str, Any]) -> None:
         """Restore `state_dict()` (a dict or a torch.save file) or a `save_state` folder."""
@@ -60,5 +65,5 @@ class ResumableTrainer:
             with torch.no_grad():
                 for k, t in saved.items():
                     if k.startswith(tag + "."):
-                        n = k[len(tag) + 1:]
+                        n = k[len(tag) + 1 :]
                         tp[n].copy_(t.to(tp[n].device, tp[n].dtype))

@@ -14,8 +14,9 @@ class EncodedSamples:
     `pixel_dtype` (the vision tower's dtype) pixel_values are kept in it: the tower casts them to its dtype first
     thing, so a bf16 model sees the same values from half the bytes (two 1280x704 screenshots: 21.6 MB, not 43)."""
 
-    def __init__(self, rows: list[dict[str, Any]], collator, max_bytes: int = 4 << 30, positions=None,
-                 pixel_dtype=None):
+    def __init__(
+        self, rows: list[dict[str, Any]], collator, max_bytes: int = 4 << 30, positions=None, pixel_dtype=None
+    ):
         self.rows, self.collator, self.max_bytes, self.positions = rows, collator, max_bytes, positions
         self.pixel_dtype = pixel_dtype
         self.cache: dict[int, dict[str, Any]] = {}
@@ -32,8 +33,9 @@ class EncodedSamples:
         from training.packing import pack
 
         if self.positions is None:
-            raise ValueError("packed batches need EncodedSamples(..., positions=rope_positions_fn(model)) "
-                             "(training.packing)")
+            raise ValueError(
+                "packed batches need EncodedSamples(..., positions=rope_positions_fn(model)) (training.packing)"
+            )
         return pack(encs or [self.get(i) for i in idx], pin=pin)
 
     def length(self, i: int) -> int:
@@ -95,8 +97,12 @@ class Prefetch:
         self.samples = samples
         self.folder = tempfile.TemporaryDirectory(prefix="sft-prefetch-")  # the processor, as the workers load it
         samples.collator.processor.save_pretrained(self.folder.name)
-        self.pool = ProcessPoolExecutor(max(1, workers), mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_worker_init, initargs=(self.folder.name, samples.pixel_dtype))
+        self.pool = ProcessPoolExecutor(
+            max(1, workers),
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_init,
+            initargs=(self.folder.name, samples.pixel_dtype),
+        )
         self.pending: list[Future] = []
 
     def start(self, idx: list[int]) -> None:
@@ -129,6 +135,7 @@ def _worker_init(folder: str, pixel_dtype) -> None:
 
     from training.data import SFTCollator
     from training.tokenizer import load_processor
+
     torch.set_num_threads(1)  # one core each: the workers share the machine with the training process
     _WORKER.update(collator=SFTCollator(load_processor(folder)), dtype=pixel_dtype)
 
@@ -142,9 +149,11 @@ def _encode_one(i: int, row: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 def _to_wire(t) -> tuple[str, tuple[int, ...], Any]:
     import torch
+
     return str(t.dtype).removeprefix("torch."), tuple(t.shape), t.contiguous().view(-1).view(torch.uint8).numpy()
 
 
 def _from_wire(dtype: str, shape: tuple[int, ...], raw) -> Any:
     import torch
+
     return torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape)

@@ -37,21 +37,52 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from training.core import (CHECKPOINTS_DIR, MERGED_DIR, STATE_DIR, Bar, TrainableWeights,  # noqa: F401 (re-exported)
-                           TrainState, checkpoint_row, fit_budget, latest_state, load_for_training, load_state,
-                           lr_factor, make_optimizer, optimizer_step, output_root, resolve_base, reusable, sample_at,
-                           rng_state, save_model, save_state)
+from training.core import (  # noqa: F401
+    CHECKPOINTS_DIR,
+    MERGED_DIR,
+    STATE_DIR,
+    Bar,
+    TrainableWeights,  # noqa: F401 (re-exported)
+    TrainState,
+    _perm,
+    _unsloth_model,
+    checkpoint_row,
+    fit_budget,
+    latest_state,
+    load_for_training,
+    load_state,
+    lr_factor,
+    make_optimizer,
+    optimizer_step,
+    output_root,
+    resolve_base,
+    reusable,
+    rng_state,
+    sample_at,
+    save_model,
+    save_state,
+)
+
 # the private names this module had before training.core existed
 from training.core import Bar as _Bar  # noqa: F401
-from training.core import _perm, _unsloth_model  # noqa: F401
 from training.core import fused_kernels as _fused_kernels
 from training.core import lake_key as _lake_key
 from training.core import model_path_of as _model_path_of  # noqa: F401
 from training.core import trainable as _trainable  # noqa: F401
+from training.distributed import (
+    Context,
+    balanced_share,
+    ddp_wrap,
+    gather,
+    global_float,
+    global_sum,
+    launch,
+    setup,
+    teardown,
+    wants_launch,
+)
 from training.progress import ProgressLog, draws_bar
 from training.samples import EncodedSamples, Prefetch  # noqa: F401 (EncodedSamples: the tests import it here)
-from training.distributed import (Context, balanced_share, ddp_wrap, gather, global_float, global_sum, launch,
-                                  setup, teardown, wants_launch)
 
 RESULT_FILE = "sft_result.json"
 
@@ -143,8 +174,9 @@ def _plan(n: int, s: TrainSettings) -> tuple[int, int]:
     return steps, min(math.ceil(s.warmup_ratio * steps), steps)
 
 
-def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings, device, ddp=None,
-               ctx: Context = Context()) -> tuple[float, int, int]:
+def train_step(
+    model, samples: EncodedSamples, idx: list[int], s: TrainSettings, device, ddp=None, ctx: Context = Context()
+) -> tuple[float, int, int]:
     """Forward/backward over grad_accum micro-batches; the loss is normalised by the step's target tokens.
 
     The loss projects only the labelled positions through the LM head (training.losses.labelled_token_loss:
@@ -155,7 +187,6 @@ def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings,
     from contextlib import nullcontext
 
     from training.losses import labelled_token_loss
-
     from training.packing import packed_attention, plan_packs
 
     mine = balanced_share(idx, [samples.length(i) for i in idx], ctx) if ctx.active else idx
@@ -163,7 +194,7 @@ def train_step(model, samples: EncodedSamples, idx: list[int], s: TrainSettings,
         lengths = [samples.length(i) for i in mine]
         groups = [[mine[j] for j in sorted(p)] for p in plan_packs(lengths, s.pack_tokens)]
     else:
-        groups = [mine[k:k + s.batch_size] for k in range(0, len(mine), s.batch_size)]
+        groups = [mine[k : k + s.batch_size] for k in range(0, len(mine), s.batch_size)]
     n_target = global_sum(ctx, sum(samples.targets(i) for i in mine))  # CPU ints (gloo under NCCL): no GPU wait
     total, tokens, varlen, pin = None, 0, _varlen(device), device.type == "cuda"
     for i, g in enumerate(groups):
@@ -199,6 +230,7 @@ def _varlen(device) -> bool:
 def _loss_sum(model, batch: dict, labels):
     """The summed labelled-token loss: what DDP wraps (training.distributed.ddp_wrap) for the SFT step."""
     from training.losses import labelled_token_loss
+
     return labelled_token_loss(model, batch, labels)[0]
 
 
@@ -218,15 +250,23 @@ def _encoded_samples(model, proc, rows: list[dict[str, Any]], s: TrainSettings, 
     positions = None
     if s.packing:
         from training.packing import rope_positions_fn
+
         positions = rope_positions_fn(model)
     if device.type == "cuda" and s.fused_kernels:
         from training.kernels import linear_patch_embed
+
         linear_patch_embed(model)
-    samples = EncodedSamples(rows, SFTCollator(proc), positions=positions, pixel_dtype=pixel_dtype(model),
-                             max_bytes=int(s.encode_cache_gib * 2**30))
+    samples = EncodedSamples(
+        rows,
+        SFTCollator(proc),
+        positions=positions,
+        pixel_dtype=pixel_dtype(model),
+        max_bytes=int(s.encode_cache_gib * 2**30),
+    )
     cache = s.vision_cache if s.vision_cache is not None else device.type == "cuda"  # CPU: the main job's measure
     if cache and s.epochs > 1:  # a sample seen once gains nothing
         from training.vision_cache import VisionFeatures
+
         samples.vision = VisionFeatures(model, samples) if VisionFeatures.supported(model) else None
     return samples
 
@@ -234,6 +274,7 @@ def _encoded_samples(model, proc, rows: list[dict[str, Any]], s: TrainSettings, 
 def _encode_workers(s: TrainSettings, ctx: Context) -> int:
     """sft.encode_workers, else this machine's cores shared by the DDP processes, at most 8."""
     import os
+
     return s.encode_workers or max(1, min(8, (os.cpu_count() or 2) // ctx.world - 1))
 
 
@@ -258,13 +299,22 @@ def _start_state(out: Path, n: int, weights: TrainableWeights, opt, s: TrainSett
         return TrainState(planned_steps=planned, total_steps=planned, warmup_steps=warmup, n_samples=n)
     st = load_state(ckpt, weights, opt, rank=rank)
     if st.n_samples != n:
-        raise ValueError(f"{ckpt} was trained on {st.n_samples} samples but the dataset has {n}: resume with "
-                         f"the same data, or use a new output folder")
+        raise ValueError(
+            f"{ckpt} was trained on {st.n_samples} samples but the dataset has {n}: resume with "
+            f"the same data, or use a new output folder"
+        )
     return st
 
 
-def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings, *, progress: bool = True,
-          model_and_processor: tuple | None = None) -> dict[str, Any]:
+def train(
+    base: str | Path,
+    data_files: str | Path,
+    out: Path,
+    s: TrainSettings,
+    *,
+    progress: bool = True,
+    model_and_processor: tuple | None = None,
+) -> dict[str, Any]:
     """Train (or resume) and save the result into `out`; returns the metrics (also in out/sft_result.json).
 
     `model_and_processor` trains a model already in memory (tests); with LoRA and `merge`, it ends merged."""
@@ -274,14 +324,23 @@ def train(base: str | Path, data_files: str | Path, out: Path, s: TrainSettings,
         return launch(base, data_files, out, s, progress=progress)
     ctx = setup()
     try:
-        return _train(base, data_files, out, s, progress=progress and ctx.main, model_and_processor=model_and_processor,
-                      ctx=ctx)
+        return _train(
+            base, data_files, out, s, progress=progress and ctx.main, model_and_processor=model_and_processor, ctx=ctx
+        )
     finally:
         teardown(ctx)
 
 
-def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, progress: bool,
-           model_and_processor: tuple | None, ctx: Context) -> dict[str, Any]:
+def _train(
+    base: str,
+    data_files: str | Path,
+    out: Path,
+    s: TrainSettings,
+    *,
+    progress: bool,
+    model_and_processor: tuple | None,
+    ctx: Context,
+) -> dict[str, Any]:
     from training.data import hinted_samples, retarget_sample
 
     raw = read_samples(data_files)  # hints quote the full stored reply (its Action line and tool call)
@@ -347,8 +406,15 @@ def _train(base: str, data_files: str | Path, out: Path, s: TrainSettings, *, pr
     return _finish(model, proc, out, s, st, base, resumed_from, kernels, world_size=ctx.world, **extra)
 
 
-def _clock(st: TrainState, s: TrainSettings, ctx: Context, seconds: float, tokens: int,
-           step_log: list[tuple[float, int]], recent: deque) -> bool:
+def _clock(
+    st: TrainState,
+    s: TrainSettings,
+    ctx: Context,
+    seconds: float,
+    tokens: int,
+    step_log: list[tuple[float, int]],
+    recent: deque,
+) -> bool:
     """Account one step's time; True when the budget fit changed the planned steps. Under DDP the time is the
     ranks' mean, so every rank takes the same budget decisions (a rank stopping alone would hang the others)."""
     dt = global_float(ctx, seconds) / ctx.world
@@ -370,54 +436,122 @@ def _metrics(st: TrainState, s: TrainSettings, model, base: str) -> dict[str, An
     tail = st.losses[-10:] or [float("nan")]
     curve = st.losses if len(st.losses) <= 200 else st.losses[:: math.ceil(len(st.losses) / 200)]
     wall = max(st.elapsed_s, 1e-9)
-    return {"final_loss": sum(tail) / len(tail), "first_loss": st.losses[0] if st.losses else None,
-            "steps": st.step, "planned_steps": st.planned_steps, "total_steps": st.total_steps,
-            "samples_seen": st.samples_seen,
-            "tokens": st.tokens, "target_tokens": st.target_tokens, "wall_s": round(st.elapsed_s, 2),
-            "steps_per_s": st.step / wall, "tokens_per_s": st.tokens / wall, "target_tokens_per_s": st.target_tokens / wall,
-            "stopped": st.stopped, "loss_curve": curve, "trainable_params": count_parameters(model)["trainable"],
-            "method": s.method, "base_model": base, "settings": asdict(s), **_placement(model)}
+    return {
+        "final_loss": sum(tail) / len(tail),
+        "first_loss": st.losses[0] if st.losses else None,
+        "steps": st.step,
+        "planned_steps": st.planned_steps,
+        "total_steps": st.total_steps,
+        "samples_seen": st.samples_seen,
+        "tokens": st.tokens,
+        "target_tokens": st.target_tokens,
+        "wall_s": round(st.elapsed_s, 2),
+        "steps_per_s": st.step / wall,
+        "tokens_per_s": st.tokens / wall,
+        "target_tokens_per_s": st.target_tokens / wall,
+        "stopped": st.stopped,
+        "loss_curve": curve,
+        "trainable_params": count_parameters(model)["trainable"],
+        "method": s.method,
+        "base_model": base,
+        "settings": asdict(s),
+        **_placement(model),
+    }
 
 
 def _placement(model) -> dict[str, Any]:
     """Where training ran and in what precision (picked automatically: CUDA -> bf16, CPU -> fp32)."""
     import torch
+
     p = next(model.parameters())
     trainable = [q for q in model.parameters() if q.requires_grad]
-    return {"device": torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else str(p.device),
-            "dtype": str(p.dtype).removeprefix("torch."),
-            "trainable_dtype": str(trainable[0].dtype).removeprefix("torch.") if trainable else None}
+    return {
+        "device": torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else str(p.device),
+        "dtype": str(p.dtype).removeprefix("torch."),
+        "trainable_dtype": str(trainable[0].dtype).removeprefix("torch.") if trainable else None,
+    }
 
 
-
-
-def _finish(model, proc, out: Path, s: TrainSettings, st: TrainState, base: str, resumed_from: int,
-            kernels: list[str], world_size: int = 1, **extra: Any) -> dict[str, Any]:
+def _finish(
+    model,
+    proc,
+    out: Path,
+    s: TrainSettings,
+    st: TrainState,
+    base: str,
+    resumed_from: int,
+    kernels: list[str],
+    world_size: int = 1,
+    **extra: Any,
+) -> dict[str, Any]:
     """Save the adapter/full model + processor (+ merged model), then sft_result.json as the completion mark."""
-    metrics = dict(_metrics(st, s, model, base), resumed_from_step=resumed_from, fused_kernels=kernels,
-                   world_size=world_size, **extra)
-    return save_model(model, proc, out, metrics, merge=s.merge, adapter=s.method == "lora", result_file=RESULT_FILE,
-                      keep_state=s.keep_state)
+    metrics = dict(
+        _metrics(st, s, model, base),
+        resumed_from_step=resumed_from,
+        fused_kernels=kernels,
+        world_size=world_size,
+        **extra,
+    )
+    return save_model(
+        model,
+        proc,
+        out,
+        metrics,
+        merge=s.merge,
+        adapter=s.method == "lora",
+        result_file=RESULT_FILE,
+        keep_state=s.keep_state,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ stage
-def checkpoint_id_for(iteration: int, dataset: dict[str, Any], base: str, s: TrainSettings,
-                      prefix: str | None = None) -> str:
+def checkpoint_id_for(
+    iteration: int, dataset: dict[str, Any], base: str, s: TrainSettings, prefix: str | None = None
+) -> str:
     """Deterministic in the data (the manifest's episodes, not just its id), the base and the settings;
     `<prefix>-<hash>`, the prefix `sft-it<iteration>` unless given (mid-training's is `base`)."""
     # left out: knobs that change how, not what, is trained (DDP and packing keep the objective and sample order)
-    knobs = {k: v for k, v in asdict(s).items() if k not in ("keep_state", "step_sleep_s", "distributed", "nproc",
-                                                           "record_step_times", "packing", "pack_tokens",
-                                                           "encode_cache_gib", "encode_workers", "vision_cache")}
-    payload = {"dataset": dataset["dataset_id"], "episodes": sorted(dataset["episode_ids"]),
-               "n_steps": dataset["n_steps"], "base": base, "settings": knobs}
+    knobs = {
+        k: v
+        for k, v in asdict(s).items()
+        if k
+        not in (
+            "keep_state",
+            "step_sleep_s",
+            "distributed",
+            "nproc",
+            "record_step_times",
+            "packing",
+            "pack_tokens",
+            "encode_cache_gib",
+            "encode_workers",
+            "vision_cache",
+        )
+    }
+    payload = {
+        "dataset": dataset["dataset_id"],
+        "episodes": sorted(dataset["episode_ids"]),
+        "n_steps": dataset["n_steps"],
+        "base": base,
+        "settings": knobs,
+    }
     h = hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{prefix or f'sft-it{int(iteration)}'}-{h}"
 
 
-def sft_stage(cfg: Any, iteration: int, dataset_id: str, base: str | None = None, *, lake: Any = None,
-              progress: bool = True, git_sha: str | None = None, method: str = "sft", sft_cfg: Any = None,
-              id_prefix: str | None = None) -> dict[str, Any]:
+def sft_stage(
+    cfg: Any,
+    iteration: int,
+    dataset_id: str,
+    base: str | None = None,
+    *,
+    lake: Any = None,
+    progress: bool = True,
+    git_sha: str | None = None,
+    method: str = "sft",
+    sft_cfg: Any = None,
+    id_prefix: str | None = None,
+) -> dict[str, Any]:
     """Fine-tune on a dataset manifest; a finished checkpoint of this lake (its row is here) is reused, not retrained.
     Writes a `checkpoints` row; the checkpoint folder is under the lake (output_root).
 
@@ -444,17 +578,38 @@ def sft_stage(cfg: Any, iteration: int, dataset_id: str, base: str | None = None
     # sft_result.json holds the absolute paths of when it was trained: the folder may have moved with its lake since
     merged = str(out / MERGED_DIR) if metrics.get("merged_path") else None
     metrics.update(merged_path=merged, model_path=merged or str(out))
-    row = checkpoint_row(lake, ckpt_id=ckpt_id, out=out, method=method, base_model=metrics["base_model"], parent=parent,
-                         dataset_id=dataset_id, adapter=metrics["adapter"], metrics=metrics, git_sha=git_sha,
-                         config_hash=cfg.config_hash(method))
+    row = checkpoint_row(
+        lake,
+        ckpt_id=ckpt_id,
+        out=out,
+        method=method,
+        base_model=metrics["base_model"],
+        parent=parent,
+        dataset_id=dataset_id,
+        adapter=metrics["adapter"],
+        metrics=metrics,
+        git_sha=git_sha,
+        config_hash=cfg.config_hash(method),
+    )
     if not skipped and out.resolve().is_relative_to(lake.root):
         lake.publish(out)  # an object-store lake: into the bucket before its row (no-op on disk)
     lake.replace_run("checkpoints", [[row]], iteration=iteration, stage=method, run_key=ckpt_id)
-    return {"checkpoint_id": ckpt_id, "path": str(out), "model_path": metrics["model_path"],
-            "merged_path": metrics["merged_path"], "adapter": metrics["adapter"], "dataset_id": dataset_id,
-            "base_model": metrics["base_model"], "parent_checkpoint": parent, "skipped": skipped,
-            "final_loss": metrics["final_loss"], "steps": metrics["steps"], "tokens_per_s": metrics["tokens_per_s"],
-            "stopped": metrics.get("stopped"), "train_s": metrics.get("wall_s")}
+    return {
+        "checkpoint_id": ckpt_id,
+        "path": str(out),
+        "model_path": metrics["model_path"],
+        "merged_path": metrics["merged_path"],
+        "adapter": metrics["adapter"],
+        "dataset_id": dataset_id,
+        "base_model": metrics["base_model"],
+        "parent_checkpoint": parent,
+        "skipped": skipped,
+        "final_loss": metrics["final_loss"],
+        "steps": metrics["steps"],
+        "tokens_per_s": metrics["tokens_per_s"],
+        "stopped": metrics.get("stopped"),
+        "train_s": metrics.get("wall_s"),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -470,6 +625,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if a.threads:
         import torch
+
         torch.set_num_threads(a.threads)
     m = train(a.base, a.data, Path(a.out), TrainSettings(**json.loads(a.settings)), progress=not a.no_progress)
     if m:  # DDP ranks other than 0 return nothing: rank 0 reports

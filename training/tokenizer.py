@@ -25,9 +25,20 @@ TEMPLATE_PATH = Path(__file__).parent / "templates" / "chat_template.jinja"
 
 # Qwen2/2.5/3-VL special tokens, in the released vocabulary's order (ids 0..13 here).
 SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
 ]
 EXTRA_TOKENS = ["<tool_call>", "</tool_call>", "<thinking>", "</thinking>"]
 DEFAULT_VOCAB_SIZE = 1024
@@ -96,14 +107,21 @@ def _train_bpe(vocab_size: int):
     bpe = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     bpe.normalizer = normalizers.NFC()
     # Qwen's regex isolates each digit (\p{N} alone) before the byte-level mapping.
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, show_progress=False, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), max_token_length=MAX_TOKEN_CHARS)
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        max_token_length=MAX_TOKEN_CHARS,
+    )
     bpe.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
     return bpe
 
@@ -117,8 +135,13 @@ def build_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE):
     if vocab_size < 256 + len(SPECIAL_TOKENS) + len(EXTRA_TOKENS):
         raise ValueError(f"vocab_size {vocab_size} is too small: need at least the 256 bytes and the special tokens")
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=_train_bpe(vocab_size), eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        bos_token=None, unk_token=None, additional_special_tokens=SPECIAL_TOKENS[1:])
+        tokenizer_object=_train_bpe(vocab_size),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+    )
     fast.add_tokens(EXTRA_TOKENS)  # plain added tokens: kept by decode(skip_special_tokens=True)
     fast.chat_template = chat_template()
     # Reload through Qwen2Tokenizer so the saved tokenizer_config names the Qwen class and left padding.
@@ -160,22 +183,36 @@ class _NoVideo:
     def save_pretrained(self, save_directory, **kwargs):
         """Tokenizer + image processor files, plus processor_config.json and video_preprocessor_config.json."""
         import json
+
         out = Path(save_directory)
         out.mkdir(parents=True, exist_ok=True)
         self.tokenizer.save_pretrained(out)
         self.image_processor.save_pretrained(out)
-        (out / "processor_config.json").write_text(json.dumps({"processor_class": _PROCESSOR_CLASS[self.arch]}, indent=2))
+        (out / "processor_config.json").write_text(
+            json.dumps({"processor_class": _PROCESSOR_CLASS[self.arch]}, indent=2)
+        )
         ip = self.image_processor
-        video = {"video_processor_type": _VIDEO_PROCESSOR_CLASS[self.arch], "processor_class": _PROCESSOR_CLASS[self.arch],
-                 "size": dict(ip.size), "patch_size": ip.patch_size, "temporal_patch_size": ip.temporal_patch_size,
-                 "merge_size": ip.merge_size, "image_mean": list(ip.image_mean), "image_std": list(ip.image_std),
-                 "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True}
+        video = {
+            "video_processor_type": _VIDEO_PROCESSOR_CLASS[self.arch],
+            "processor_class": _PROCESSOR_CLASS[self.arch],
+            "size": dict(ip.size),
+            "patch_size": ip.patch_size,
+            "temporal_patch_size": ip.temporal_patch_size,
+            "merge_size": ip.merge_size,
+            "image_mean": list(ip.image_mean),
+            "image_std": list(ip.image_std),
+            "do_resize": True,
+            "do_rescale": True,
+            "do_normalize": True,
+            "do_convert_rgb": True,
+        }
         (out / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
         return [str(out)]
 
 
 def _shim_class(arch: str):
     from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
+
     base = {"qwen3-vl": Qwen3VLProcessor, "qwen2.5-vl": Qwen2_5_VLProcessor}[arch]
     return type(f"Image{base.__name__}", (_NoVideo, base), {"arch": arch})
 
@@ -186,11 +223,23 @@ def image_processor_settings(arch: str, small: bool) -> dict:
     The floor matters: a 160x210 MiniWoB screenshot stays at native size (35 image tokens for Qwen3-VL) instead of
     being upscaled to the released minimum (65536 px for Qwen3-VL)."""
     if arch == "qwen3-vl":
-        kw = dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
-                  size={"shortest_edge": 65536, "longest_edge": 16777216})
+        kw = dict(
+            patch_size=16,
+            merge_size=2,
+            temporal_patch_size=2,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+            size={"shortest_edge": 65536, "longest_edge": 16777216},
+        )
     elif arch == "qwen2.5-vl":
-        kw = dict(patch_size=14, merge_size=2, temporal_patch_size=2, image_mean=_CLIP_MEAN, image_std=_CLIP_STD,
-                  size={"shortest_edge": 3136, "longest_edge": 12845056})
+        kw = dict(
+            patch_size=14,
+            merge_size=2,
+            temporal_patch_size=2,
+            image_mean=_CLIP_MEAN,
+            image_std=_CLIP_STD,
+            size={"shortest_edge": 3136, "longest_edge": 12845056},
+        )
     else:
         raise ValueError(f"unknown arch {arch!r}: use qwen3-vl or qwen2.5-vl")
     if small:
@@ -201,6 +250,7 @@ def image_processor_settings(arch: str, small: bool) -> dict:
 def build_processor(arch: str, tok, image_kwargs: dict):
     """The image-only processor (PIL image processor + shim) around `tok`."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
     ip = Qwen2VLImageProcessorPil(**image_kwargs)
     return _shim_class(arch)(image_processor=ip, tokenizer=tok, video_processor=None, chat_template=tok.chat_template)
 
@@ -208,6 +258,7 @@ def build_processor(arch: str, tok, image_kwargs: dict):
 def torchvision_works() -> bool:
     """True when torchvision is installed and imports (the CPU torch here has only broken CUDA wheels)."""
     from transformers.utils import is_torchvision_available
+
     if not is_torchvision_available():
         return False
     try:
@@ -222,6 +273,7 @@ def _arch_of_folder(path: str) -> str:
     import json
 
     from transformers.utils import cached_file
+
     for name in ("processor_config.json", "config.json"):
         f = cached_file(path, name, _raise_exceptions_for_missing_entries=False)
         if f:
@@ -231,7 +283,9 @@ def _arch_of_folder(path: str) -> str:
                 return "qwen3-vl"
             if "qwen2_5" in kind:
                 return "qwen2.5-vl"
-    raise ValueError(f"{path}: not a Qwen3-VL or Qwen2.5-VL folder (no processor_config.json or config.json naming one)")
+    raise ValueError(
+        f"{path}: not a Qwen3-VL or Qwen2.5-VL folder (no processor_config.json or config.json naming one)"
+    )
 
 
 def load_processor(path: str):
@@ -244,7 +298,8 @@ def load_processor(path: str):
     else:
         tok = AutoTokenizer.from_pretrained(path)
         ip = Qwen2VLImageProcessorPil.from_pretrained(path)
-        proc = _shim_class(_arch_of_folder(path))(image_processor=ip, tokenizer=tok, video_processor=None,
-                                                  chat_template=tok.chat_template)
+        proc = _shim_class(_arch_of_folder(path))(
+            image_processor=ip, tokenizer=tok, video_processor=None, chat_template=tok.chat_template
+        )
     proc.tokenizer.padding_side = "left"  # batched generation needs left padding, whatever the folder says
     return proc

@@ -66,7 +66,7 @@ class VisionFeatures:
                 out = self.inner.get_image_features(batch.pop("pixel_values"), grid, return_dict=True)
             self.tower_calls += 1
             pooled = torch.cat(list(out.pooler_output))
-            sizes = [int(e["image_grid_thw"].prod(-1).sum()) // self.merge ** 2 for _, e in miss]
+            sizes = [int(e["image_grid_thw"].prod(-1).sum()) // self.merge**2 for _, e in miss]
             deep = [torch.cat(list(f)).split(sizes) for f in out.deepstack_features]
             for k, ((i, _), p) in enumerate(zip(miss, pooled.split(sizes))):
                 fresh[i] = (p, [d[k] for d in deep])
@@ -82,15 +82,16 @@ class VisionFeatures:
                 p, ds = self.stored[i]
                 parts.append((p.to(device, non_blocking=True), [d.to(device, non_blocking=True) for d in ds]))
         n_deep = len(parts[0][1])
-        image = SimpleNamespace(pooler_output=(torch.cat([p for p, _ in parts]),),
-                                deepstack_features=[(torch.cat([ds[j] for _, ds in parts]),) for j in range(n_deep)])
+        image = SimpleNamespace(
+            pooler_output=(torch.cat([p for p, _ in parts]),),
+            deepstack_features=[(torch.cat([ds[j] for _, ds in parts]),) for j in range(n_deep)],
+        )
         batch["mm_encoder_outputs"] = {"image": image}
         return batch
 
     def _keep(self, i: int, pooled, deep: list[Any]) -> None:
         """Copy one sample's features to host memory (asynchronously into pinned buffers on CUDA: the stream orders
         this copy before any later copy back) and drop the sample's pixel_values from its cached encoding."""
-        import torch
 
         entry = self.samples.cache.get(i)
         if entry is None or "pixel_values" not in entry:
@@ -120,6 +121,6 @@ class VisionFeatures:
         n_aligned = (n + 511) // 512 * 512
         if self._slab is None or self._used + n_aligned > self._slab.numel():
             self._slab, self._used = torch.empty(max(self.SLAB, n_aligned), dtype=torch.uint8, pin_memory=True), 0
-        view = self._slab[self._used:self._used + n].view(dtype).view(shape)
+        view = self._slab[self._used : self._used + n].view(dtype).view(shape)
         self._used += n_aligned
         return view

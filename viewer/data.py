@@ -22,22 +22,40 @@ from typing import Any
 
 import duckdb
 
-from storage.inspect import BadFile, verify_file
 from storage.catalog import _FILE_RE, explain_duckdb_error
+from storage.inspect import BadFile, verify_file
 from storage.lake import Lake, LakeError
 from storage.reports import iteration_table, teacher_spend_rows
 from storage.schema import PARTITION_COLUMNS, TABLES, duckdb_type
 
 # index columns; the categorical ones travel dictionary-encoded (values + codes) to keep the JSON small
-INDEX_COLUMNS = ("episode_id", "iteration", "stage", "task_id", "seed", "split", "policy", "policy_version",
-                 "success", "status", "n_steps", "task_reward", "duration_s", "instruction")
+INDEX_COLUMNS = (
+    "episode_id",
+    "iteration",
+    "stage",
+    "task_id",
+    "seed",
+    "split",
+    "policy",
+    "policy_version",
+    "success",
+    "status",
+    "n_steps",
+    "task_reward",
+    "duration_s",
+    "instruction",
+)
 CATEGORICAL = ("stage", "task_id", "split", "policy", "policy_version", "status")
 
-_STEP_COLUMNS = ("step_idx, is_final, screen_w, screen_h, ui_text, prompt_context, response_text, thought, "
-                 "action_desc, raw_action, action, executed, parse_ok, parse_error, fallback_parse, exec_error, "
-                 "latency_ms, env_ms, prompt_tokens, completion_tokens, reward, feedback")
-_RL_COLUMNS = ("step_idx, round, advantage, step_advantage, replayed, parse_error, sdpo, sdpo_sibling_episode_id, "
-               "sdpo_feedback, run_key")
+_STEP_COLUMNS = (
+    "step_idx, is_final, screen_w, screen_h, ui_text, prompt_context, response_text, thought, "
+    "action_desc, raw_action, action, executed, parse_ok, parse_error, fallback_parse, exec_error, "
+    "latency_ms, env_ms, prompt_tokens, completion_tokens, reward, feedback"
+)
+_RL_COLUMNS = (
+    "step_idx, round, advantage, step_advantage, replayed, parse_error, sdpo, sdpo_sibling_episode_id, "
+    "sdpo_feedback, run_key"
+)
 SAFE_ID = re.compile(r"^[A-Za-z0-9_.:=+-]{1,200}$")
 SIDE_KEYS = ("policy_version", "policy", "stage", "iteration", "task_id")
 
@@ -55,6 +73,7 @@ class Side:
     """One side of a comparison: `key=value` terms over SIDE_KEYS, or a bare policy_version substring.
 
     `Side.parse("stage=evaluate,iteration=1")`, `Side.parse("sft-it0")` (unique among policy versions)."""
+
     terms: tuple[tuple[str, str], ...]
     text: str
 
@@ -73,8 +92,10 @@ class Side:
             if key == "checkpoint":
                 key = "policy_version"
             if key not in SIDE_KEYS:
-                raise ViewerError(f"unknown comparison key {key!r} in {text!r} (use {', '.join(SIDE_KEYS)}, "
-                                  "or a bare policy-version substring)")
+                raise ViewerError(
+                    f"unknown comparison key {key!r} in {text!r} (use {', '.join(SIDE_KEYS)}, "
+                    "or a bare policy-version substring)"
+                )
             terms.append((key, value.strip()))
         return cls(tuple(terms), text)
 
@@ -88,8 +109,10 @@ class Side:
                     pool = hits or versions
                     shown = ", ".join(sorted(pool)[:6]) + (f" and {len(pool) - 6} more" if len(pool) > 6 else "")
                     what = f"matches {len(hits)} policy versions" if hits else "matches no policy version"
-                    raise ViewerError(f"comparison side {value!r} {what} ({'they are' if hits else 'known'}: "
-                                      f"{shown or 'none'}); give more of it, or key=value terms")
+                    raise ViewerError(
+                        f"comparison side {value!r} {what} ({'they are' if hits else 'known'}: "
+                        f"{shown or 'none'}); give more of it, or key=value terms"
+                    )
                 conds.append("policy_version = ?")
                 params.append(hits[0])
             elif key == "iteration":
@@ -122,17 +145,27 @@ class ViewerData:
 
     def _step_rows(self, episode_ids: list[str], cols: str, extra: str = "") -> list[dict[str, Any]]:
         """Step rows of these episodes, read from the files that hold them (unreadable ones skipped)."""
+
         def run():
             bad = {str(b.path) for b in self.skipped}
-            files = [r[0] for r in self.con.execute("SELECT DISTINCT file FROM loc WHERE list_contains(?, episode_id)",
-                                                    [episode_ids]).fetchall() if r[0] not in bad]
+            files = [
+                r[0]
+                for r in self.con.execute(
+                    "SELECT DISTINCT file FROM loc WHERE list_contains(?, episode_id)", [episode_ids]
+                ).fetchall()
+                if r[0] not in bad
+            ]
             if not files:
                 return []
-            cur = self.con.execute(f"SELECT episode_id, {cols} FROM read_parquet([{', '.join(_q(f) for f in files)}], "
-                                   f"union_by_name=true) WHERE list_contains(?, episode_id) {extra} "
-                                   "ORDER BY episode_id, step_idx", [episode_ids])
+            cur = self.con.execute(
+                f"SELECT episode_id, {cols} FROM read_parquet([{', '.join(_q(f) for f in files)}], "
+                f"union_by_name=true) WHERE list_contains(?, episode_id) {extra} "
+                "ORDER BY episode_id, step_idx",
+                [episode_ids],
+            )
             names = [d[0] for d in cur.description]
             return [dict(zip(names, r)) for r in cur.fetchall()]
+
         return self._retrying(run)
 
     def _create_view(self, table: str) -> None:
@@ -146,10 +179,12 @@ class ViewerData:
         if src:
             hive = ", ".join(f"'{k}': '{v}'" for k, v in PARTITION_COLUMNS.items())
             fname = ", filename=true" if table == "steps" else ""
-            sql = (f"SELECT * FROM read_parquet({src}, hive_partitioning=true, union_by_name=true, "
-                   f"hive_types={{{hive}}}{fname})")
+            sql = (
+                f"SELECT * FROM read_parquet({src}, hive_partitioning=true, union_by_name=true, "
+                f"hive_types={{{hive}}}{fname})"
+            )
         else:
-            cols = [f"NULL::{duckdb_type(f.type)} AS \"{f.name}\"" for f in TABLES[table]]
+            cols = [f'NULL::{duckdb_type(f.type)} AS "{f.name}"' for f in TABLES[table]]
             cols += [f"NULL::{t} AS {k}" for k, t in PARTITION_COLUMNS.items()]
             cols += ["NULL::VARCHAR AS filename"] if table == "steps" else []
             sql = f"SELECT {', '.join(cols)} WHERE false"
@@ -179,6 +214,7 @@ class ViewerData:
             cur = self.con.execute(sql, params or [])
             names = [d[0] for d in cur.description]
             return [dict(zip(names, r)) for r in cur.fetchall()]
+
         return self._retrying(run)
 
     def skipped_lines(self) -> list[str]:
@@ -188,16 +224,20 @@ class ViewerData:
     def index(self) -> dict[str, Any]:
         """Every episode as columns (categoricals as values + codes), newest iteration first."""
         cols = ", ".join(INDEX_COLUMNS)
-        tbl = self._retrying(lambda: self.con.sql(
-            f"SELECT {cols} FROM ep ORDER BY iteration DESC, stage, task_id, seed, policy_version, "
-            "episode_id").to_arrow_table())
+        tbl = self._retrying(
+            lambda: self.con.sql(
+                f"SELECT {cols} FROM ep ORDER BY iteration DESC, stage, task_id, seed, policy_version, episode_id"
+            ).to_arrow_table()
+        )
         out: dict[str, Any] = {"n": tbl.num_rows, "columns": {}}
         for name in INDEX_COLUMNS:
             col = tbl.column(name)
             if name in CATEGORICAL:
                 enc = col.cast("string").dictionary_encode().combine_chunks()
-                out["columns"][name] = {"values": enc.dictionary.to_pylist(),
-                                        "codes": enc.indices.fill_null(-1).to_pylist()}
+                out["columns"][name] = {
+                    "values": enc.dictionary.to_pylist(),
+                    "codes": enc.indices.fill_null(-1).to_pylist(),
+                }
             elif name == "duration_s" or name == "task_reward":
                 out["columns"][name] = [None if v is None else round(v, 3) for v in col.to_pylist()]
             else:
@@ -205,8 +245,12 @@ class ViewerData:
         return out
 
     def versions(self) -> list[str]:
-        return [r["v"] for r in self._rows("SELECT DISTINCT policy_version AS v FROM ep "
-                                           "WHERE policy_version IS NOT NULL ORDER BY 1")]
+        return [
+            r["v"]
+            for r in self._rows(
+                "SELECT DISTINCT policy_version AS v FROM ep WHERE policy_version IS NOT NULL ORDER BY 1"
+            )
+        ]
 
     # ------------------------------------------------------------------ episodes
     def episode(self, episode_id: str) -> dict[str, Any]:
@@ -215,15 +259,19 @@ class ViewerData:
         eps = self._rows("SELECT * FROM ep WHERE episode_id = ? LIMIT 1", [episode_id])
         if not eps:
             raise ViewerError(f"no episode {episode_id!r} in {self.lake.root}")
-        steps = [{k: v for k, v in r.items() if k != "episode_id"} for r in self._step_rows([episode_id], _STEP_COLUMNS)]
+        steps = [
+            {k: v for k, v in r.items() if k != "episode_id"} for r in self._step_rows([episode_id], _STEP_COLUMNS)
+        ]
         return {"episode": eps[0], "steps": steps, "rl": self._rl_rows([episode_id]).get(episode_id, {})}
 
     def episodes(self, episode_ids: list[str]) -> dict[str, dict[str, Any]]:
         """Many episodes in three queries (the static build)."""
         if not episode_ids:
             return {}
-        out = {r["episode_id"]: {"episode": r, "steps": [], "rl": {}}
-               for r in self._rows("SELECT * FROM ep WHERE list_contains(?, episode_id)", [episode_ids])}
+        out = {
+            r["episode_id"]: {"episode": r, "steps": [], "rl": {}}
+            for r in self._rows("SELECT * FROM ep WHERE list_contains(?, episode_id)", [episode_ids])
+        }
         for r in self._step_rows(episode_ids, _STEP_COLUMNS):
             if r["episode_id"] in out:
                 out[r.pop("episode_id")]["steps"].append(r)
@@ -233,8 +281,9 @@ class ViewerData:
         return out
 
     def _rl_rows(self, episode_ids: list[str]) -> dict[str, dict[int, dict[str, Any]]]:
-        rows = self._rows(f"SELECT episode_id, {_RL_COLUMNS} FROM rl WHERE list_contains(?, episode_id) "
-                          "ORDER BY round", [episode_ids])
+        rows = self._rows(
+            f"SELECT episode_id, {_RL_COLUMNS} FROM rl WHERE list_contains(?, episode_id) ORDER BY round", [episode_ids]
+        )
         out: dict[str, dict[int, dict[str, Any]]] = {}
         for r in rows:
             out.setdefault(r.pop("episode_id"), {})[r["step_idx"]] = r  # the newest round's row wins
@@ -262,13 +311,17 @@ class ViewerData:
         versions = self.versions()
         wa, pa_ = a.where(versions)
         wb, pb = b.where(versions)
-        pick = ("SELECT task_id, seed, episode_id AS eid, success AS ok, n_steps AS n FROM ("
-                "SELECT *, row_number() OVER (PARTITION BY task_id, seed ORDER BY coalesce(sample_idx, 0), "
-                "episode_id) AS r FROM ep WHERE {w}) WHERE r = 1")
-        sql = (f"WITH a AS ({pick.format(w=wa)}), b AS ({pick.format(w=wb)}) "
-               "SELECT a.task_id, a.seed, a.eid AS a_id, b.eid AS b_id, a.ok AS a_success, b.ok AS b_success, "
-               "a.n AS a_steps, b.n AS b_steps FROM a JOIN b USING (task_id, seed) "
-               "WHERE a.eid <> b.eid ORDER BY a.task_id, a.seed LIMIT ?")
+        pick = (
+            "SELECT task_id, seed, episode_id AS eid, success AS ok, n_steps AS n FROM ("
+            "SELECT *, row_number() OVER (PARTITION BY task_id, seed ORDER BY coalesce(sample_idx, 0), "
+            "episode_id) AS r FROM ep WHERE {w}) WHERE r = 1"
+        )
+        sql = (
+            f"WITH a AS ({pick.format(w=wa)}), b AS ({pick.format(w=wb)}) "
+            "SELECT a.task_id, a.seed, a.eid AS a_id, b.eid AS b_id, a.ok AS a_success, b.ok AS b_success, "
+            "a.n AS a_steps, b.n AS b_steps FROM a JOIN b USING (task_id, seed) "
+            "WHERE a.eid <> b.eid ORDER BY a.task_id, a.seed LIMIT ?"
+        )
         return self._rows(sql, pa_ + pb + [int(limit)])
 
     # ------------------------------------------------------------------ iteration report
@@ -291,8 +344,10 @@ class ViewerData:
                                   grad_norm, round_success FROM rl_metrics ORDER BY run_key, global_step""")
         curriculum: list[dict[str, Any]] = []
         if "curriculum" in TABLES:  # written by the flywheel's curriculum (when it runs)
-            curriculum = self._rows("SELECT iteration, task_id, decision, success_rate, evidence, teacher_demos, "
-                                    "rollout_seeds, rl, reason FROM curriculum ORDER BY iteration, task_id")
+            curriculum = self._rows(
+                "SELECT iteration, task_id, decision, success_rate, evidence, teacher_demos, "
+                "rollout_seeds, rl, reason FROM curriculum ORDER BY iteration, task_id"
+            )
         for c in lineage:
             try:
                 c["metrics"] = json.loads(c["metrics"]) if c["metrics"] else {}
@@ -301,8 +356,16 @@ class ViewerData:
         # the same queries as the Prefect iteration artifact (tasks/artifacts.py)
         per_task = self._retrying(lambda: iteration_table(self.con))
         teacher = self._retrying(lambda: teacher_spend_rows(self.con))
-        return {"evals": evals, "volumes": volumes, "datasets": datasets, "lineage": lineage, "rl": rl,
-                "curriculum": curriculum, "per_task": per_task, "teacher": teacher}
+        return {
+            "evals": evals,
+            "volumes": volumes,
+            "datasets": datasets,
+            "lineage": lineage,
+            "rl": rl,
+            "curriculum": curriculum,
+            "per_task": per_task,
+            "teacher": teacher,
+        }
 
     def close(self) -> None:
         self.con.close()

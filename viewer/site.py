@@ -41,9 +41,15 @@ def index_js(index: dict[str, Any], *, pages: set[str] | None) -> str:
     return "window.FLYWHEEL_INDEX = " + json.dumps(data, separators=(",", ":"), default=str) + ";\n"
 
 
-def build_site(root: str | Path, out: str | Path, *, compares: list[tuple[str, str]] = (),
-               max_pages: int = DEFAULT_MAX_PAGES, log: Callable[[str], None] = lambda s: None,
-               progress: bool = False) -> dict[str, Any]:
+def build_site(
+    root: str | Path,
+    out: str | Path,
+    *,
+    compares: list[tuple[str, str]] = (),
+    max_pages: int = DEFAULT_MAX_PAGES,
+    log: Callable[[str], None] = lambda s: None,
+    progress: bool = False,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     out = Path(out)
     v = open_lake(root)
@@ -62,7 +68,7 @@ def build_site(root: str | Path, out: str | Path, *, compares: list[tuple[str, s
             pair_ids += [(p["a_id"], p["b_id"], a, b) for p in pairs]
             log(f"compare {a!r} vs {b!r}: {len(pairs)} pairs -> {out / href}")
         wanted = list(dict.fromkeys([i for p in pair_ids for i in p[:2]] + index["columns"]["episode_id"]))
-        chosen = wanted[:max(0, int(max_pages))]
+        chosen = wanted[: max(0, int(max_pages))]
         pages = _episode_pages(v, out, chosen, progress)
         for ea, eb, a, b in pair_ids:
             if ea in pages and eb in pages:
@@ -72,17 +78,25 @@ def build_site(root: str | Path, out: str | Path, *, compares: list[tuple[str, s
         _write(out / "report.html", render.report_page(v.report(), v.skipped_lines()))
     finally:
         v.close()
-    return {"out": str(out), "episodes": index["n"], "pages": len(pages), "compares": len(labels),
-            "skipped_files": len(v.skipped), "index_s": round(t_index, 3), "total_s": round(time.perf_counter() - t0, 3)}
+    return {
+        "out": str(out),
+        "episodes": index["n"],
+        "pages": len(pages),
+        "compares": len(labels),
+        "skipped_files": len(v.skipped),
+        "index_s": round(t_index, 3),
+        "total_s": round(time.perf_counter() - t0, 3),
+    }
 
 
 def _episode_pages(v: ViewerData, out: Path, ids: list[str], progress: bool) -> dict[str, dict[str, Any]]:
     """Write episode pages and their screenshots in chunks; returns the written episodes' data."""
     done: dict[str, dict[str, Any]] = {}
-    chunks = [ids[i:i + 200] for i in range(0, len(ids), 200)]
+    chunks = [ids[i : i + 200] for i in range(0, len(ids), 200)]
     bar = None
     if progress and chunks:
         from rich.progress import Progress
+
         bar = Progress(transient=True)
         bar.start()
         task = bar.add_task("episode pages", total=len(ids))
@@ -142,6 +156,7 @@ def make_app(root: str | Path):
                     return fn(request, live.get())
                 except ViewerError as e:
                     return HTMLResponse(render.page("not found", f"<p class='err'>{render.escape(str(e))}</p>"), 404)
+
         return endpoint
 
     def index(request, v):
@@ -156,8 +171,11 @@ def make_app(root: str | Path):
         return HTMLResponse(render.episode_page(v.episode(request.path_params["eid"])))
 
     def shot(request, v):
-        return Response(v.screenshot(request.path_params["eid"], request.path_params["step"]), media_type="image/png",
-                        headers={"Cache-Control": "max-age=3600"})
+        return Response(
+            v.screenshot(request.path_params["eid"], request.path_params["step"]),
+            media_type="image/png",
+            headers={"Cache-Control": "max-age=3600"},
+        )
 
     def compare(request, v):
         a, b = request.query_params.get("a", ""), request.query_params.get("b", "")
@@ -173,13 +191,20 @@ def make_app(root: str | Path):
     def report(request, v):
         return HTMLResponse(render.report_page(v.report(), v.skipped_lines()))
 
-    routes = [Route("/", guarded(index)), Route("/index.html", guarded(index)),
-              Route("/index-data.js", guarded(index_data)), Route("/report.html", guarded(report)),
-              Route("/episode/{eid}.html", guarded(episode)), Route("/shots/{eid}/{step:int}.png", guarded(shot)),
-              Route("/compare.html", guarded(compare)), Route("/pair/{pair}.html", guarded(pair))]
+    routes = [
+        Route("/", guarded(index)),
+        Route("/index.html", guarded(index)),
+        Route("/index-data.js", guarded(index_data)),
+        Route("/report.html", guarded(report)),
+        Route("/episode/{eid}.html", guarded(episode)),
+        Route("/shots/{eid}/{step:int}.png", guarded(shot)),
+        Route("/compare.html", guarded(compare)),
+        Route("/pair/{pair}.html", guarded(pair)),
+    ]
     return Starlette(routes=routes)
 
 
 def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8765) -> None:
     import uvicorn
+
     uvicorn.run(make_app(root), host=host, port=port, log_level="warning")

@@ -1,7 +1,7 @@
 """The backend interface: prompts in (agents.prompts.Prompt), generations with token ids and logprobs out.
 
-    gens = backend.generate([prompt_a, prompt_b], Sampling(temperature=0.0, max_new_tokens=64))
-    gens[0].text, gens[0].token_ids, gens[0].logprobs   # logprobs: per generated token (RL needs them)
+gens = backend.generate([prompt_a, prompt_b], Sampling(temperature=0.0, max_new_tokens=64))
+gens[0].text, gens[0].token_ids, gens[0].logprobs   # logprobs: per generated token (RL needs them)
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agents.backends.base import Backend, BackendError, Generation, Sampling
@@ -27,18 +26,28 @@ if TYPE_CHECKING:
 
 def _pil(png: bytes):
     from PIL import Image
+
     return Image.open(io.BytesIO(png)).convert("RGB")
 
 
 class HFBackend(Backend):
     name = "hf"
 
-    def __init__(self, model_path: str | None = None, *, dtype: str = "auto", device: str = "auto",
-                 model: Any = None, processor: Any = None, threads: int | None = None,
-                 lean: bool = True):
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        dtype: str = "auto",
+        device: str = "auto",
+        model: Any = None,
+        processor: Any = None,
+        threads: int | None = None,
+        lean: bool = True,
+    ):
         import torch
 
         from training.models import load_model, model_arch
+
         if threads:
             torch.set_num_threads(threads)
         if model is None:
@@ -54,12 +63,14 @@ class HFBackend(Backend):
         self.timings: dict[str, float] = {"encode": 0.0, "generate": 0.0, "decode": 0.0}
         # the lean KV-cached decode loop (agents/backends/kv_decode.py) where it reproduces this model exactly
         from agents.backends import kv_decode
+
         self._lean = kv_decode.LeanDecoder(self.model) if lean and kv_decode.supports(self.model) else None
 
     def encode(self, prompts: list["Prompt"]):
         """Processor inputs for a batch of prompts (the same call the SFT collator makes)."""
-        texts = [self.processor.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
-                 for p in prompts]
+        texts = [
+            self.processor.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False) for p in prompts
+        ]
         images = [_pil(png) for p in prompts for png in p.images]
         kw: dict[str, Any] = {"text": texts, "return_tensors": "pt", "padding": True}
         if images:
@@ -77,29 +88,37 @@ class HFBackend(Backend):
     def _hf_generate(self, inputs, sampling: Sampling, stop: list[int]):
         """transformers `generate` (the fallback: text-only prompts, other model classes)."""
         import torch
-        gen_kw: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=stop,
-                                      pad_token_id=self.tok.pad_token_id, return_dict_in_generate=True,
-                                      output_logits=True)
+
+        gen_kw: dict[str, Any] = dict(
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=stop,
+            pad_token_id=self.tok.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
         if sampling.temperature > 0:
             gen_kw.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         else:
             gen_kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         out = self.model.generate(**inputs, **gen_kw)
-        seqs = out.sequences[:, inputs["input_ids"].shape[1]:]
+        seqs = out.sequences[:, inputs["input_ids"].shape[1] :]
         logits = torch.stack(out.logits, dim=1).float()  # [batch, new_tokens, vocab], raw (unwarped)
         return seqs, torch.log_softmax(logits, dim=-1).gather(-1, seqs.unsqueeze(-1)).squeeze(-1)
 
     def reload(self, model_path: str) -> None:
         """Load new weights (an RL round's checkpoint) into the live model, in place."""
         from training.models import load_model
+
         # through from_pretrained, which maps saved key names to the live ones (they differ for Qwen2.5-VL)
-        fresh, _ = load_model(model_path, dtype=str(next(self.model.parameters()).dtype).removeprefix("torch."),
-                              device=str(self.device))
+        fresh, _ = load_model(
+            model_path, dtype=str(next(self.model.parameters()).dtype).removeprefix("torch."), device=str(self.device)
+        )
         try:
             self.model.load_state_dict(fresh.state_dict(), strict=True)
         except RuntimeError as e:
-            raise BackendError(f"{model_path}: weights do not match the loaded model "
-                               f"({str(e).splitlines()[0][:200]})") from None
+            raise BackendError(
+                f"{model_path}: weights do not match the loaded model ({str(e).splitlines()[0][:200]})"
+            ) from None
         del fresh
         if self._lean is not None:
             self._lean.refresh()
@@ -107,6 +126,7 @@ class HFBackend(Backend):
 
     def generate(self, prompts: list["Prompt"], sampling: Sampling) -> list[Generation]:
         import torch
+
         if not prompts:
             return []
         t0 = time.perf_counter()
@@ -118,9 +138,14 @@ class HFBackend(Backend):
             torch.manual_seed(sampling.seed)
         with torch.inference_mode():
             if self._lean is not None and inputs.get("pixel_values") is not None:
-                out = self._lean.generate(inputs, max_new_tokens=sampling.max_new_tokens, stop_ids=stop,
-                                          pad_id=self.tok.pad_token_id, temperature=sampling.temperature,
-                                          top_p=sampling.top_p)
+                out = self._lean.generate(
+                    inputs,
+                    max_new_tokens=sampling.max_new_tokens,
+                    stop_ids=stop,
+                    pad_id=self.tok.pad_token_id,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                )
                 seqs, logp = out.tokens, out.logprobs
             else:
                 seqs, logp = self._hf_generate(inputs, sampling, stop)
@@ -139,8 +164,16 @@ class HFBackend(Backend):
                     break
             keep = ids[:n]
             text = self.tok.decode(keep, skip_special_tokens=True)
-            gens.append(Generation(text=text, token_ids=keep, logprobs=[float(x) for x in logp[i, :n].tolist()],
-                                   prompt_tokens=int(n_prompt[i]), completion_tokens=n,
-                                   latency_ms=elapsed / len(prompts), finish_reason=finish))
+            gens.append(
+                Generation(
+                    text=text,
+                    token_ids=keep,
+                    logprobs=[float(x) for x in logp[i, :n].tolist()],
+                    prompt_tokens=int(n_prompt[i]),
+                    completion_tokens=n,
+                    latency_ms=elapsed / len(prompts),
+                    finish_reason=finish,
+                )
+            )
         self.timings["decode"] += time.perf_counter() - t_gen
         return gens

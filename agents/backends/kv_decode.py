@@ -87,8 +87,9 @@ class LeanDecoder:
                 self.fused.append((qkv_w, qkv_b, gu_w))
 
     # ------------------------------------------------------------------ one token for every row
-    def _step(self, tok: torch.Tensor, pos: torch.Tensor, k_cache: list, v_cache: list, cur: int,
-              mask: torch.Tensor) -> torch.Tensor:
+    def _step(
+        self, tok: torch.Tensor, pos: torch.Tensor, k_cache: list, v_cache: list, cur: int, mask: torch.Tensor
+    ) -> torch.Tensor:
         B = tok.shape[0]
         x = self.lm.embed_tokens(tok)[:, None, :]  # [B, 1, H]
         freqs = pos[:, None].float() * self.inv_freq[None, :]
@@ -97,15 +98,17 @@ class LeanDecoder:
         attn_mask = mask[:, None, None, : cur + 1]
         nq, nkv, hd = self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.head_dim
         groups = self.n_heads // self.n_kv
-        bias = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill(~attn_mask, float("-inf"))  # [B,1,1,S]
+        bias = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill(
+            ~attn_mask, float("-inf")
+        )  # [B,1,1,S]
         for i, layer in enumerate(self.lm.layers):
             at, mlp = layer.self_attn, layer.mlp
             qkv_w, qkv_b, gu_w = self.fused[i]
             h = _rms(x, layer.input_layernorm)
             qkv = F.linear(h, qkv_w, qkv_b)
             q = qkv[..., :nq].view(B, 1, self.n_heads, hd)
-            k = qkv[..., nq:nq + nkv].view(B, 1, self.n_kv, hd)
-            v = qkv[..., nq + nkv:].view(B, self.n_kv, hd)
+            k = qkv[..., nq : nq + nkv].view(B, 1, self.n_kv, hd)
+            v = qkv[..., nq + nkv :].view(B, self.n_kv, hd)
             if getattr(at, "q_norm", None) is not None:  # Qwen3: per-head RMSNorm on q and k
                 q, k = _rms(q, at.q_norm), _rms(k, at.k_norm)
             q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
@@ -144,8 +147,17 @@ class LeanDecoder:
         return out.logits[:, -1].float(), next_pos, k_cache, v_cache, full_mask, L
 
     @torch.inference_mode()
-    def generate(self, inputs: dict[str, Any], *, max_new_tokens: int, stop_ids: list[int], pad_id: int,
-                 temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None) -> Decoded:
+    def generate(
+        self,
+        inputs: dict[str, Any],
+        *,
+        max_new_tokens: int,
+        stop_ids: list[int],
+        pad_id: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Decoded:
         logits, pos, kc, vc, mask, L = self._prefill(inputs, max_new_tokens)
         B = logits.shape[0]
         stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=logits.device)

@@ -169,8 +169,17 @@ def _token_logprobs(choice: dict[str, Any]) -> tuple[list[int] | None, list[floa
 class OpenAIBackend(Backend):
     name = "openai"
 
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 60,
-                 max_retries: int = 4, backoff_s: float = 0.5, concurrency: int = 64):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 60,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        concurrency: int = 64,
+    ):
         if concurrency < 1 or max_retries < 0 or timeout_s <= 0 or backoff_s < 0:
             raise ValueError("need concurrency >= 1, max_retries >= 0, timeout_s > 0, backoff_s >= 0")
         self.base_url = api_root(base_url)
@@ -188,8 +197,10 @@ class OpenAIBackend(Backend):
         self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s), limits=limits)
 
     def __repr__(self) -> str:
-        return (f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, "
-                f"api_key={'***' if self._key else None}, concurrency={self.concurrency})")
+        return (
+            f"OpenAIBackend(base_url={self.base_url!r}, model={self.model!r}, "
+            f"api_key={'***' if self._key else None}, concurrency={self.concurrency})"
+        )
 
     def __enter__(self) -> "OpenAIBackend":
         return self
@@ -243,8 +254,9 @@ class OpenAIBackend(Backend):
         try:
             return [str(m["id"]) for m in resp.json()["data"]]
         except (ValueError, KeyError, TypeError):
-            raise self._fail(f"malformed response from {url}: expected {{\"data\": [{{\"id\": ...}}]}}, "
-                             f"got {_snippet(resp.text)}") from None
+            raise self._fail(
+                f'malformed response from {url}: expected {{"data": [{{"id": ...}}]}}, got {_snippet(resp.text)}'
+            ) from None
 
     # ---- internals --------------------------------------------------------------------------
 
@@ -278,8 +290,10 @@ class OpenAIBackend(Backend):
             except httpx.TimeoutException:
                 # Not retried: a server this slow will not be faster a second time, and retrying would
                 # multiply the wait by max_retries.
-                raise self._fail(f"{method} {url} timed out after {self.timeout_s:g}s "
-                                 "(server overloaded or generation too long? raise timeout_s)") from None
+                raise self._fail(
+                    f"{method} {url} timed out after {self.timeout_s:g}s "
+                    "(server overloaded or generation too long? raise timeout_s)"
+                ) from None
             except httpx.ConnectError as e:
                 unreachable, last = True, f"{type(e).__name__}: {e}"
             except _DROPPED as e:
@@ -291,18 +305,20 @@ class OpenAIBackend(Backend):
                 retry_after = _retry_after(resp)
             if attempt < self.max_retries:
                 delay = self._delay(attempt, retry_after)
-                log.warning(self._scrub(f"{method} {url}: {last}; retry {attempt + 1}/{self.max_retries} "
-                                        f"in {delay:.2f}s"))
+                log.warning(
+                    self._scrub(f"{method} {url}: {last}; retry {attempt + 1}/{self.max_retries} in {delay:.2f}s")
+                )
                 time.sleep(delay)
         tries = f"{self.max_retries + 1} attempt{'s' if self.max_retries else ''}"
         if unreachable:
-            raise self._fail(f"cannot reach the model server at {self.base_url} (is `vllm serve` running?) "
-                             f"[{last}; {tries}]")
+            raise self._fail(
+                f"cannot reach the model server at {self.base_url} (is `vllm serve` running?) [{last}; {tries}]"
+            )
         raise self._fail(f"the model server at {self.base_url} kept failing: {last} (gave up after {tries})")
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         # Exponential backoff with jitter (x0.5..1.5) so parallel workers do not retry in lockstep.
-        delay = self.backoff_s * (2 ** attempt) * (0.5 + random.random())
+        delay = self.backoff_s * (2**attempt) * (0.5 + random.random())
         if retry_after is not None:
             delay = max(delay, min(retry_after, _RETRY_AFTER_CAP_S))
         return delay
@@ -314,8 +330,10 @@ class OpenAIBackend(Backend):
         if code == 404:
             return self._fail(f"HTTP 404 at {url} ({msg}): is base_url the server's /v1 root?")
         if code in (401, 403):
-            return self._fail(f"the model server at {self.base_url} refused the request (HTTP {code}: {msg}); "
-                              f"set {API_KEY_ENV[0]} to the key given to `vllm serve --api-key`")
+            return self._fail(
+                f"the model server at {self.base_url} refused the request (HTTP {code}: {msg}); "
+                f"set {API_KEY_ENV[0]} to the key given to `vllm serve --api-key`"
+            )
         hint = next((f" [{h}]" for needle, h in _HINTS if needle in msg), "")
         return self._fail(f"the model server rejected the request (HTTP {code}): {msg}{hint}")
 
@@ -325,8 +343,10 @@ class OpenAIBackend(Backend):
             listing = f"served models: {', '.join(served)}" if served else "the server lists no models"
         except BackendError as e:
             listing = f"could not list the served models ({e})"
-        return self._fail(f"model {self.model!r} is not served at {self.base_url} ({msg}); {listing}. "
-                          "Use a --served-model-name or a --lora-modules name as the model.")
+        return self._fail(
+            f"model {self.model!r} is not served at {self.base_url} ({msg}); {listing}. "
+            "Use a --served-model-name or a --lora-modules name as the model."
+        )
 
     def _scrub(self, text: str) -> str:
         """Mask the API key wherever it could have crept in (a server echoing headers, say)."""

@@ -68,7 +68,7 @@ def is_synth(task_id: object) -> bool:
 def kind_of(task_id: str) -> str:
     if not is_synth(task_id):
         raise ValueError(f"not a synth task id: {task_id!r}; known: {', '.join(TASK_IDS)}")
-    return task_id[len(PREFIX):]
+    return task_id[len(PREFIX) :]
 
 
 def safe_name(task_id: str) -> str:
