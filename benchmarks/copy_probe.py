@@ -27,10 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SYSTEM = (
-    "You operate a computer through the computer_use tool to complete the task.\n"
-    "x, y are relative positions from 0 to 1000 (0,0 top-left; 1000,1000 bottom-right)."
-)
+from agents.actions import Click, Type  # noqa: E402
+from agents.parsing import format_tool_call  # noqa: E402
+from agents.prompts import PromptOptions, system_prompt, transform_for  # noqa: E402
+
 ROLES = (("button", "button"), ("a", "link"), ("span", "text"))
 SYLL = ["ba", "ko", "mi", "tu", "re", "sa", "lo", "ve", "qu", "dri", "pla", "sto", "nex", "ur", "ai", "zo"]
 
@@ -44,8 +44,8 @@ def _label(rng: random.Random) -> str:
     return "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(rng.randint(3, 6)))
 
 
-def _call(args: dict) -> str:
-    return "<tool_call>\n" + json.dumps({"name": "computer_use", "arguments": args}) + "\n</tool_call>"
+# The student's own system prompt (Qwen3-VL: coordinates 0-1000).
+SYSTEM = system_prompt(PromptOptions(), transform_for("qwen3-vl", 1000, 1000))
 
 
 def sample(rng: random.Random) -> tuple[list[dict], str]:
@@ -65,14 +65,14 @@ def sample(rng: random.Random) -> tuple[list[dict], str]:
     if rng.random() < 0.5:
         tag, noun, lab, x, y = rng.choice([e for e in els if e[0] != "span"] or els)
         task = f'Click the {noun} "{lab}".'
-        reply = f'Action: Click {tag} "{lab}" @ ({x},{y})\n' + _call({"action": "click", "x": x, "y": y})
+        reply = f'Action: Click {tag} "{lab}" @ ({x},{y})\n' + format_tool_call(Click(x=x, y=y))
     else:
         value = _label(rng)
         field = _label(rng).capitalize()
         x, y = rng.randint(30, 970), rng.randint(60, 970)
         lines.append(f'input_text#{field.lower()} "" @ ({x},{y}) [300x60] focused')
         task = f'Enter "{value}" into the {field} field.'
-        reply = f'Action: Type "{value}"\n' + _call({"action": "type", "text": value})
+        reply = f'Action: Type "{value}"\n' + format_tool_call(Type(text=value))
     rng.shuffle(lines)
     user = f"Task: {task}\nCurrent screen:\n\nUI elements:\n" + "\n".join(lines)
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}], reply
