@@ -405,6 +405,22 @@ class CurateConfig(_Cfg):
     teacher_ratio: float | None = Field(
         None, ge=0, le=1, description="Fraction of teacher episodes when mixing sources (None = all)"
     )
+    drop_loops: bool = Field(
+        True,
+        description=(
+            "Cut the steps between two visits of the same page (UI text + screenshot) from each kept episode, "
+            "so SFT learns the short path, not a success's detours (manifest: source_counts.loop_steps_cut)"
+        ),
+    )
+    solved_instance_keep: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description=(
+            "Fraction of the student's successes kept from instances it solved on every attempt (>= 2 attempts: "
+            "rollouts.attempts, RL groups); 0 keeps only instances it solves sometimes, where its new data is"
+        ),
+    )
 
 
 class SFTConfig(_Cfg):

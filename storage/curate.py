@@ -68,6 +68,7 @@ def curate_sql(curate_cfg: Any, iteration: int, held_out: list[str], stage_filte
         cap=int(curate_cfg.max_episodes_per_task),
         stage_filter=stage_filter,
         ratio="NULL" if ratio is None else repr(float(ratio)),
+        solved_keep=repr(float(getattr(curate_cfg, "solved_instance_keep", 1.0))),
     ).strip()
 
 
@@ -107,8 +108,10 @@ def _source(policy: str) -> str:
     return "student" if policy == "student" else "teacher"
 
 
-def _export_rows(con, episodes: list[dict[str, Any]], arch: str, opts) -> list[dict[str, Any]]:
-    from training.data import episode_samples
+def _export_rows(
+    con, episodes: list[dict[str, Any]], arch: str, opts, drop_loops: bool = False, cut: Counter | None = None
+) -> list[dict[str, Any]]:
+    from training.data import cut_loops, episode_samples
 
     ids = [e["episode_id"] for e in episodes]
     steps = con.sql(CURATE_EXPORT_STEPS, params=[ids]).to_arrow_table().to_pylist()
@@ -117,13 +120,18 @@ def _export_rows(con, episodes: list[dict[str, Any]], arch: str, opts) -> list[d
         by_ep.setdefault(s["episode_id"], []).append(s)
     rows = []
     for e in episodes:
-        for smp in episode_samples(e["instruction"] or "", by_ep.get(e["episode_id"], []), arch, opts):
+        ep_steps = by_ep.get(e["episode_id"], [])
+        if drop_loops:
+            ep_steps, n_cut = cut_loops(ep_steps)
+            if cut is not None and n_cut:
+                cut[_source(e["policy"])] += n_cut
+        for smp in episode_samples(e["instruction"] or "", ep_steps, arch, opts):
             rows.append(
                 {
                     "messages": smp["messages"],
                     "images": [{"bytes": b, "path": None} for b in smp["images"]],
                     "episode_id": e["episode_id"],
-                    "step_idx": smp["step_idx"],
+                    "step_idx": int(ep_steps[smp["step_idx"]].get("lake_step_idx", smp["step_idx"])),
                     "task_id": e["task_id"],
                     "policy": e["policy"],
                     "iteration": e["iteration"],
@@ -133,10 +141,19 @@ def _export_rows(con, episodes: list[dict[str, Any]], arch: str, opts) -> list[d
 
 
 def export_sft(
-    con, episodes: list[dict[str, Any]], out: Path, arch: str, opts, samples_by_source: Counter | None = None
+    con,
+    episodes: list[dict[str, Any]],
+    out: Path,
+    arch: str,
+    opts,
+    samples_by_source: Counter | None = None,
+    *,
+    drop_loops: bool = False,
+    loops_by_source: Counter | None = None,
 ) -> int:
     """Write the SFT rows of `episodes` to `out` (Parquet, atomically); returns the number of rows.
-    `samples_by_source` (a Counter) gets the rows per source ('teacher' / 'student')."""
+    `samples_by_source` (a Counter) gets the rows per source ('teacher' / 'student'). With `drop_loops`, each
+    episode's loops are cut first (training.data.cut_loops; `loops_by_source` gets the steps cut per source)."""
     schema = sft_features().arrow_schema
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
@@ -144,7 +161,7 @@ def export_sft(
     try:
         with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
             for i in range(0, len(episodes), _CHUNK_EPISODES):
-                rows = _export_rows(con, episodes[i : i + _CHUNK_EPISODES], arch, opts)
+                rows = _export_rows(con, episodes[i : i + _CHUNK_EPISODES], arch, opts, drop_loops, loops_by_source)
                 if rows:
                     w.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=256)
                     n += len(rows)
@@ -158,9 +175,12 @@ def export_sft(
     return n
 
 
-def source_counts(episodes: list[dict[str, Any]], samples: Counter | None = None) -> dict[str, Any]:
+def source_counts(
+    episodes: list[dict[str, Any]], samples: Counter | None = None, loops: Counter | None = None
+) -> dict[str, Any]:
     """The manifest's source_counts JSON (the dataset's mix): episodes per (policy, iteration), per task and per
-    source, and, given the export's `samples` per source, the SFT samples per source and the student's share."""
+    source, and, given the export's `samples` per source, the SFT samples per source and the student's share;
+    given `loops`, the steps cut as loops per source."""
     by_src = Counter(f"{e['policy']}/it{e['iteration']}" for e in episodes)
     by_task = Counter(e["task_id"] for e in episodes)
     by_kind = Counter(e["source"] for e in episodes)
@@ -173,6 +193,8 @@ def source_counts(episodes: list[dict[str, Any]], samples: Counter | None = None
         total = sum(samples.values())
         out["samples_by_source"] = {k: int(samples.get(k, 0)) for k in ("student", "teacher")}
         out["student_sample_share"] = round(samples.get("student", 0) / total, 4) if total else 0.0
+    if loops is not None:
+        out["loop_steps_cut"] = {k: int(loops.get(k, 0)) for k in ("student", "teacher")}
     return out
 
 
@@ -230,11 +252,21 @@ def write_dataset(
     from training.data import prompt_options
 
     folder = lake.root / EXPORT_DIR / dataset_id
-    samples: Counter = Counter()
-    n_steps = export_sft(con, episodes, folder / EXPORT_FILE, cfg.student.arch, prompt_options(cfg.student), samples)
+    samples, loops = Counter(), Counter()
+    drop_loops = bool(getattr(cfg.curate, "drop_loops", False)) and stage == "curate"
+    n_steps = export_sft(
+        con,
+        episodes,
+        folder / EXPORT_FILE,
+        cfg.student.arch,
+        prompt_options(cfg.student),
+        samples,
+        drop_loops=drop_loops,
+        loops_by_source=loops,
+    )
     lake.publish(folder)  # before the row: a reader that sees the row finds the whole export
     ids = [e["episode_id"] for e in episodes]
-    counts = source_counts(episodes, samples)
+    counts = source_counts(episodes, samples, loops if drop_loops else None)
     row = dict(
         dataset_id=dataset_id,
         name=f"{name}: {len(ids)} episodes, {n_steps} steps",

@@ -40,18 +40,33 @@ WHERE e.task_reward >= {threshold}
 #   toward low seeds or early iterations the way ORDER BY seed would be;
 # - ratio: per task, keep the largest n <= cap with round(ratio * n) teacher and the rest student
 #   episodes; a task with only one source keeps that source (up to cap) instead of vanishing.
+# - {solved_keep}: the fraction (by md5(episode_id)) of student successes kept from instances the student
+#   solved on every one of its >= 2 attempts there (same task, seed, iteration and stage). Those repeat what the
+#   policy already does; the successes from instances it solves only sometimes are the new information.
 CURATE_EPISODES = (
     """
-WITH candidates AS (
+WITH instance_passes AS (
+    SELECT task_id, seed, iteration, stage, count(*) AS attempts,
+           count(*) FILTER (task_reward >= {threshold}) AS wins
+    FROM episodes
+    WHERE policy = 'student' AND status = 'ok' AND split = 'train' AND iteration <= {iteration}
+    GROUP BY task_id, seed, iteration, stage
+),
+candidates AS (
     SELECT e.episode_id, e.task_id, e.seed, e.instruction, e.policy, e.iteration, e.stage,
            CASE WHEN e.policy = 'student' THEN 'student' ELSE 'teacher' END AS source
     FROM episodes AS e
+    LEFT JOIN instance_passes AS p
+           ON e.policy = 'student' AND p.task_id = e.task_id AND p.seed = e.seed
+          AND p.iteration = e.iteration AND p.stage = e.stage
     WHERE e.task_reward >= {threshold}
       AND e.status = 'ok'
       AND e.split = 'train'
       AND e.iteration <= {iteration}
       AND NOT list_contains({held_out}, e.task_id)
       AND {stage_filter}
+      AND (p.attempts IS NULL OR p.attempts < 2 OR p.wins < p.attempts
+           OR md5_number(e.episode_id) % 10000 < round({solved_keep} * 10000))
 ),
 signatures AS (
     SELECT s.episode_id,

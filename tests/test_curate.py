@@ -220,10 +220,46 @@ def test_manifest_row_and_rerun_is_idempotent(lake):
     assert not list(Path(a["path"]).glob(".*tmp"))  # the export was renamed into place
 
 
+def test_drop_loops_cuts_the_detour_and_counts_it(lake):
+    """The fallback episode's first step left the page as it was (its step 1 sees the same UI text and screenshot):
+    with drop_loops (the default) it is cut, so the kept click's prompt has no history; without, it stays."""
+    fb = lake["ids"]["fallback"][0]
+    cut = curate(_cfg(lake["root"]), iteration=1)
+    kept = curate(_cfg(lake["root"], drop_loops=False), iteration=1)
+    assert cut["dataset_id"] != kept["dataset_id"]
+    assert cut["source_counts"]["loop_steps_cut"] == {"student": 1, "teacher": 0}
+    assert "loop_steps_cut" not in kept["source_counts"]
+    rows = {key: pq.read_table(res["data_files"]).to_pylist() for key, res in (("cut", cut), ("kept", kept))}
+    fb_rows = {key: [r for r in rs if r["episode_id"] == fb] for key, rs in rows.items()}
+    # the row still names the step's index in the lake (lineage), whatever was cut before it
+    assert [r["step_idx"] for r in fb_rows["cut"]] == [r["step_idx"] for r in fb_rows["kept"]] == [1]
+    history = lambda r: " ".join(c["text"] or "" for c in r["messages"][1]["content"])  # noqa: E731
+    assert "Step 1:" in history(fb_rows["kept"][0]) and "Step 1:" not in history(fb_rows["cut"][0])
+    # the episodes without a loop export the same samples either way
+    same = lambda rs: sorted((r["episode_id"], r["step_idx"]) for r in rs if r["episode_id"] != fb)  # noqa: E731
+    assert same(rows["cut"]) == same(rows["kept"])
+
+
+def test_solved_instance_keep_keeps_the_frontier(lake):
+    """Instances where every student attempt succeeded (click-test seed 1: two successes; focus-text seed 2:
+    two) give no new information; click-test seed 2 (one of two failed) does, and single attempts stay."""
+    ids = lake["ids"]
+    stu = {f"{t}-{sd}": i for (t, sd), i in zip(((t, sd) for t in TASKS for sd in SEEDS), ids["student"])}
+    res = curate(_cfg(lake["root"], solved_instance_keep=0.0), iteration=1)
+    chosen = {r["episode_id"] for r in _selected(res)}
+    want_students = {stu["click-test-0"], stu["click-test-2"], stu["focus-text-0"], stu["focus-text-1"]}
+    assert chosen == set(ids["teacher"]) | want_students
+    # keep 1.0 (the default) is the plain selection; a fraction keeps a deterministic part of the solved ones
+    assert curate(_cfg(lake["root"], solved_instance_keep=1.0), iteration=1)["n_episodes"] == 13
+    part = {r["episode_id"] for r in _selected(curate(_cfg(lake["root"], solved_instance_keep=0.5), iteration=1))}
+    again = {r["episode_id"] for r in _selected(curate(_cfg(lake["root"], solved_instance_keep=0.5), iteration=1))}
+    assert chosen <= part == again <= chosen | {stu["click-test-1"], ids["fallback"][0], stu["focus-text-2"]}
+
+
 def test_load_dataset_roundtrip_same_prompt_as_rollouts(lake, tmp_path):
     import datasets
 
-    cfg = _cfg(lake["root"])
+    cfg = _cfg(lake["root"], drop_loops=False)  # the fallback episode's unfit step stays in the history
     res = curate(cfg, iteration=1)
     ds = datasets.load_dataset("parquet", data_files=res["data_files"], cache_dir=str(tmp_path))["train"]
     assert len(ds) == res["n_steps"]
@@ -265,6 +301,23 @@ def test_load_dataset_roundtrip_same_prompt_as_rollouts(lake, tmp_path):
     assert abs(parsed.action.x - action["x"]) <= 1 and abs(parsed.action.y - action["y"]) <= 1
     x_model = round(t.to_model(action["x"], action["y"])[0])
     assert f'"x": {x_model}' in target and f"({x_model}," in target  # thought and call in the same space
+
+
+def test_cut_loops_keeps_the_short_path():
+    from training.data import cut_loops
+
+    page = lambda ui, png, i: {"step_idx": i, "ui_text": ui, "screenshot": png}  # noqa: E731
+    # A -> B -> A (back where it started) -> C: the first two steps are the detour
+    steps = [page("A", b"a", 0), page("B", b"b", 1), page("A", b"a", 2), page("C", b"c", 3)]
+    kept, n = cut_loops(steps)
+    assert n == 2 and [(s["ui_text"], s["step_idx"], s["lake_step_idx"]) for s in kept] == [("A", 0, 2), ("C", 1, 3)]
+    # same UI text but another screenshot is another page; no UI text is never matched
+    kept, n = cut_loops([page("A", b"a", 0), page("A", b"x", 1), page("", b"z", 2), page("", b"z", 3)])
+    assert n == 0 and [s["lake_step_idx"] for s in kept] == [0, 1, 2, 3]
+    # nested: A B C B A D -> A D
+    seq = [page(u, u.encode(), i) for i, u in enumerate("ABCBAD")]
+    kept, n = cut_loops(seq)
+    assert n == 4 and [s["ui_text"] for s in kept] == ["A", "D"]
 
 
 def test_episode_samples_rejects_incomplete_steps():

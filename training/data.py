@@ -77,6 +77,30 @@ def target_text(step: dict[str, Any], transform: CoordTransform) -> str:
     return format_response(thought, desc or "", action, transform)
 
 
+def cut_loops(steps: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """An episode's steps without its loops: when a step sees the same page (UI text and screenshot) as an earlier
+    step, the steps between them changed nothing that stayed, so they are cut and the episode reads as if the
+    policy had acted from the earlier page directly. A successful student episode with detours (a click that
+    reopened the same page, a wrong tab then back) then teaches the short path, not the wasted clicks.
+
+    Steps without UI text are never matched (a screenshot alone can miss state such as focus). Returns the kept
+    steps renumbered 0..n-1 (each with `lake_step_idx`, its index in the lake) and how many steps were cut."""
+    kept: list[dict[str, Any]] = []
+    seen: dict[tuple[str, bytes], int] = {}  # page -> its position in `kept`
+    for step in steps:
+        key = (step.get("ui_text") or "", bytes(step.get("screenshot") or b""))
+        at = seen.get(key) if key[0] else None
+        if at is not None:
+            for dropped in kept[at:]:
+                seen.pop((dropped.get("ui_text") or "", bytes(dropped.get("screenshot") or b"")), None)
+            del kept[at:]
+        if key[0]:
+            seen[key] = len(kept)
+        kept.append(step)
+    out = [dict(s, step_idx=i, lake_step_idx=int(s.get("lake_step_idx", s["step_idx"]))) for i, s in enumerate(kept)]
+    return out, len(steps) - len(kept)
+
+
 def episode_samples(
     instruction: str, steps: Sequence[dict[str, Any]], arch: str, opts: PromptOptions
 ) -> list[dict[str, Any]]:
