@@ -1,0 +1,155 @@
+"""Run keys and ids: the same config gives the same ids, pinned.
+
+The values below were computed from the code before configs/runkeys.py existed (each id function then hashed its
+own payload with its own exclusion list). A change that moves one of them renames every run of that kind in an
+existing lake: a rerun would train or sample again instead of finding its finished result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from configs.models import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+# a fixed manifest and base: the checkpoint ids hash the data (episodes, steps) and the base, not a lake
+DATASET = {"dataset_id": "curate-it1-0123456789", "episode_ids": ["ep-b", "ep-a", "ep-c"], "n_steps": 7}
+BASE = "_checkpoints/sft-it0-0123456789/merged"
+MODEL = "models/tiny-qwen3vl"
+
+PINNED = {
+    "tiny": {
+        "dataset": "curate-it1-48a636b50b",
+        "sft": "sft-it1-3f4f5cdca7",
+        "sft_max_minutes_99": "sft-it1-8efe1c003a",
+        "midtrain_ckpt": "base-6989c7801c",
+        "midtrain_dataset": "midtrain-ff7e6263ce",
+        "rl": "rl-it1-grpo-b3ea827fb7",
+        "rollouts": "rollouts-it1-603f8a26a7",
+        "bootstrap": "bootstrap-it0-0072cbbc90",
+        "config_hash": ("8a9302aa24fb", "bd8cbec79713", "9d51e8216385", "451387e88c41"),
+    },
+    "flywheel8": {
+        "dataset": "curate-it1-48a636b50b",
+        "sft": "sft-it1-a88d5c73bb",
+        "sft_max_minutes_99": "sft-it1-f8b75bf588",
+        "midtrain_ckpt": "base-6989c7801c",
+        "midtrain_dataset": "midtrain-ff7e6263ce",
+        "rl": "rl-it1-grpo-0da808d333",
+        "rollouts": "rollouts-it1-27bf9a86c9",
+        "bootstrap": "bootstrap-it0-74e451a815",
+        "config_hash": ("ad46544b66cd", "d98e0ad492c3", "189bf26053bd", "451387e88c41"),
+    },
+}
+
+
+@pytest.fixture(autouse=True)
+def _lake(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_LAKE", str(tmp_path / "lake"))  # rollout_spec opens the lake its workers write
+    monkeypatch.delenv("FLYWHEEL_S3_ENDPOINT", raising=False)
+
+
+def _cfg(name: str, overrides: dict | None = None):
+    return load_config(ROOT / "configs" / f"{name}.yaml", overrides)
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_dataset_and_checkpoint_ids_are_pinned(name):
+    from flywheel import midtrain as mt
+    from storage.curate import dataset_id_for
+    from training.sft import TrainSettings, checkpoint_id_for
+
+    cfg, want = _cfg(name), PINNED[name]
+    s = TrainSettings.from_config(cfg.sft)
+    assert dataset_id_for(cfg, 1) == want["dataset"]
+    assert checkpoint_id_for(1, DATASET, MODEL, s) == want["sft"]
+    assert checkpoint_id_for(1, DATASET, MODEL, dataclasses.replace(s, max_minutes=99.0)) == want["sft_max_minutes_99"]
+    assert mt.checkpoint_id_for(DATASET, MODEL, TrainSettings.from_config(cfg.midtrain.sft)) == want["midtrain_ckpt"]
+    assert mt.dataset_id_for(cfg, "midtrain-it0-0123456789") == want["midtrain_dataset"]
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_sft_checkpoint_id_ignores_how_it_is_trained(name):
+    """DDP, packing, the encode cache and workers, the vision cache and the test/benchmark knobs keep the objective
+    and the sample order: the same checkpoint id."""
+    from training.sft import TrainSettings, checkpoint_id_for
+
+    s = TrainSettings.from_config(_cfg(name).sft)
+    how = dict(packing=True, pack_tokens=999, distributed="ddp", nproc=2, encode_cache_gib=1.0, encode_workers=3)
+    how.update(vision_cache=True, keep_state=True, step_sleep_s=0.5, record_step_times=True)
+    assert checkpoint_id_for(1, DATASET, MODEL, dataclasses.replace(s, **how)) == PINNED[name]["sft"]
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_rl_run_id_is_pinned_and_ignores_how_the_update_is_spread(name):
+    from flywheel.rl_stage import rl_run_id
+
+    cfg = _cfg(name)
+    assert rl_run_id(cfg, 1, BASE, cfg.rl.algorithm) == PINNED[name]["rl"]
+    ddp = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"distributed": "ddp", "nproc": 4})})
+    assert rl_run_id(ddp, 1, BASE, cfg.rl.algorithm) == PINNED[name]["rl"]
+    slower = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"lr": 3e-4})})
+    assert rl_run_id(slower, 1, BASE, cfg.rl.algorithm) != PINNED[name]["rl"]
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_rollout_run_keys_are_pinned(name):
+    from envs import registry
+    from flywheel.rollout import PolicySpec
+    from flywheel.stages import rollout_spec
+
+    cfg, want = _cfg(name), PINNED[name]
+    student = {**cfg.student.model_dump(), "model": MODEL}  # as flywheel.stages.student_rollouts builds it
+    pol = PolicySpec("student", {"model": MODEL, "config": student}, version=MODEL)
+    seeds = registry.seeds("train", cfg.rollouts.selection.seeds_per_task, offset=10)
+    spec = rollout_spec(
+        cfg,
+        iteration=1,
+        stage="rollouts",
+        policy=pol,
+        tasks=cfg.rollouts.selection.tasks,
+        seeds=seeds,
+        split="train",
+        group_size=cfg.rollout_attempts(),
+    )
+    assert spec.run_key == want["rollouts"]
+    boot = rollout_spec(
+        cfg,
+        iteration=0,
+        stage="bootstrap",
+        policy=PolicySpec("scripted"),
+        tasks=cfg.bootstrap.selection.tasks,
+        seeds=registry.seeds("train", 3),
+        split="train",
+    )
+    assert boot.run_key == want["bootstrap"]
+
+
+def test_remote_env_servers_are_not_in_the_rollout_run_key():
+    """Where the envs run (env servers, their slot wait) is not in the key: moving servers resumes the run."""
+    from flywheel.rollout import PolicySpec
+    from flywheel.stages import rollout_spec
+
+    keys = set()
+    for servers, wait in ((["http://127.0.0.1:8100"], 120.0), (["http://10.0.0.9:8100"], 5.0)):
+        cfg = _cfg("tiny", {"env.name": "remote", "env.servers": servers, "env.acquire_timeout_s": wait})
+        spec = rollout_spec(
+            cfg,
+            iteration=0,
+            stage="bootstrap",
+            policy=PolicySpec("scripted"),
+            tasks=["click-test"],
+            seeds=[0, 1],
+            split="train",
+        )
+        keys.add(spec.run_key)
+    assert keys == {"bootstrap-it0-3cc828ad7c"}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_config_hashes_on_lake_rows_are_pinned(name):
+    cfg = _cfg(name)
+    assert tuple(cfg.config_hash(s) for s in (None, "rl", "sft", "curate")) == PINNED[name]["config_hash"]
