@@ -48,8 +48,6 @@ import math  # noqa: E402
 import pytest  # noqa: E402
 
 from training.losses import (  # noqa: E402
-    AGGREGATIONS,
-    PG_LOSSES,
     aggregate,
     blend,
     clipped_pg_loss,
@@ -160,12 +158,30 @@ def test_gspo_sequence_ratio_gradient_matches_hand_formula():
     loss = aggregate(per_tok, mask, "seq_mean_token_mean")  # = -s * A
     loss.backward()
     assert close(logp.grad, [[-s / 2, -s / 2]], 1e-6)  # d(-s)/dlogp_t = -s/|y|
-    # with the paper's 3e-4/4e-4 range s = 1.051 is clipped for A > 0: no gradient at all
+    # with the trainer's gspo range (the paper's 3e-4/4e-4) s = 1.051 is clipped for A > 0: no gradient at all
+    from training.rl_settings import RLSettings
+
+    gspo = RLSettings(algorithm="gspo")
+    assert gspo.clip == (3e-4, 4e-4) and gspo.level == "sequence"
     logp.grad = None
-    per_tok, st = PG_LOSSES["gspo"](logp, old, torch.tensor([1.0]), mask)
+    per_tok, st = clipped_pg_loss(logp, old, torch.tensor([1.0]), mask, *gspo.clip, level=gspo.level)
     per_tok.sum().backward()
     assert st["clip_frac"] == 1.0 and close(logp.grad, [[0.0, 0.0]])
     assert close(per_tok, [[-(1 + 4e-4), -(1 + 4e-4)]], 1e-6)
+
+
+@pytest.mark.parametrize(
+    "algo, clip, level",
+    [("grpo", (0.2, 0.28), "token"), ("dr_grpo", (0.2, 0.28), "token"), ("sdpo", (0.2, 0.28), "token")]
+    + [("gspo", (3e-4, 4e-4), "sequence")],
+)
+def test_trainer_clip_range_and_ratio_level_per_algorithm(algo, clip, level):
+    """What the trainer passes clipped_pg_loss for each algorithm: DAPO clip-higher at token level, GSPO the paper's
+    sequence-level range (arXiv 2507.18071 sec. 5.1); rl.eps_low / rl.eps_high override the range."""
+    from training.rl_settings import RLSettings
+
+    assert RLSettings(algorithm=algo).clip == clip and RLSettings(algorithm=algo).level == level
+    assert RLSettings(algorithm=algo, eps_low=0.1, eps_high=0.5).clip == (0.1, 0.5)
 
 
 def test_aggregation_modes_ignore_masked_positions():
@@ -174,7 +190,6 @@ def test_aggregation_modes_ignore_masked_positions():
     assert aggregate(per_tok, mask, "constant", constant=10).item() == pytest.approx(1.5)  # 15 / 10
     assert aggregate(per_tok, mask, "token_mean").item() == pytest.approx(3.0)  # 15 / 5
     assert aggregate(per_tok, mask, "seq_mean_token_mean").item() == pytest.approx(3.25)  # (2 + 4.5) / 2
-    assert AGGREGATIONS["token_mean"](per_tok, mask).item() == pytest.approx(3.0)
     with pytest.raises(ValueError):
         aggregate(per_tok, mask, "constant")
     with pytest.raises(ValueError):

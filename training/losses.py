@@ -15,7 +15,8 @@ tensors or plain sequences: group / GiGPO step advantages (one training row per 
 episodes grouped by `group_id`, binary episode reward), the clipped policy-gradient surrogate at
 token (GRPO/DAPO) or sequence (GSPO) level with an optional truncated importance weight, loss
 aggregation (Dr.GRPO constant, DAPO token-mean, GRPO seq-mean-token-mean), a k3 KL penalty, and the
-SDPO self-distillation losses (sampled-token and top-k logit), plus `blend` and name registries.
+SDPO self-distillation losses (sampled-token and top-k logit), plus `blend`. Which of them an algorithm uses, with
+which clip range, is training.rl_settings.RLSettings' (clip, level) and the trainer's (training/rl.py `_micro`).
 Tensor shapes: [B, T] per token with a response mask [B, T] (bool or 0/1), advantages [B] or [B, T].
 
     adv, keep = group_advantages(episode_rewards, group_ids, mode="mean")
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -404,15 +404,3 @@ def blend(
     w = weight * _per_token(sdpo_mask.to(grpo_per_token.dtype))
     sdpo = torch.where(w > 0, sdpo_per_token, torch.zeros_like(sdpo_per_token))  # no NaN leaks from unused rows
     return (1.0 - w) * grpo_per_token + w * sdpo
-
-
-# Name registries for configs. GSPO uses the paper's sequence-level clip range (arXiv 2507.18071
-# sec. 5.1: 3e-4 / 4e-4); "grpo" is the symmetric PPO clip, "dapo" clip-higher. Keyword arguments
-# given by the caller override these defaults.
-PG_LOSSES = {
-    "grpo": partial(clipped_pg_loss, level="token", eps_low=0.2, eps_high=0.2),
-    "dapo": partial(clipped_pg_loss, level="token", eps_low=0.2, eps_high=0.28),
-    "gspo": partial(clipped_pg_loss, level="sequence", eps_low=3e-4, eps_high=4e-4),
-}
-AGGREGATIONS = {mode: partial(aggregate, mode=mode) for mode in ("constant", "token_mean", "seq_mean_token_mean")}
-SDPO_LOSSES = {"sampled_token": sdpo_token_loss, "topk": sdpo_topk_loss}
