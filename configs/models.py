@@ -9,14 +9,19 @@ Every field has a type, a default and a one-line description (the `description=`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from configs.algorithms import ALGORITHM_NAMES
+from configs.algorithms import describe as describe_algorithms
 
 
 class ConfigError(Exception):
@@ -497,7 +502,10 @@ class SFTConfig(_Cfg):
         ),
     )
     nproc: int | None = Field(
-        None, ge=1, le=64, description="Processes for distributed: ddp (null = every visible GPU)"
+        None,
+        ge=1,
+        le=64,
+        description="Processes for distributed: ddp (null = every visible GPU)",
     )
     hint_fraction: float = Field(
         0.0,
@@ -566,16 +574,19 @@ class SFTConfig(_Cfg):
     )
 
 
+# SFTConfig fields the SFT stage reads itself; every other field is a training.sft.TrainSettings field (settings_from
+# rejects a field that is neither, so a new knob cannot be dropped on its way to the trainer)
+SFT_STAGE_FIELDS = frozenset(
+    {
+        "output_root",  # where the checkpoint folder goes (training.core.output_root)
+    }
+)
+
+
 class RLConfig(_Cfg):
     enabled: bool = Field(False, description="Run the RL stage in each iteration")
-    algorithm: Literal["grpo", "dr_grpo", "gspo", "sdpo"] = Field(
-        "grpo",
-        description=(
-            "RL objective: grpo (token-level clipped PG, z-score group advantages), "
-            "dr_grpo (mean-centred advantages), gspo (sequence-level ratio and "
-            "clip), sdpo (self-distillation from the model re-prompted with a "
-            "sibling's success / feedback, blended with GRPO by sdpo_weight)"
-        ),
+    algorithm: Literal[ALGORITHM_NAMES] = Field(  # configs/algorithms.py names them
+        "grpo", description="RL objective: " + describe_algorithms()
     )
     rounds: int = Field(4, ge=1, le=1000, description="Sample -> update -> reload rounds per RL stage run")
     source: Literal["sample", "lake"] = Field(
@@ -971,8 +982,28 @@ class RLConfig(_Cfg):
         ),
     )
     nproc: int | None = Field(
-        None, ge=1, le=64, description="Processes for distributed: ddp (null = every visible GPU)"
+        None,
+        ge=1,
+        le=64,
+        description="Processes for distributed: ddp (null = every visible GPU)",
     )
+
+
+# RLConfig fields the RL stage (flywheel/rl_stage.py, flywheel.stages.rl) reads itself; every other field is a
+# training.rl_settings.RLSettings field (settings_from rejects a field that is neither)
+RL_STAGE_FIELDS = frozenset(
+    {
+        "enabled",  # whether the stage runs
+        "source",  # sample fresh groups, or train on the stored rollouts
+        "group_size",  # what each round samples...
+        "seeds_per_task_per_round",
+        "clone_fresh",  # ...and the teacher's fresh instances next to it
+        "end_on_parse_error",  # how the round's episodes end
+        "tasks",  # the tasks RL samples (the trainer gets them resolved, as focus_tasks)
+        "distributed",  # how the update is launched (torchrun processes)
+        "nproc",
+    }
+)
 
 
 class EvalConfig(_Cfg):
@@ -1119,6 +1150,39 @@ class FlywheelConfig(_Cfg):
         """Stable short hash of the whole config or one section (provenance on every lake row)."""
         data = self.model_dump(mode="json") if section is None else getattr(self, section).model_dump(mode="json")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def settings_from(section: BaseModel, settings_cls: type, stage_fields: frozenset[str] = frozenset(), **derived) -> Any:
+    """A trainer's settings dataclass read from its config section: each section field the dataclass has, then
+    `derived` (values the stage resolves from other sections, e.g. the student's prompt options).
+
+    Every section field has a reader: a settings field, or one of `stage_fields` (the fields the stage reads
+    itself, SFT_STAGE_FIELDS / RL_STAGE_FIELDS). A field with neither raises ConfigError naming it, instead of
+    being dropped on its way to the trainer."""
+    names = {f.name for f in dataclasses.fields(settings_cls)}
+    model = type(section).__name__
+    unread = [k for k in type(section).model_fields if k not in names and k not in stage_fields]
+    if unread:
+        raise ConfigError(
+            f"{model} field(s) {', '.join(unread)}: nothing reads them; add each to {settings_cls.__name__} (the "
+            "trainer reads it) or to the stage's fields next to the config model (the stage reads it)"
+        )
+    stale = sorted(set(stage_fields) - set(type(section).model_fields))
+    if stale:
+        raise ConfigError(f"{model} has no field(s) {', '.join(stale)}, which its stage fields list: remove them")
+    values = {k: v for k, v in section.model_dump().items() if k in names}
+    return settings_cls(**{**values, **derived})
+
+
+def choices(model: type[BaseModel], name: str) -> tuple[Any, ...]:
+    """The values a Literal field of a config model allows (None first when it is optional): the trainers check their
+    settings against these, so the allowed values are listed once, in the model."""
+    ann = model.model_fields[name].annotation
+    args = typing.get_args(ann) if typing.get_origin(ann) is not Literal else (ann,)
+    values = [v for a in args if typing.get_origin(a) is Literal for v in typing.get_args(a)]
+    if not values:
+        raise TypeError(f"{model.__name__}.{name} is not a Literal field")
+    return ((None,) if type(None) in args else ()) + tuple(values)
 
 
 def _loc(loc: tuple[Any, ...]) -> str:

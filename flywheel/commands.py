@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from configs.algorithms import ALGORITHMS
 from flywheel.cli import CONFIG_OPT, LAKE_OPT, app, stage_app, use_lake
 from flywheel.errors import UserError
 
@@ -15,7 +16,7 @@ def stage_rl(
     iteration: int = typer.Option(
         0, "--iteration", "-i", help="Flywheel iteration (partition of the RL rollouts and checkpoint row)."
     ),
-    algo: Optional[str] = typer.Option(None, "--algo", help="grpo | dr_grpo | gspo | sdpo (default: rl.algorithm)."),
+    algo: Optional[str] = typer.Option(None, "--algo", help=f"{' | '.join(ALGORITHMS)} (default: rl.algorithm)."),
     rounds: Optional[int] = typer.Option(None, "--rounds", help="Sample/update rounds (default: rl.rounds)."),
     checkpoint: Optional[str] = typer.Option(
         None, "--checkpoint", help="Start weights (default: this iteration's SFT checkpoint)."

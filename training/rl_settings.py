@@ -1,18 +1,39 @@
-"""RLSettings: what an RL update needs, from a FlywheelConfig's rl section (configs.models.RLConfig documents each
-knob) and the student's prompt options. Re-exported by training.rl.
+"""RLSettings: what an RL update needs, read from a FlywheelConfig's rl section (configs.models.RLConfig documents
+each knob and lists its allowed values) and the student's prompt options. Re-exported by training.rl.
+
+    s = RLSettings.from_config(cfg)     # every rl field is a setting here or in configs.models.RL_STAGE_FIELDS
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-ALGORITHMS = ("grpo", "dr_grpo", "gspo", "sdpo")
+from configs.algorithms import ALGORITHMS  # noqa: F401  (re-exported: training.rl.ALGORITHMS)
+from configs.models import RL_STAGE_FIELDS, RLConfig, choices, settings_from
+
+# the fields whose allowed values __post_init__ checks: RLConfig's Literal types list them
+_CHOICES = (
+    "algorithm",
+    "aggregation",
+    "adv_mode",
+    "sdpo_teacher",
+    "sdpo_context",
+    "sdpo_mode",
+    "old_logp",
+    "clone_source",
+    "clone_schedule",
+)
 
 
 @dataclass
 class RLSettings:
-    """What an RL update needs (configs.models.RLConfig documents each knob; None = the algorithm's default)."""
+    """What an RL update needs (configs.models.RLConfig documents each knob; None = the algorithm's default).
+
+    The defaults are RLConfig's (tests/test_config_settings.py checks it), but for the fields from_config resolves
+    from other sections and rounds (1 here: a bare RLSettings is one round's update)."""
+
+    CONFIG_MODEL: ClassVar[type] = RLConfig  # the config section these settings are read from
 
     algorithm: str = "grpo"
     lr: float = 1e-4
@@ -69,17 +90,8 @@ class RLSettings:
     config_hash: str | None = None  # provenance on the lake rows
 
     def __post_init__(self):
-        for name, value, allowed in (
-            ("algorithm", self.algorithm, ALGORITHMS),
-            ("aggregation", self.aggregation, ("constant", "token_mean", "seq_mean_token_mean")),
-            ("adv_mode", self.adv_mode, (None, "zscore", "mean")),
-            ("sdpo_teacher", self.sdpo_teacher, ("ema", "frozen")),
-            ("sdpo_context", self.sdpo_context, ("sibling", "feedback", "both")),
-            ("sdpo_mode", self.sdpo_mode, ("sampled", "topk")),
-            ("old_logp", self.old_logp, ("recompute", "rollout")),
-            ("clone_source", self.clone_source, ("teacher", "all")),
-            ("clone_schedule", self.clone_schedule, ("cosine", "constant")),
-        ):
+        for name in _CHOICES:
+            value, allowed = getattr(self, name), choices(RLConfig, name)
             if value not in allowed:
                 raise ValueError(f"rl {name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
         if self.batch_size < 1 or self.epochs < 1:
@@ -97,11 +109,10 @@ class RLSettings:
 
     @classmethod
     def from_config(cls, cfg: Any, algo: str | None = None) -> "RLSettings":
-        """From a FlywheelConfig: cfg.rl's knobs, the student's prompt options and max_new_tokens, cfg.sft.targets."""
-        names = {f.name for f in fields(cls)}
-        d = {k: v for k, v in cfg.rl.model_dump().items() if k in names}
+        """From a FlywheelConfig: cfg.rl's knobs, the student's prompt options and max_new_tokens, cfg.sft.targets.
+        An rl field that is neither a setting nor in RL_STAGE_FIELDS is a ConfigError (configs.models.settings_from)."""
         t = cfg.rl_temperature()
-        d.update(
+        d: dict[str, Any] = dict(
             temperature=t if t > 0 else 1.0,  # a greedy student config: RL still scores the raw policy
             max_new_tokens=cfg.student.max_new_tokens,
             targets=cfg.sft.targets,
@@ -113,7 +124,7 @@ class RLSettings:
         )
         if algo:
             d["algorithm"] = algo
-        return cls(**d)
+        return settings_from(cfg.rl, cls, RL_STAGE_FIELDS, **d)
 
     @property
     def level(self) -> str:

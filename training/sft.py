@@ -33,10 +33,11 @@ import json
 import math
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from configs.models import SFT_STAGE_FIELDS, SFTConfig, choices, settings_from
 from training.core import (  # noqa: F401
     CHECKPOINTS_DIR,
     MERGED_DIR,
@@ -89,7 +90,10 @@ RESULT_FILE = "sft_result.json"
 
 @dataclass
 class TrainSettings:
-    """What one SFT run needs (configs.models.SFTConfig holds the same knobs, documented)."""
+    """What one SFT run needs, read from configs.models.SFTConfig (which documents each knob; the defaults are its
+    own, tests/test_config_settings.py checks it) plus three fields of the trainer's own for tests and benchmarks."""
+
+    CONFIG_MODEL: ClassVar[type] = SFTConfig  # the config section these settings are read from
 
     method: str = "lora"  # lora | full
     lr: float = 1e-3
@@ -126,11 +130,12 @@ class TrainSettings:
 
     @classmethod
     def from_config(cls, sft_cfg: Any) -> "TrainSettings":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in sft_cfg.model_dump().items() if k in names})
+        """From an SFTConfig (cfg.sft, cfg.midtrain.sft). A field that is neither a setting nor in SFT_STAGE_FIELDS
+        is a ConfigError (configs.models.settings_from)."""
+        return settings_from(sft_cfg, cls, SFT_STAGE_FIELDS)
 
     def __post_init__(self):
-        if self.method not in ("lora", "full"):
+        if self.method not in choices(SFTConfig, "method"):
             raise ValueError(f"sft method must be 'lora' or 'full', got {self.method!r}")
         from training.data import TARGET_FORMATS
 
@@ -138,7 +143,7 @@ class TrainSettings:
             raise ValueError(f"sft targets must be one of {', '.join(TARGET_FORMATS)}, got {self.targets!r}")
         if self.batch_size < 1 or self.grad_accum < 1 or self.epochs <= 0:
             raise ValueError("batch_size and grad_accum must be >= 1 and epochs > 0")
-        if self.distributed not in ("none", "ddp"):
+        if self.distributed not in choices(SFTConfig, "distributed"):
             raise ValueError(f"sft distributed must be 'none' or 'ddp', got {self.distributed!r}")
         if not 0.0 <= self.hint_fraction <= 1.0:
             raise ValueError(f"sft hint_fraction must be in [0, 1], got {self.hint_fraction}")
