@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from configs.algorithms import ALGORITHM_NAMES
 from configs.algorithms import describe as describe_algorithms
+from configs.runkeys import RUNTIME
 
 
 class ConfigError(Exception):
@@ -500,12 +501,14 @@ class SFTConfig(_Cfg):
             "process per GPU); the same steps, sample order, loss and exact resume "
             "as one device, the step's samples split across the processes"
         ),
+        json_schema_extra=RUNTIME,
     )
     nproc: int | None = Field(
         None,
         ge=1,
         le=64,
         description="Processes for distributed: ddp (null = every visible GPU)",
+        json_schema_extra=RUNTIME,
     )
     hint_fraction: float = Field(
         0.0,
@@ -530,6 +533,7 @@ class SFTConfig(_Cfg):
             "attention; CPU: SDPA with a block-diagonal mask); the same samples, "
             "loss and normaliser per optimizer step as padding (Qwen3-VL students)"
         ),
+        json_schema_extra=RUNTIME,
     )
     pack_tokens: int = Field(
         16384,
@@ -539,6 +543,7 @@ class SFTConfig(_Cfg):
             "longer sample is trained alone); batch_size is then unused within a "
             "step, the step still takes batch_size x grad_accum samples"
         ),
+        json_schema_extra=RUNTIME,
     )
     encode_cache_gib: float = Field(
         4.0,
@@ -548,6 +553,7 @@ class SFTConfig(_Cfg):
             "and kept across epochs; past it, samples are re-encoded at every use "
             "(pixel_values are kept in the vision tower's dtype: bf16 on GPU)"
         ),
+        json_schema_extra=RUNTIME,
     )
     encode_workers: int | None = Field(
         None,
@@ -560,6 +566,7 @@ class SFTConfig(_Cfg):
             "screenshots, and threads starve the training thread of the GIL "
             "(docs/LOG.md, session 10)"
         ),
+        json_schema_extra=RUNTIME,
     )
     vision_cache: bool | None = Field(
         None,
@@ -571,6 +578,7 @@ class SFTConfig(_Cfg):
             "shape: later epochs 1.55x, the first no slower; docs/LOG.md, session "
             "10), off on CPU, where the main job's results were measured without it"
         ),
+        json_schema_extra=RUNTIME,
     )
 
 
@@ -980,12 +988,14 @@ class RLConfig(_Cfg):
             "normalisers, steps and resume as one device; rank 0 writes the lake and "
             "the rounds. Needs rl.source lake (the ranks do not sample)"
         ),
+        json_schema_extra=RUNTIME,
     )
     nproc: int | None = Field(
         None,
         ge=1,
         le=64,
         description="Processes for distributed: ddp (null = every visible GPU)",
+        json_schema_extra=RUNTIME,
     )
 
 

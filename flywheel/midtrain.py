@@ -28,11 +28,10 @@ model, a bigger corpus and `midtrain.sft.method: lora`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
+from configs import runkeys
 from configs.models import CurateConfig, FlywheelConfig, TaskSelection
 from flywheel.errors import UserError
 from flywheel.rollout import PolicySpec, git_sha, run_rollouts
@@ -100,7 +99,7 @@ def dataset_id_for(cfg: FlywheelConfig, run_key: str) -> str:
         "use_ui_text": cfg.student.use_ui_text,
         "cap": cfg.midtrain.episodes_per_task,
     }
-    return "midtrain-" + hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
+    return runkeys.run_key("midtrain", payload)
 
 
 def build_dataset(cfg: FlywheelConfig, run_key: str) -> dict[str, Any]:

@@ -19,7 +19,6 @@ continues where it stopped and a finished run is a no-op. Held-out tasks are rej
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from datetime import datetime, timezone
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.models import FlywheelConfig
+from configs.runkeys import keyed, run_key
 from flywheel.errors import UserError
 from flywheel.evaluate import save_png
 from flywheel.rollout import PolicySpec, RolloutPool, git_sha, run_rollouts
@@ -46,13 +46,9 @@ def _rl_tasks(cfg: FlywheelConfig) -> list[str]:
 
 
 def rl_run_id(cfg: FlywheelConfig, iteration: int, base: str, algo: str) -> str:
-    # how the update is spread over processes (rl.distributed, rl.nproc) does not change what it trains
-    rl = cfg.rl.model_dump(mode="json", exclude={"distributed", "nproc"})
-    payload = json.dumps(
-        {"base": base, "algo": algo, "rl": rl, "tasks": _rl_tasks(cfg), "student": cfg.student.model_dump(mode="json")},
-        sort_keys=True,
-    )
-    return f"rl-it{iteration}-{algo}-" + hashlib.sha1(payload.encode()).hexdigest()[:10]
+    # keyed: without the RUNTIME fields (rl.distributed, rl.nproc: how the update is spread over processes)
+    payload = {"base": base, "algo": algo, "rl": keyed(cfg.rl), "tasks": _rl_tasks(cfg), "student": keyed(cfg.student)}
+    return run_key(f"rl-it{iteration}-{algo}", payload)
 
 
 def _round_seeds(cfg: FlywheelConfig, iteration: int, r: int) -> list[int]:

@@ -9,12 +9,11 @@ result (ids, counts, lake paths) that the next stage or a Prefect task can pass 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict
 from typing import Any
 
 from configs.models import FlywheelConfig
+from configs.runkeys import run_key
 from flywheel.errors import UserError
 from flywheel.rollout import PolicySpec, RolloutSpec, git_sha, make_jobs, run_rollouts
 from storage.lake import Lake
@@ -52,8 +51,7 @@ def resolve_tasks(tasks: list[str], *, for_training: bool) -> list[str]:
 
 def run_key_for(stage: str, iteration: int, payload: dict[str, Any]) -> str:
     """Deterministic: the same stage inputs give the same key (so a rerun replaces, not duplicates)."""
-    h = hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"{stage}-it{iteration}-{h}"
+    return run_key(f"{stage}-it{iteration}", payload)
 
 
 def register_tasks(cfg: FlywheelConfig) -> dict[str, Any]:

@@ -22,7 +22,6 @@ an SFT worker on another machine finds it (`lake.fetch(row["path"])`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import uuid
@@ -34,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from configs.runkeys import keyed, run_key
 from storage.catalog import connect
 from storage.lake import Lake, LakeError
 from storage.queries import CURATE_EPISODES, CURATE_EXPORT_STEPS
@@ -75,13 +75,12 @@ def curate_sql(curate_cfg: Any, iteration: int, held_out: list[str], stage_filte
 def dataset_id_for(cfg: Any, iteration: int) -> str:
     """Deterministic id (= run key) of iteration N's dataset under this config's curate + prompt settings."""
     payload = {
-        "curate": cfg.curate.model_dump(mode="json"),
+        "curate": keyed(cfg.curate),
         "arch": cfg.student.arch,
         "history_images": cfg.student.history_images,
         "use_ui_text": cfg.student.use_ui_text,
     }
-    h = hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
-    return f"curate-it{int(iteration)}-{h}"
+    return run_key(f"curate-it{int(iteration)}", payload)
 
 
 def sft_features():

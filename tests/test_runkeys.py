@@ -153,3 +153,34 @@ def test_remote_env_servers_are_not_in_the_rollout_run_key():
 def test_config_hashes_on_lake_rows_are_pinned(name):
     cfg = _cfg(name)
     assert tuple(cfg.config_hash(s) for s in (None, "rl", "sft", "curate")) == PINNED[name]["config_hash"]
+
+
+# ------------------------------------------------------------------------------------------------ the one rule
+def test_run_key_is_sha1_of_sorted_json():
+    import hashlib
+    import json
+
+    from configs.runkeys import run_key
+
+    payload = {"b": [1, 2], "a": {"y": None, "x": 0.5}}
+    want = hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
+    assert run_key("curate-it3", payload) == f"curate-it3-{want}"
+    assert run_key("x", {"a": 1, "b": 2}) == run_key("x", {"b": 2, "a": 1})  # key order never matters
+    assert run_key("x", {"p": Path("a/b")}) == run_key("x", {"p": "a/b"})  # non-JSON values as str
+
+
+def test_runtime_markers_are_the_old_exclusion_lists():
+    """RUNTIME marks exactly the fields each id function used to leave out by hand."""
+    from configs.models import CurateConfig, RLConfig, SFTConfig, StudentConfig
+    from configs.runkeys import keyed, runtime_fields
+    from training.sft import TrainSettings
+
+    sft_runtime = {"distributed", "nproc", "packing", "pack_tokens", "encode_cache_gib", "encode_workers"}
+    sft_runtime.add("vision_cache")
+    assert runtime_fields(SFTConfig) == sft_runtime
+    assert runtime_fields(TrainSettings) == sft_runtime | {"keep_state", "step_sleep_s", "record_step_times"}
+    assert runtime_fields(RLConfig) == {"distributed", "nproc"}
+    assert runtime_fields(CurateConfig) == runtime_fields(StudentConfig) == frozenset()
+    rl = RLConfig(max_minutes=5.0)
+    assert keyed(rl) == rl.model_dump(mode="json", exclude={"distributed", "nproc"})  # wall-clock caps are keyed
+    assert "max_minutes" in keyed(TrainSettings(max_minutes=5.0))

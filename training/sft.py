@@ -28,16 +28,16 @@ ours (training.data.SFTCollator: the rollouts' chat template, assistant-only lab
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from configs.models import SFT_STAGE_FIELDS, SFTConfig, choices, settings_from
+from configs.runkeys import RUNTIME, keyed, run_key
 from training.core import (  # noqa: F401
     CHECKPOINTS_DIR,
     MERGED_DIR,
@@ -116,11 +116,12 @@ class TrainSettings:
     unsloth: bool = False
     targets: str = "full"  # full | action | tool_call (training.data.retarget)
     fused_kernels: bool = True  # Liger RMSNorm/SwiGLU/RoPE on CUDA when installed
-    keep_state: bool = False  # keep <out>/state after success (tests inspect it)
-    step_sleep_s: float = 0.0  # artificial delay per step: lets the kill/resume test land mid-run
+    # not in the checkpoint id (RUNTIME): what a run keeps and how slowly it goes change nothing it trains
+    keep_state: bool = field(default=False, metadata=RUNTIME)  # keep <out>/state after success (tests inspect it)
+    step_sleep_s: float = field(default=0.0, metadata=RUNTIME)  # delay per step: the kill/resume test lands mid-run
     distributed: str = "none"  # none | ddp (training.distributed: torchrun + PyTorch DDP over the local GPUs)
     nproc: int | None = None  # DDP processes (None = every visible GPU)
-    record_step_times: bool = False  # benchmarks: per-step seconds and tokens into the result
+    record_step_times: bool = field(default=False, metadata=RUNTIME)  # benchmarks: per-step times into the result
     hint_fraction: float = 0.0  # hint-aware SFT: this fraction of samples added again with the SDPO solution block
     packing: bool = False  # micro-batches as packed rows of whole samples (training.packing), not padded batches
     pack_tokens: int = 16384  # with packing: at most this many tokens a micro-batch (a longer sample goes alone)
@@ -515,33 +516,16 @@ def checkpoint_id_for(
 ) -> str:
     """Deterministic in the data (the manifest's episodes, not just its id), the base and the settings;
     `<prefix>-<hash>`, the prefix `sft-it<iteration>` unless given (mid-training's is `base`)."""
-    # left out: knobs that change how, not what, is trained (DDP and packing keep the objective and sample order)
-    knobs = {
-        k: v
-        for k, v in asdict(s).items()
-        if k
-        not in (
-            "keep_state",
-            "step_sleep_s",
-            "distributed",
-            "nproc",
-            "record_step_times",
-            "packing",
-            "pack_tokens",
-            "encode_cache_gib",
-            "encode_workers",
-            "vision_cache",
-        )
-    }
+    # keyed: the settings but the RUNTIME ones, which change how, not what, is trained (DDP and packing keep the
+    # objective and the sample order)
     payload = {
         "dataset": dataset["dataset_id"],
         "episodes": sorted(dataset["episode_ids"]),
         "n_steps": dataset["n_steps"],
         "base": base,
-        "settings": knobs,
+        "settings": keyed(s),
     }
-    h = hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"{prefix or f'sft-it{int(iteration)}'}-{h}"
+    return run_key(prefix or f"sft-it{int(iteration)}", payload)
 
 
 def sft_stage(
