@@ -14,11 +14,11 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
 
 def load_for_rl(a: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(lake, model in eval mode with the vision tower frozen as in RL, processor, RowEncoder)."""
-    from storage.lake import Lake
+    from storage.lake import open_lake
     from training.models import freeze_vision, load_model
     from training.rl_encode import RowEncoder
 
-    lake = Lake(a.lake, create=False)
+    lake = open_lake(a.lake, create=False)
     model, proc = load_model(str(lake.resolve(a.checkpoint)))
     freeze_vision(model)
     model.eval()

@@ -91,9 +91,9 @@ def run(cmd: list[str], log: Path) -> float:
 
 def query(lake: Path, sql: str, params: list | None = None) -> list[dict[str, Any]]:
     from storage.catalog import connect
-    from storage.lake import Lake
+    from storage.lake import open_lake
 
-    lk = Lake(lake, create=False)
+    lk = open_lake(lake, create=False)
     con = connect(lk, write_catalog_file=False)
     try:
         cur = con.execute(sql, params or [])
@@ -110,9 +110,9 @@ def query(lake: Path, sql: str, params: list | None = None) -> list[dict[str, An
 def evaluated_iterations(lake: Path) -> int:
     """Iterations of this lake with a finished evaluation (where `flywheel run` would continue)."""
     from flows.flywheel import next_iteration_of
-    from storage.lake import Lake
+    from storage.lake import open_lake
 
-    return next_iteration_of(Lake(lake, create=False)) if lake.exists() else 0
+    return next_iteration_of(open_lake(lake, create=False)) if lake.exists() else 0
 
 
 def evals_by_iteration(lake: Path) -> dict[int, dict[str, dict[str, float]]]:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from storage.catalog import connect, run_query  # noqa: E402
 from storage.inspect import lake_stats  # noqa: E402
-from storage.lake import Lake  # noqa: E402
+from storage.lake import open_lake  # noqa: E402
 from storage.queries import curate_steps_sql  # noqa: E402
 from storage.synthetic import png_pool  # noqa: E402
 
@@ -91,13 +91,13 @@ def build_part(rng: np.random.Generator, n_eps: int, ep_offset: int, pngs: list[
 
 
 def build_lake(root: Path, rows: int, iterations: int, stages: list[str], files: int) -> dict:
-    lake = Lake(root)
+    lake = open_lake(root)
     if lake_stats(lake)["steps"].rows == rows:
         return {"built": False}
     import shutil
 
     shutil.rmtree(root)
-    lake = Lake(root)
+    lake = open_lake(root)
     t0 = time.time()
     rng = np.random.default_rng(0)
     pngs = png_pool(64)
@@ -152,7 +152,7 @@ def start_s3(root: Path) -> tuple[subprocess.Popen, str, dict]:
     fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
     fs.mkdir("bench")
     t0 = time.time()
-    files = Lake(root).files()
+    files = open_lake(root).files()
     for f in files:
         fs.put_file(str(f.path), f"bench/lake/{f.path.relative_to(root).as_posix()}")
     return proc, endpoint, {"s3_upload_s": round(time.time() - t0, 1), "s3_files": len(files)}
@@ -169,7 +169,7 @@ def main() -> None:
     a = ap.parse_args()
     root = a.lake.resolve()
     build = build_lake(root, a.rows, a.iterations, ["bootstrap", "rollouts"], a.files)
-    stats = lake_stats(Lake(root))
+    stats = lake_stats(open_lake(root))
 
     t0 = time.perf_counter()
     api_con = connect(root, write_catalog_file=False)  # opened once, like any database handle
@@ -189,7 +189,7 @@ def main() -> None:
         if a.s3:
             proc, endpoint, s3_info = start_s3(root)
             t0 = time.perf_counter()
-            s3_con = connect(Lake("s3://bench/lake", endpoint=endpoint), write_catalog_file=False)
+            s3_con = connect(open_lake("s3://bench/lake", endpoint=endpoint), write_catalog_file=False)
             s3_info["s3_connect_s"] = round(time.perf_counter() - t0, 3)
             sides["s3"] = lambda: run_query(s3_con, curate_steps_sql()).num_rows
         for fn in sides.values():

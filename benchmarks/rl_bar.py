@@ -225,7 +225,7 @@ def measure(a) -> dict[str, Any]:
 
     from configs.models import load_config
     from flywheel.rl_stage import rl_stage
-    from storage.lake import Lake
+    from storage.lake import open_lake
 
     lake_root = Path(a.lake).resolve()
     over: dict[str, Any] = {"lake.root": str(lake_root), "rl.enabled": True, "evaluate.held_out_tasks": False}
@@ -234,7 +234,7 @@ def measure(a) -> dict[str, Any]:
         over[key] = yaml.safe_load(value)
     os.environ["FLYWHEEL_LAKE"] = str(lake_root)  # it outranks lake.root
     cfg = load_config(a.config, over)
-    lake = Lake(lake_root)
+    lake = open_lake(lake_root)
     ckpt = a.checkpoint
     if ckpt is None:
         from storage.catalog import connect
@@ -270,7 +270,7 @@ def measure(a) -> dict[str, Any]:
             root = _run_lake(lake_root, algo, seed, a.shared_lake)
             os.environ["FLYWHEEL_LAKE"] = str(root)
             rcfg = load_config(a.config, {**over, "lake.root": str(root), "rl.seed": seed})
-            run_lake = Lake(root)
+            run_lake = open_lake(root)
             t0 = time.time()
             out = rl_stage(rcfg, 0, str(run_lake.resolve(ckpt)), lake=run_lake, algo=algo, progress=False)
             wall = time.time() - t0

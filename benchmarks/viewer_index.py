@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.lake_query import STEPS_PER_EPISODE, build_lake  # noqa: E402
 from storage.inspect import lake_stats  # noqa: E402
-from storage.lake import Lake  # noqa: E402
+from storage.lake import open_lake  # noqa: E402
 from viewer.data import ViewerData  # noqa: E402
 from viewer.site import build_site  # noqa: E402
 
@@ -40,7 +40,7 @@ def main() -> None:
     a = ap.parse_args()
     root = a.lake.resolve()
     build = build_lake(root, a.episodes * STEPS_PER_EPISODE, 2, ["bootstrap", "rollouts"], 10)
-    stats = lake_stats(Lake(root))
+    stats = lake_stats(open_lake(root))
     out = Path(tempfile.mkdtemp(prefix="viewer-bench-"))
 
     def index():

@@ -106,14 +106,14 @@ def import_osworld_tasks(
     from envs.osworld_tasks import EXCLUDED, load_tasks, task_rows
     from flywheel.cli import console, lake_root
     from flywheel.rollout import git_sha
-    from storage.lake import Lake
+    from storage.lake import open_lake
 
     try:
         tasks, skipped = load_tasks(folder, include_excluded=include_excluded)
     except ValueError as e:
         raise _fail(str(e)) from None
     rows = [dict(r, run_key="osworld", git_sha=git_sha(), config_hash=None) for r in task_rows(tasks)]
-    Lake(lake_root(lake, config)).replace_run("tasks", [rows], iteration=0, stage="registry", run_key="osworld")
+    open_lake(lake_root(lake, config)).replace_run("tasks", [rows], iteration=0, stage="registry", run_key="osworld")
     console.print(f"[green]ok[/green] {len(rows)} OSWorld tasks into `tasks`; skipped {len(skipped)}")
     for why in EXCLUDED.values():
         ids = [i for i, r in skipped if r == why]

@@ -42,7 +42,7 @@ def view_cmd(
 ):
     """Browse episodes (screenshots with the actions drawn on them), compare policies side by side, and read
     the iteration report."""
-    from storage.lake import Lake
+    from storage.lake import open_lake
     from storage.objstore import is_object_uri
     from viewer.site import build_site
     from viewer.site import serve as serve_site
@@ -52,7 +52,7 @@ def view_cmd(
             "the viewer reads a lake on disk: for an s3:// lake, query it with `flywheel query`, "
             "or view a local copy (`aws s3 sync` of the prefix)"
         )
-    root = Lake(lake_root(lake, config), create=False).root
+    root = open_lake(lake_root(lake, config), create=False).root
     if len(compare) % 2:
         raise UserError("--compare comes in pairs: --compare A --compare B")
     if serve:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flywheel.episode import EpisodeJob, Provenance, error_episode
-from storage.lake import Lake
+from storage.lake import Lake, open_lake
 from training.progress import ProgressLog, draws_bar
 
 
@@ -100,7 +100,7 @@ class RolloutSpec:
     lake_endpoint: str | None = None
 
     def lake(self) -> Lake:
-        return Lake(self.lake_root, endpoint=self.lake_endpoint)
+        return open_lake(self.lake_root, endpoint=self.lake_endpoint)
 
     # Rerun an episode that ended in status 'error' up to this many times before its error row stands (remote
     # envs: a dead server's episodes go to another server). Each retry replaces the same lake files.

@@ -16,19 +16,13 @@ from configs.models import FlywheelConfig
 from configs.runkeys import run_key
 from flywheel.errors import UserError
 from flywheel.rollout import PolicySpec, RolloutSpec, git_sha, make_jobs, run_rollouts
-from storage.lake import Lake
+from storage.lake import Lake, open_lake
 
 
 def lake_for(cfg: FlywheelConfig) -> Lake:
     """The lake the stages read and write: $FLYWHEEL_LAKE, else the config's lake.root. A command's `--lake`
     sets $FLYWHEEL_LAKE (flywheel.cli.use_lake), so it outranks both, here and in every process it starts."""
-    import os
-
-    return Lake(
-        os.environ.get("FLYWHEEL_LAKE") or cfg.lake.root,
-        endpoint=os.environ.get("FLYWHEEL_S3_ENDPOINT") or cfg.lake.s3_endpoint,
-        cache_dir=cfg.lake.cache_dir,
-    )
+    return open_lake(cfg)
 
 
 def resolve_tasks(tasks: list[str], *, for_training: bool) -> list[str]:

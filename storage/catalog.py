@@ -33,7 +33,7 @@ from typing import Any
 
 import duckdb
 
-from storage.lake import Lake, LakeError
+from storage.lake import Lake, LakeError, open_lake
 from storage.schema import PARTITION_COLUMNS, TABLES, duckdb_type
 
 CATALOG_FILE = "catalog.duckdb"
@@ -127,7 +127,7 @@ def connect(
     root: str | os.PathLike | Lake | None = None, *, threads: int | None = None, write_catalog_file: bool = True
 ) -> duckdb.DuckDBPyConnection:
     """In-memory DuckDB connection with a view per lake table. The lake must exist."""
-    lake = root if isinstance(root, Lake) else Lake(root, create=False)
+    lake = open_lake(root, create=False)
     con = duckdb.connect(":memory:")
     if threads:
         con.execute(f"SET threads = {int(threads)}")

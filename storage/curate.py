@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from configs.runkeys import keyed, run_key
 from storage.catalog import connect
-from storage.lake import Lake, LakeError
+from storage.lake import Lake, LakeError, open_lake
 from storage.queries import CURATE_EPISODES, CURATE_EXPORT_STEPS
 
 EXPORT_DIR = "_datasets"
@@ -209,7 +209,7 @@ def curate(
         from envs.registry import HELD_OUT
 
         held_out = HELD_OUT
-    lake = lake or Lake(cfg.lake.root, endpoint=cfg.lake.s3_endpoint, cache_dir=cfg.lake.cache_dir)
+    lake = lake or open_lake(cfg)
     if not lake.has_data("episodes"):
         raise CurateError(f"no episodes in the lake at {lake.location}: run the bootstrap (teacher demos) first")
     sql = curate_sql(cfg.curate, iteration, held_out)

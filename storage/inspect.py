@@ -1,7 +1,7 @@
 """Lake health: per-table stats from Parquet footers, and a verifier for bad files.
 
-stats = lake_stats(Lake("lake"))        # rows, bytes, files, partitions per table (reads footers only)
-report = verify_lake(Lake("lake"))      # unreadable / schema-mismatched files, by path
+stats = lake_stats(open_lake("lake"))      # rows, bytes, files, partitions per table (reads footers only)
+report = verify_lake(open_lake("lake"))    # unreadable / schema-mismatched files, by path
 for bad in report.bad: lake.quarantine(bad.path)   # moved aside, never deleted
 """
 

@@ -2,7 +2,7 @@
 
 Layout: `<root>/<table>/iteration=<n>/stage=<stage>/<run_key>-<part>.parquet`.
 
-    lake = Lake("lake")
+    lake = open_lake("lake")      # or open_lake(cfg): $FLYWHEEL_LAKE, else cfg.lake.root
     lake.write("episodes", rows, iteration=0, stage="rollouts", run_key="rollouts-ab12", part="ep-0007")
     lake.replace_run("datasets", [table], iteration=1, stage="curate", run_key="curate-1")
 
@@ -14,7 +14,7 @@ Layout: `<root>/<table>/iteration=<n>/stage=<stage>/<run_key>-<part>.parquet`.
 - Writers in different processes never share a file name (parts are unique per writer),
   so concurrent appends need no lock and lose nothing.
 
-The root may also be an object store, `Lake("s3://bucket/prefix", endpoint=...)` (storage.objstore): the tables
+The root may also be an object store, `open_lake("s3://bucket/prefix", endpoint=...)` (storage.objstore): the tables
 live in the bucket under the same layout, each file written as one whole object (a PUT is atomic: readers see
 all of it or nothing) under the same deterministic key, so reruns replace. `root` is then a local folder for the
 side files (downloaded exports and checkpoints, reports, the parent lock), `uri` the bucket's, and `publish` /
@@ -30,7 +30,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,7 +43,7 @@ _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,160}$")
 _TMP_SUFFIX = ".tmp"
 
 
-__all__ = ["Lake", "LakeError", "LakeFile", "resolve_root", "to_table", "write_parquet_atomic"]
+__all__ = ["Lake", "LakeError", "LakeFile", "open_lake", "resolve_root", "to_table", "write_parquet_atomic"]
 
 
 def _check_key(what: str, value: str) -> str:
@@ -363,3 +363,36 @@ class Lake:
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, dest)
         return dest
+
+
+def open_lake(
+    source: Any = None,
+    *,
+    root: str | os.PathLike | None = None,
+    endpoint: str | None = None,
+    create: bool = True,
+) -> Lake:
+    """The one way to open a lake: every stage, command, worker and report opens it here.
+
+        open_lake(cfg)                      # a FlywheelConfig: $FLYWHEEL_LAKE, else cfg.lake.root
+        open_lake(cfg.lake, root=lake_arg)  # a LakeConfig, with a command's --lake for the root
+        open_lake("runs/lake", create=False)
+        open_lake(spec.lake_root, endpoint=spec.lake_endpoint)   # a rollout worker: the spec's root and endpoint
+
+    source: a config with a `lake` section (FlywheelConfig), a lake section (LakeConfig: root, s3_endpoint,
+    cache_dir), a Lake (returned as it is), or a folder / s3:// URI (None: $FLYWHEEL_LAKE, else ./lake).
+    From a config, the root is `root` (a command's --lake), else $FLYWHEEL_LAKE (which --lake sets, so it reaches
+    every process the command starts), else lake.root; the endpoint is `endpoint`, else $FLYWHEEL_S3_ENDPOINT, else
+    lake.s3_endpoint; an s3:// lake keeps its side files in lake.cache_dir. A path is opened as given (an s3:// one
+    at `endpoint`, else $FLYWHEEL_S3_ENDPOINT's). create=False: a missing lake is a LakeError."""
+    if isinstance(source, Lake):
+        return source
+    section = getattr(source, "lake", source)  # duck-typed: storage imports no config model
+    if not hasattr(section, "root") or isinstance(section, (str, os.PathLike)):  # a Path has a .root too
+        return Lake(source, create=create, endpoint=endpoint)
+    return Lake(
+        root or os.environ.get("FLYWHEEL_LAKE") or section.root,
+        create=create,
+        endpoint=endpoint or os.environ.get("FLYWHEEL_S3_ENDPOINT") or section.s3_endpoint,
+        cache_dir=section.cache_dir,
+    )

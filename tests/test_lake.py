@@ -254,3 +254,48 @@ def test_png_pool_is_realistic():
     assert all(p[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert all(3_000 < len(p) < 200_000 for p in pngs)
     assert duckdb.__version__
+
+
+def test_open_lake_from_a_config_a_section_a_lake_or_a_path(tmp_path, monkeypatch):
+    """The one way to open a lake: --lake (root=) > $FLYWHEEL_LAKE > lake.root for a config; a path as given."""
+    from configs.models import parse_config
+    from storage.lake import open_lake
+
+    monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
+    cfg = parse_config({"lake": {"root": str(tmp_path / "cfg")}})
+    assert open_lake(cfg).root == open_lake(cfg.lake).root == (tmp_path / "cfg").resolve()
+    lake = open_lake(cfg)
+    assert open_lake(lake) is lake
+    monkeypatch.setenv("FLYWHEEL_LAKE", str(tmp_path / "env"))
+    assert open_lake(cfg).root == (tmp_path / "env").resolve()
+    assert open_lake(cfg, root=tmp_path / "arg").root == (tmp_path / "arg").resolve()
+    assert open_lake(tmp_path / "path").root == (tmp_path / "path").resolve()
+    assert open_lake(str(tmp_path / "path"), create=False).root == (tmp_path / "path").resolve()
+    with pytest.raises(LakeError, match="no lake at"):
+        open_lake(tmp_path / "missing", create=False)
+
+
+def test_open_lake_passes_an_object_store_its_endpoint_and_cache(tmp_path, monkeypatch):
+    from configs.models import parse_config
+    from storage.lake import open_lake
+
+    seen: list[dict] = []
+
+    class Spy(Lake):  # records what the lake would be opened with (no S3 server here)
+        def __init__(self, root=None, **kw):
+            seen.append(dict(root=str(root), **kw))
+
+    monkeypatch.setattr("storage.lake.Lake", Spy)
+    monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
+    monkeypatch.delenv("FLYWHEEL_S3_ENDPOINT", raising=False)
+    cache = str(tmp_path / "cache")
+    cfg = parse_config({"lake": {"root": "s3://bucket/lake", "s3_endpoint": "http://cfg:9000", "cache_dir": cache}})
+    open_lake(cfg)
+    monkeypatch.setenv("FLYWHEEL_S3_ENDPOINT", "http://env:9000")
+    open_lake(cfg.lake, root="s3://bucket/other", create=False)
+    open_lake("s3://bucket/lake", endpoint="http://spec:9000")
+    assert seen == [
+        dict(root="s3://bucket/lake", create=True, endpoint="http://cfg:9000", cache_dir=cache),
+        dict(root="s3://bucket/other", create=False, endpoint="http://env:9000", cache_dir=cache),
+        dict(root="s3://bucket/lake", create=True, endpoint="http://spec:9000"),
+    ]

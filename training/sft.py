@@ -549,9 +549,9 @@ def sft_stage(
     (flywheel/midtrain.py) trains its base through here with method 'midtrain' and cfg.midtrain.sft."""
     from storage.catalog import connect
     from storage.curate import EXPORT_FILE, manifest
-    from storage.lake import Lake
+    from storage.lake import open_lake
 
-    lake = lake or Lake(cfg.lake.root, endpoint=cfg.lake.s3_endpoint, cache_dir=cfg.lake.cache_dir)
+    lake = lake or open_lake(cfg)
     dataset = manifest(lake, dataset_id)
     con = connect(lake)
     base_path, parent = resolve_base(cfg, con, iteration, base, lake.root)

@@ -25,6 +25,7 @@ import duckdb
 from storage.catalog import _FILE_RE, explain_duckdb_error
 from storage.inspect import BadFile, verify_file
 from storage.lake import Lake, LakeError
+from storage.lake import open_lake as open_lake_at
 from storage.reports import iteration_table, teacher_spend_rows
 from storage.schema import PARTITION_COLUMNS, TABLES, duckdb_type
 
@@ -129,7 +130,7 @@ class Side:
 
 class ViewerData:
     def __init__(self, root: str | Path | Lake):
-        self.lake = root if isinstance(root, Lake) else Lake(root, create=False)
+        self.lake = open_lake_at(root, create=False)
         self.skipped: list[BadFile] = []
         self.con = duckdb.connect(":memory:")
         self.con.execute("SET parquet_metadata_cache = true")  # a server asks the same files many times
