@@ -20,7 +20,9 @@ response of 64-96 random token ids with behaviour log-probs. SDPO rows carry the
         no-grad forward on its re-prompted rows and its EMA update included). prep_s = the update's time outside
         `_step` (CPU encoding, the copy to the GPU, the old-log-prob forward), once per update. The trainer binds
         Liger's fused RMSNorm/SwiGLU/RoPE onto the model when liger-kernel is installed (rl.fused_kernels; `kernels`
-        in the JSON says what was applied); --ablate-kernels also times GRPO with them off ("grpo_no_kernels").
+        in the JSON says what was applied); --ablate-kernels also times GRPO with them off ("grpo_no_kernels");
+        --ablate-levers times GRPO as before issue #33 ("grpo_before": no fast_vision / linear patch embedding /
+        fused AdamW, the padding mask in the forward) before and after "grpo" ("_again"), `speedup_vs_before`.
         The kernels are taken off the model again before the next run (TRL gets the stock model).
         SDPO runs once per --sdpo-modes entry: "sdpo" (sampled-token) and "sdpo_topk" (logit-level, top-20 + tail).
   trl:  trl.GRPOTrainer (loss_type dr_grpo, the same clip range and max_completion_length as ours), constructed
@@ -250,10 +252,21 @@ def run_ours(
     breakdown: bool = False,
     sdpo_mode: str = "sampled",
     kernels: bool = True,
+    levers: bool = True,
 ) -> dict:
-    """One RLTrainer.update over the batch with epochs = warmup + steps (one optimizer step per epoch)."""
+    """One RLTrainer.update over the batch with epochs = warmup + steps (one optimizer step per epoch). `levers`
+    False: the step as before issue #33 (Liger only: no fast_vision, no linear patch embedding, foreach AdamW, the
+    padding mask in the forward)."""
+    import training.rl as rl_mod
+    import training.rl_encode as enc_mod
     from training.kernels import unfuse_model
     from training.rl import RLSettings, RLTrainer
+
+    saved = rl_mod.fast_vision, rl_mod.linear_patch_embed, rl_mod.make_optimizer
+    if not levers:
+        rl_mod.fast_vision, rl_mod.linear_patch_embed = (lambda m: []), (lambda m: False)
+        rl_mod.make_optimizer = lambda w, lr, wd, fused=False: saved[2](w, lr, wd)
+    enc_mod.NO_PAD_MASK = levers  # before: the padded rows' attention mask went into the forward
 
     s = RLSettings(
         algorithm=algo,
@@ -266,8 +279,11 @@ def run_ours(
     )
     try:
         trainer = RLTrainer(model, proc, s)
+        rl_mod.fast_vision, rl_mod.linear_patch_embed, rl_mod.make_optimizer = saved
         return time_update(trainer, rows, s, steps, warmup, shape, n_params, breakdown)
     finally:
+        rl_mod.fast_vision, rl_mod.linear_patch_embed, rl_mod.make_optimizer = saved
+        enc_mod.NO_PAD_MASK = True
         unfuse_model(model)  # the next run (and TRL) gets the stock model
 
 
@@ -561,6 +577,13 @@ def main() -> None:
         default=True,
         help="also time our GRPO step with rl.fused_kernels off ('grpo_no_kernels')",
     )
+    ap.add_argument(
+        "--ablate-levers",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also time GRPO as before issue #33 ('grpo_before': Liger only, no fast_vision / linear patch "
+        "embedding / fused AdamW, the padding mask in the forward), right before and after 'grpo'",
+    )
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--text-tokens", type=int, default=600, help="prompt text tokens per row (approximate)")
@@ -616,15 +639,20 @@ def main() -> None:
         res = out["results"].setdefault(
             mode, {"params": counts["total"], "trainable_params": counts["trainable"], "ours": {}}
         )
-        runs = []  # (result key, algo, sdpo_mode, fused kernels)
+        runs = []  # (result key, algo, sdpo_mode, fused kernels, issue-33 levers)
         for algo in a.algos:
             if algo == "sdpo":
-                runs += [("sdpo" if m == "sampled" else f"sdpo_{m}", algo, m, True) for m in a.sdpo_modes]
+                runs += [("sdpo" if m == "sampled" else f"sdpo_{m}", algo, m, True, True) for m in a.sdpo_modes]
             else:
-                runs.append((algo, algo, "sampled", True))
+                if algo == "grpo" and a.ablate_levers and _cuda():
+                    runs.append(("grpo_before", algo, "sampled", True, False))
+                runs.append((algo, algo, "sampled", True, True))
+                if algo == "grpo" and a.ablate_levers and _cuda():
+                    runs.append(("grpo_before_again", algo, "sampled", True, False))
+                    runs.append(("grpo_again", algo, "sampled", True, True))
                 if algo == "grpo" and a.ablate_kernels and _cuda():
-                    runs.append(("grpo_no_kernels", algo, "sampled", False))
-        for key, algo, sdpo_mode, kern in runs:
+                    runs.append(("grpo_no_kernels", algo, "sampled", False, True))
+        for key, algo, sdpo_mode, kern, lev in runs:
             res["ours"][key] = _guard(
                 lambda: run_ours(
                     model,
@@ -639,6 +667,7 @@ def main() -> None:
                     a.breakdown,
                     sdpo_mode,
                     kern,
+                    lev,
                 ),
                 a.batch,
             )
@@ -670,8 +699,10 @@ def main() -> None:
         ours = res["ours"]
         if "step_s" in ours.get("grpo", {}):
             for key in ours:
-                if key not in ("grpo", "grpo_no_kernels") and "step_s" in ours[key]:
+                if not key.startswith("grpo") and "step_s" in ours[key]:
                     res[f"{key}_over_grpo_step"] = round(ours[key]["step_s"] / ours["grpo"]["step_s"], 3)
+            if "step_s" in ours.get("grpo_before", {}):
+                res["speedup_vs_before"] = round(ours["grpo_before"]["step_s"] / ours["grpo"]["step_s"], 3)
             trl_s = res.get("trl", {}).get("grpo", {}).get("step_s")
             if trl_s:
                 res["speedup_vs_trl_grpo"] = round(trl_s / ours["grpo"]["step_s"], 3)

@@ -178,6 +178,99 @@ def test_on_cpu_nothing_is_fused_and_rows_stay_on_the_host():
     assert all(a is b for a, b in zip(res, enc))  # the same host tensors the CPU update always used
 
 
+def test_padding_mask_left_out_changes_no_response_logprob():
+    """Right-padded rows without the padding mask (rl_encode.NO_PAD_MASK, what lets attention take the causal flash
+    kernels on CUDA): the same response log-probs and gradients as with it, rows of different lengths."""
+    import training.rl_encode as enc_mod
+    from training.rl import RLSettings, RLTrainer
+
+    model, proc = _model("cpu")
+    tr = RLTrainer(model, proc, RLSettings(batch_size=4))
+    rows = _rows(proc, 4)  # responses of 12..15 tokens: the batch is padded
+    enc = [tr.encoder.encode(r["messages"], r["images"], tr.encoder.response_ids(r)) for r in rows]
+    batch, pos, mask = tr.encoder.pad(enc, "cpu")
+    assert not bool(batch["attention_mask"].all())
+    got = {}
+    for drop in (True, False):
+        enc_mod.NO_PAD_MASK = drop
+        try:
+            got[drop] = _logp_and_grads(model, batch, pos, mask)
+        finally:
+            enc_mod.NO_PAD_MASK = True
+    (lp1, ent1, g1), (lp0, ent0, g0) = got[True], got[False]
+    assert torch.allclose(lp1[mask], lp0[mask], atol=1e-5, rtol=1e-5)
+    assert torch.allclose(ent1[mask], ent0[mask], atol=1e-5, rtol=1e-5)
+    for n in g0:
+        assert torch.allclose(g1[n], g0[n], atol=1e-5, rtol=1e-4), n
+
+
+def test_image_attention_groups_equal_images_and_matches_per_image_attention():
+    """training.kernels.image_attention (one SDPA call per run of equally sized images) against one call per image;
+    vision_rope off CUDA is the stock function."""
+    import torch.nn.functional as F
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
+
+    import training.kernels as K
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [6, 6, 9, 6, 6]
+    q, k, v = (torch.randn(sum(lengths), 4, 8, generator=g) for _ in range(3))
+    before, K.VISION_SDPA = K.VISION_SDPA, ("math",)
+    try:
+        got = K.image_attention(q, k, v, lengths, 8**-0.5)
+    finally:
+        K.VISION_SDPA = before
+    ref, a = [], 0
+    for n in lengths:
+        qs, ks, vs = (x[a : a + n].transpose(0, 1)[None] for x in (q, k, v))
+        ref.append(F.scaled_dot_product_attention(qs, ks, vs, scale=8**-0.5)[0].transpose(0, 1).reshape(n, 32))
+        a += n
+    assert got.shape == (sum(lengths), 32) and torch.allclose(got, torch.cat(ref), atol=1e-6)
+    cos, sin = torch.randn(sum(lengths), 8, generator=g), torch.randn(sum(lengths), 8, generator=g)
+    for x, y in zip(K.vision_rope(q, k, cos, sin), apply_rotary_pos_emb_vision(q, k, cos, sin)):
+        assert torch.equal(x, y)
+
+
+def test_fast_vision_only_on_cuda_and_unfuse_takes_it_off():
+    from training.kernels import fast_vision, linear_patch_embed, unfuse_model
+
+    model, _ = _model("cpu")
+    assert fast_vision(model) == []  # CPU: the stock tower (the main job's numbers were measured on it)
+    assert linear_patch_embed(model)
+    unfuse_model(model)
+    assert not any("forward" in mod.__dict__ for mod in model.modules())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA") if pytest else (lambda f: f)
+def test_fast_vision_tower_matches_the_stock_tower_on_cuda():
+    """bf16 on the GPU: the tower's outputs with fast_vision's forwards (Triton RoPE, batched image attention, GELU in
+    the GEMM epilogue) vs the stock forwards, relative L2 per output (bf16 rounding compounds over the layers)."""
+    from training.data import cat_rows
+    from training.kernels import fast_vision, unfuse_model
+    from training.models import freeze_vision
+
+    model, proc = _model("cuda")
+    freeze_vision(model)
+    tr_rows = _rows(proc, 3)
+    from training.rl import RowEncoder
+
+    enc = RowEncoder(proc)
+    encs = [enc.encode(r["messages"], r["images"], enc.response_ids(r)) for r in tr_rows]
+    pv = torch.cat([e["pixel_values"] for e in encs]).cuda().to(next(model.parameters()).dtype)
+    grid = torch.cat([e["image_grid_thw"] for e in encs]).cuda()
+    visual = model.model.visual
+    with torch.no_grad():
+        stock = visual(pv, grid_thw=grid)
+        assert fast_vision(model) == ["vision_gelu_epilogue", "vision_rope_attention"]
+        fast = visual(pv, grid_thw=grid)
+    unfuse_model(model)
+    a, b = fast.last_hidden_state.float(), stock.last_hidden_state.float()
+    assert float((a - b).norm() / b.norm()) < 3e-2
+    parts = [e["pixel_values"].pin_memory() for e in encs]  # kept page-locked: copied per part, no host concat
+    rows = cat_rows(parts, pin=True)
+    assert type(rows).__name__ == "PinnedRows" and torch.equal(rows.to("cuda").cpu(), torch.cat(parts))
+
+
 if __name__ == "__main__":
     for name, fn in list(globals().items()):
         if name.startswith("test_") and callable(fn):

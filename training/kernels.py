@@ -4,6 +4,7 @@
     applied = fuse_model(model)                 # RL: into a model already built (its own modules); [] when unavailable
     unfuse_model(model)                         # back to the stock forwards
     linear_patch_embed(model)                   # the vision patch embedding as one matrix product (CPU and CUDA)
+    applied = fast_vision(model)                # the frozen vision tower's no-grad forward in fewer passes (CUDA)
 
 Only on CUDA with `liger-kernel` installed (its kernels are Triton). We swap the transformers
 module-level pieces ourselves from Liger's public components rather than calling its
@@ -117,10 +118,17 @@ def _fuse_rope() -> set[str]:
 
 
 def unfuse_model(model) -> None:
-    """Undo `fuse_model`: the modules' own class forwards again, and the stock RoPE function (for every model)."""
+    """Undo `fuse_model`, `fast_vision` and `linear_patch_embed`: the modules' own class forwards again, and the
+    stock RoPE function (for every model)."""
     for mod in model.modules():
         fwd = mod.__dict__.get("forward")
-        if fwd is not None and getattr(fwd, "__func__", None) in (_rms_forward, _swiglu_forward):
+        if fwd is not None and getattr(fwd, "__func__", None) in (
+            _rms_forward,
+            _swiglu_forward,
+            _vision_attn_forward,
+            _vision_mlp_forward,
+            _patch_linear_forward,
+        ):
             del mod.forward
     if _STOCK_ROPE:
         from transformers.models.qwen3_vl import modeling_qwen3_vl as m
@@ -158,3 +166,175 @@ def linear_patch_embed(model) -> bool:
             mod.forward = MethodType(_patch_linear_forward, mod)
             found = True
     return found
+
+
+# ------------------------------------------------------------------------------------------------ vision tower
+# The frozen vision tower's forward (SFT and RL run it without gradients) spends as much time on memory-bound
+# elementwise work as on its matrix products at 1280x704 screenshots: its RoPE upcasts q and k to fp32 and makes
+# seven full-size temporaries, its tanh-GELU is a separate pass over the 4x-wide MLP activation, and its attention
+# runs one SDPA call per image, each after a host sync. `fast_vision` binds no-grad forwards that do the same math
+# in fewer passes; with gradients enabled for the tower (never in this project) the stock forwards run.
+_VISION_ATTN_CLASSES = ("Qwen3VLVisionAttention",)
+_VISION_MLP_CLASSES = ("Qwen3VLVisionMLP",)
+_TANH_GELU = ("GELUTanh", "PytorchGELUTanh")
+VISION_SDPA = ("cudnn", "flash", "efficient")  # SDPA backends tried in this order for the images' attention
+_ROPE_KERNEL: list = []  # the Triton kernel, compiled on first use
+
+
+def _rope_kernel():
+    if not _ROPE_KERNEL:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def rope(q, k, qo, ko, cos, sin, sq, sqh, sk, skh, sc, ss, n_heads, HEADS: tl.constexpr, HALF: tl.constexpr):
+            # one program per token: every head's q and k, rotate-half RoPE in fp32, rounded once to the output dtype
+            t = tl.program_id(0).to(tl.int64)
+            h = tl.arange(0, HEADS)[:, None]
+            d = tl.arange(0, HALF)[None, :]
+            m = h < n_heads
+            c1 = tl.load(cos + t * sc + d).to(tl.float32)
+            c2 = tl.load(cos + t * sc + HALF + d).to(tl.float32)
+            s1 = tl.load(sin + t * ss + d).to(tl.float32)
+            s2 = tl.load(sin + t * ss + HALF + d).to(tl.float32)
+            out = t * n_heads * 2 * HALF + h * 2 * HALF + d
+            x1 = tl.load(q + t * sq + h * sqh + d, mask=m).to(tl.float32)
+            x2 = tl.load(q + t * sq + h * sqh + HALF + d, mask=m).to(tl.float32)
+            tl.store(qo + out, (x1 * c1 - x2 * s1).to(qo.dtype.element_ty), mask=m)
+            tl.store(qo + out + HALF, (x2 * c2 + x1 * s2).to(qo.dtype.element_ty), mask=m)
+            x1 = tl.load(k + t * sk + h * skh + d, mask=m).to(tl.float32)
+            x2 = tl.load(k + t * sk + h * skh + HALF + d, mask=m).to(tl.float32)
+            tl.store(ko + out, (x1 * c1 - x2 * s1).to(ko.dtype.element_ty), mask=m)
+            tl.store(ko + out + HALF, (x2 * c2 + x1 * s2).to(ko.dtype.element_ty), mask=m)
+
+        _ROPE_KERNEL.append(rope)
+    return _ROPE_KERNEL[0]
+
+
+def vision_rope(q, k, cos, sin):
+    """Qwen-VL's vision RoPE (`apply_rotary_pos_emb_vision`: rotate-half, fp32 math, outputs in q's dtype) as one
+    Triton kernel over q and k [tokens, heads, head_dim] (strided views of the qkv projection are fine), cos/sin
+    [tokens, head_dim]. Returns new contiguous (q, k). Falls back to the stock function off CUDA or without Triton."""
+    import torch
+
+    t, h, d = q.shape
+    half = d // 2
+    ok = q.is_cuda and d % 2 == 0 and half & (half - 1) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1
+    if ok:
+        try:
+            kernel = _rope_kernel()
+        except ImportError:
+            ok = False
+    if not ok:
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
+
+        return apply_rotary_pos_emb_vision(q, k, cos, sin)
+    import triton
+
+    cos, sin = cos.contiguous(), sin.contiguous()
+    qo, ko = (torch.empty((t, h, d), dtype=x.dtype, device=x.device) for x in (q, k))
+    if t:
+        kernel[(t,)](
+            q, k, qo, ko, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
+            sin.stride(0), h, HEADS=triton.next_power_of_2(h), HALF=half,
+        )  # fmt: skip
+    return qo, ko
+
+
+def _sdpa_backends():
+    from torch.nn.attention import SDPBackend
+
+    names = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+    return [getattr(SDPBackend, names[n]) for n in VISION_SDPA if hasattr(SDPBackend, names.get(n, ""))]
+
+
+def image_attention(q, k, v, lengths: list[int], scale: float):
+    """Full (non-causal) attention within each image of a vision sequence: q/k/v [tokens, heads, head_dim], the
+    images back to back with `lengths` tokens each. Each run of equally sized images is one batched SDPA call
+    ([images, heads, length, head_dim]; a batch of screenshots of one size is one call per layer, not one per
+    image); returns [tokens, heads * head_dim]."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    t, h, d = q.shape
+    outs, a, i = [], 0, 0
+    with sdpa_kernel(_sdpa_backends(), set_priority=True):
+        while i < len(lengths):
+            j = i
+            while j < len(lengths) and lengths[j] == lengths[i]:
+                j += 1
+            n, size = j - i, lengths[i]
+            b = a + n * size
+            qb, kb, vb = (x[a:b].view(n, size, h, d).transpose(1, 2) for x in (q, k, v))
+            o = F.scaled_dot_product_attention(qb, kb, vb, scale=scale)
+            outs.append(o.transpose(1, 2).reshape(n * size, h * d))
+            a, i = b, j
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _image_lengths(cu_seqlens) -> list[int]:
+    """The images' token counts from cu_seqlens, read once per tower forward (the stock attention reads them with
+    a host sync in every layer): kept on the tensor, which every layer of one forward shares."""
+    cached = getattr(cu_seqlens, "_flywheel_lengths", None)
+    if cached is None:
+        cached = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        cu_seqlens._flywheel_lengths = cached
+    return cached
+
+
+def _no_grad_needed(x, weight) -> bool:
+    import torch
+
+    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+
+
+def _vision_attn_forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
+    if position_embeddings is None or not hidden_states.is_cuda or not _no_grad_needed(hidden_states, self.qkv.weight):
+        return type(self).forward(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen=max_seqlen, **kwargs)
+    t = hidden_states.shape[0]
+    qkv = self.qkv(hidden_states).view(t, 3, self.num_heads, -1)
+    cos, sin = position_embeddings
+    q, k = vision_rope(qkv[:, 0], qkv[:, 1], cos, sin)
+    out = image_attention(q, k, qkv[:, 2], _image_lengths(cu_seqlens), self.scaling)
+    return self.proj(out)
+
+
+def _vision_mlp_forward(self, hidden_state):
+    """fc2(tanh-GELU(fc1(x))) with the GELU in fc1's cuBLASLt epilogue (torch._addmm_activation): no separate pass
+    over the [tokens, 4 x hidden] activation."""
+    import torch
+
+    fc1 = self.linear_fc1
+    if fc1.bias is None or not hidden_state.is_cuda or not _no_grad_needed(hidden_state, fc1.weight):
+        return type(self).forward(self, hidden_state)
+    x = hidden_state.reshape(-1, hidden_state.shape[-1])
+    act = torch._addmm_activation(fc1.bias, x, fc1.weight.t(), use_gelu=True)
+    return self.linear_fc2(act.view(*hidden_state.shape[:-1], -1))
+
+
+VISION_LEVERS = {"rope_attention": True, "gelu_epilogue": True}  # benchmarks switch each off to measure it
+
+
+def fast_vision(model) -> list[str]:
+    """Bind the no-grad vision forwards above onto `model`'s own vision attention and MLP modules (Qwen3-VL; same
+    parameters and names); returns what was bound: [] unless the weights are on CUDA. Idempotent; `unfuse_model`
+    takes them off again."""
+    params = next(model.parameters(), None)
+    if params is None or not params.is_cuda:
+        return []
+    applied: set[str] = set()
+    for mod in model.modules():
+        name = type(mod).__name__
+        if VISION_LEVERS["rope_attention"] and name in _VISION_ATTN_CLASSES and hasattr(mod, "qkv"):
+            mod.forward = MethodType(_vision_attn_forward, mod)
+            applied.add("vision_rope_attention")
+        elif (
+            VISION_LEVERS["gelu_epilogue"]
+            and name in _VISION_MLP_CLASSES
+            and type(getattr(mod, "act_fn", None)).__name__ in _TANH_GELU
+            and hasattr(mod, "linear_fc1")
+        ):
+            mod.forward = MethodType(_vision_mlp_forward, mod)
+            applied.add("vision_gelu_epilogue")
+    return sorted(applied)

@@ -57,7 +57,7 @@ from typing import Any, Sequence
 
 from training.core import Bar, TrainableWeights, TrainState, make_optimizer, optimizer_step
 from training.distributed import Context, balanced_share, ddp_wrap, gather, global_float, global_floats
-from training.kernels import fuse_model
+from training.kernels import fast_vision, fuse_model, linear_patch_embed
 from training.progress import ProgressLog, draws_bar
 from training.rl_data import (
     assign_advantages,
@@ -85,7 +85,9 @@ class RLTrainer(ResumableTrainer):
     reference, and the step counter, kept across rounds; `state_dict`/`load_state` or `save_state` resume it
     exactly. The vision tower is frozen (as in SFT); LoRA adapters get fp32 master copies. On CUDA (with
     liger-kernel, rl.fused_kernels) the fused RMSNorm/SwiGLU/RoPE forwards are bound onto the model, its teacher
-    and reference (training.kernels.fuse_model), and an update keeps its encoded rows on the device."""
+    and reference (training.kernels.fuse_model), with rl.fused_kernels the frozen tower's forward takes
+    kernels.fast_vision and the linear patch embedding (no liger needed), AdamW is fused, and an update keeps its
+    encoded rows on the device."""
 
     device_rows_bytes = 4 << 30  # an update's encoded rows kept on a GPU (bf16 pixels); the rest is placed per use
 
@@ -106,7 +108,8 @@ class RLTrainer(ResumableTrainer):
         freeze_vision(model)
         lora = any(is_lora_param(n) for n, p in model.named_parameters() if p.requires_grad)
         self.weights = TrainableWeights(model, master=lora)
-        self.opt = make_optimizer(self.weights, settings.lr, settings.weight_decay)
+        cuda = bool(self.weights.opt_params) and all(p.is_cuda for p in self.weights.opt_params)
+        self.opt = make_optimizer(self.weights, settings.lr, settings.weight_decay, fused=cuda)  # as SFT's
         self.state = TrainState()
         self.device = next(model.parameters()).device
         self.encoder = RowEncoder(processor)
@@ -116,6 +119,12 @@ class RLTrainer(ResumableTrainer):
         for twin in (self.ref, self.teacher):
             if self.kernels and twin is not None:
                 fuse_model(twin)
+        if settings.fused_kernels and self.device.type == "cuda":  # the frozen vision tower (no liger needed)
+            vision = fast_vision(model) + (["patch_linear"] if linear_patch_embed(model) else [])
+            for twin in (self.ref, self.teacher):
+                if twin is not None:
+                    fast_vision(twin), linear_patch_embed(twin)
+            self.kernels = sorted(set(self.kernels) | set(vision))
         self.pixel_dtype = pixel_dtype(model)  # bf16 on GPU: what the vision tower casts pixel_values to anyway
         self._ema_pairs = None
         # rl.distributed ddp (a torchrun worker): each rank takes its share of every minibatch, DDP averages grads

@@ -140,6 +140,9 @@ def length_batches(idx, enc: list[dict[str, Any]], size: int) -> list[list[int]]
     return [order[k : k + size] for k in range(0, len(order), size)]
 
 
+NO_PAD_MASK = True  # response_logprobs leaves the (right-)padding mask out; benchmarks switch it off to compare
+
+
 def response_logprobs(
     model,
     batch: dict[str, Any],
@@ -169,7 +172,12 @@ def response_logprobs(
     from training.losses import _backbone_and_head, _topk_buckets, entropy_from_logprobs
 
     backbone, head = _backbone_and_head(model)
-    hidden = backbone(**batch).last_hidden_state
+    # Rows are right-padded (SFTCollator.pad): under causal attention no real token sees a pad, and the mRoPE
+    # positions of the real tokens do not depend on the pads after them, so without the padding mask every value
+    # read below is the same, and attention runs on the causal flash kernels instead of SDPA over a [B, 1, T, T]
+    # mask (which computes every block).
+    drop = "attention_mask" if NO_PAD_MASK else None
+    hidden = backbone(**{k: v for k, v in batch.items() if k != drop}).last_hidden_state
     rows = torch.arange(pos.shape[0], device=pos.device)[:, None].expand_as(pos)[mask]
     at_pos = pos[mask]
     sel, tgt = hidden[rows, at_pos], batch["input_ids"][rows, at_pos + 1]

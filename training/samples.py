@@ -12,13 +12,29 @@ class EncodedSamples:
 
     Bounded by `max_bytes`: past it, samples are encoded on every use (same tensors, just slower). With
     `pixel_dtype` (the vision tower's dtype) pixel_values are kept in it: the tower casts them to its dtype first
-    thing, so a bf16 model sees the same values from half the bytes (two 1280x704 screenshots: 21.6 MB, not 43)."""
+    thing, so a bf16 model sees the same values from half the bytes (two 1280x704 screenshots: 21.6 MB, not 43).
+    With `pin` (training on CUDA) kept pixel_values live in page-locked memory, so a batch's images go to the GPU
+    as asynchronous copies straight from the kept tensors (training.data.PinnedRows), with no host-side concat."""
 
     def __init__(
-        self, rows: list[dict[str, Any]], collator, max_bytes: int = 4 << 30, positions=None, pixel_dtype=None
+        self,
+        rows: list[dict[str, Any]],
+        collator,
+        max_bytes: int = 4 << 30,
+        positions=None,
+        pixel_dtype=None,
+        pin: bool = False,
     ):
         self.rows, self.collator, self.max_bytes, self.positions = rows, collator, max_bytes, positions
         self.pixel_dtype = pixel_dtype
+        self.slabs = None
+        if pin:
+            import torch
+
+            if torch.cuda.is_available():
+                from training.data import PinnedSlabs
+
+                self.slabs = PinnedSlabs()
         self.cache: dict[int, dict[str, Any]] = {}
         self.n_targets: dict[int, int] = {}
         self.bytes, self.vision = 0, None  # vision: training.vision_cache.VisionFeatures (set by _train)
@@ -71,7 +87,14 @@ class EncodedSamples:
             got["position_ids"] = self.positions(got)
         size = sum(t.numel() * t.element_size() for t in got.values())
         if i not in self.cache and self.bytes + size <= self.max_bytes:
-            self.cache[i], self.bytes = got, self.bytes + size
+            self.cache[i], self.bytes = self.pinned(got), self.bytes + size
+        return got
+
+    def pinned(self, got: dict[str, Any]) -> dict[str, Any]:
+        """`got` with its pixel_values moved to page-locked memory (with `pin`; kept encodings only)."""
+        pv = got.get("pixel_values")
+        if self.slabs is not None and pv is not None and not pv.is_pinned():
+            got["pixel_values"] = self.slabs.copy(pv.contiguous())
         return got
 
 

@@ -249,7 +249,8 @@ def _optimizer(weights: TrainableWeights, s: TrainSettings):
 def _encoded_samples(model, proc, rows: list[dict[str, Any]], s: TrainSettings, device) -> "EncodedSamples":
     """The run's encoded samples: pixel_values kept in the vision tower's dtype within sft.encode_cache_gib, each
     sample's mRoPE positions with packing, and with sft.vision_cache (epochs > 1) the frozen tower's features;
-    on CUDA the patch embedding runs as the matrix product it is (kernels.linear_patch_embed)."""
+    on CUDA the patch embedding runs as the matrix product it is (kernels.linear_patch_embed) and the frozen vision
+    tower's forward takes kernels.fast_vision's fused RoPE, batched image attention and GELU epilogue."""
     from training.data import SFTCollator
     from training.rl_encode import pixel_dtype
 
@@ -258,16 +259,18 @@ def _encoded_samples(model, proc, rows: list[dict[str, Any]], s: TrainSettings, 
         from training.packing import rope_positions_fn
 
         positions = rope_positions_fn(model)
-    if device.type == "cuda" and s.fused_kernels:
-        from training.kernels import linear_patch_embed
+    if device.type == "cuda" and s.fused_kernels:  # the frozen tower's no-grad forward in fewer passes (kernels.py)
+        from training.kernels import fast_vision, linear_patch_embed
 
         linear_patch_embed(model)
+        fast_vision(model)
     samples = EncodedSamples(
         rows,
         SFTCollator(proc),
         positions=positions,
         pixel_dtype=pixel_dtype(model),
         max_bytes=int(s.encode_cache_gib * 2**30),
+        pin=device.type == "cuda",
     )
     cache = s.vision_cache if s.vision_cache is not None else device.type == "cuda"  # CPU: the main job's measure
     if cache and s.epochs > 1:  # a sample seen once gains nothing

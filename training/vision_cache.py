@@ -36,7 +36,7 @@ class VisionFeatures:
         self.merge = int(self.inner.visual.spatial_merge_size)
         self.stored: dict[int, tuple[Any, list[Any]]] = {}
         self.tower_calls = 0
-        self._slab, self._used = None, 0  # page-locked host memory the kept features are carved from
+        self._slabs = None  # training.data.PinnedSlabs: page-locked host memory the kept features are carved from
 
     @staticmethod
     def supported(model) -> bool:
@@ -110,17 +110,10 @@ class VisionFeatures:
         del entry["pixel_values"]
         self.samples.bytes += grow
 
-    SLAB = 256 << 20
-
     def _pinned(self, shape, dtype):
-        """An empty page-locked tensor carved from 256 MB slabs: one cudaHostAlloc per slab, not one per tensor
-        (pinning is slow, and kept features are never freed for the caching host allocator to reuse)."""
-        import torch
+        """An empty page-locked tensor (kept features are never freed, so slabs: training.data.PinnedSlabs)."""
+        if self._slabs is None:
+            from training.data import PinnedSlabs
 
-        n = max(1, int(torch.Size(shape).numel())) * torch.empty((), dtype=dtype).element_size()
-        n_aligned = (n + 511) // 512 * 512
-        if self._slab is None or self._used + n_aligned > self._slab.numel():
-            self._slab, self._used = torch.empty(max(self.SLAB, n_aligned), dtype=torch.uint8, pin_memory=True), 0
-        view = self._slab[self._used : self._used + n].view(dtype).view(shape)
-        self._used += n_aligned
-        return view
+            self._slabs = PinnedSlabs()
+        return self._slabs.empty(shape, dtype)

@@ -1,0 +1,428 @@
+"""Benchmark (GPU): MFU of the packed SFT step that runs the vision tower, the last commit's step vs
+training.kernels.fast_vision, side by side in one process; the attention kernels probed first.
+
+    python benchmarks/sft_mfu.py --data EXPORT.parquet [--batch 24] [--pack 24576] [--steps 4] [--out DIR]
+                                 [--lora] [--dump DIR [--dump-big]] [--no-probe] [--profile after b4_after]
+                                 [--groups checks variants b4]
+    OUT=DIR bash benchmarks/mfu_gpu.sh        # issue #33's run: this, rl_gpu.py and sft_unsloth.py side by side
+
+Data, model and step are benchmarks/sft_packing.py's: the curate export's screenshots resized to 1280x704 (880 image
+tokens each), every sample encoded once before timing, Qwen3-VL with the released 2B shape (random init, bf16, no
+gradient checkpointing), full fine-tuning with the vision tower frozen, Liger's RMSNorm/SwiGLU/RoPE when
+liger-kernel is installed, `training.sft.train_step` + `optimizer_step` with fused AdamW, --batch samples a step in
+packs of at most --pack tokens (varlen flash attention, no pads). The vision cache is off: the tower runs in every
+step, as in a first epoch. Prints JSON (also written to --out/sft_mfu.json as it goes):
+- `probe`: the attention kernels at this data's shapes, fwd (+ bwd for text) by CUDA events, median of 5: the
+  images' attention [images, 16 heads, 3520, 64] one SDPA call per image (the stock tower) vs one batched call a
+  layer on cuDNN / FlashAttention-2 / memory-efficient; the text model's causal GQA attention over one pack
+  (16 q / 8 kv heads, head dim 128) on our flash varlen vs one cuDNN SDPA call per sample;
+- `checks`: the fused vision RoPE against the stock function (bitwise share, max difference), the tower's outputs
+  with the fast forwards vs stock (relative L2 per output), one pack's loss both ways;
+- `variants`: tokens/s, MFU = 6 * N * tokens/s / 989 TFLOP/s (N = all parameters, the tower's included, as in every
+  earlier SFT row), peak memory and a CUDA-event split (vision forward / text forward / rest = loss + backward /
+  optimizer) of, after an untimed-in-the-summary `warmup` side: `before` (the last commit: fast_vision off,
+  pixel_values kept in pageable memory and concatenated into a pinned buffer every step), `after` (what the stage
+  runs now: fast_vision, pixel_values kept page-locked and copied per sample), `after` without the pinned parts
+  and without the GELU epilogue, and `before`/`after` again; `summary` averages the two before and two after;
+- `profile_before` / `profile_after`: torch.profiler's top kernels of one step;
+- `b4`: the same step at 4 samples a step (one pack), before/after twice, the batches benchmarks/sft_unsloth.py's
+  sides train on (padded there);
+- `lora` (--lora): LoRA r16 (bf16 adapters, fp32 masters) before/after, both batch sizes;
+- --dump DIR: the random-init model folder and the 4-sample padded batches (SFTCollator.pad) of the B4 stream, for
+  benchmarks/sft_unsloth.py (Unsloth and Trainer + Liger on the image's transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+PEAK_BF16 = 989e12
+
+
+def vision_levers(model, rope_attention: bool = True, gelu: bool = True, sdpa: tuple[str, ...] | None = None):
+    """The fast_vision forwards taken off the model, then bound again with the chosen levers."""
+    import training.kernels as K
+
+    for mod in model.modules():
+        f = mod.__dict__.get("forward")
+        if f is not None and getattr(f, "__func__", None) in (K._vision_attn_forward, K._vision_mlp_forward):
+            del mod.forward
+    if sdpa:
+        K.VISION_SDPA = tuple(sdpa)
+    K.VISION_LEVERS.update(rope_attention=rope_attention, gelu_epilogue=gelu)
+    try:
+        return K.fast_vision(model)
+    finally:
+        K.VISION_LEVERS.update(rope_attention=True, gelu_epilogue=True)
+
+
+def _events_ms(fn, reps: int = 5, warm: int = 2) -> float:
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return round(sorted(times)[len(times) // 2], 3)
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - a backend that cannot run is a result
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def probe(n_images: int, text_lengths: list[int]) -> dict:
+    """Attention kernels at the run's shapes (random bf16 inputs)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import training.kernels as K
+    from training.packing import _FlashVarlen
+
+    out: dict = {"vision": {"images": n_images, "tokens_per_image": 3520, "heads": 16, "head_dim": 64}}
+    t, h, d = n_images * 3520, 16, 64
+    q, k, v = (torch.randn(t, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    lengths = [3520] * n_images
+    flops = 4 * n_images * 3520**2 * h * d
+
+    def per_image():
+        qs, ks, vs = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # as the stock tower lays them out
+        splits = [torch.split(x, lengths, dim=2) for x in (qs, ks, vs)]
+        return torch.cat([F.scaled_dot_product_attention(a, b, c) for a, b, c in zip(*splits)], dim=2)
+
+    ms = _events_ms(per_image)
+    out["vision"]["per_image_default_ms"] = ms
+    out["vision"]["per_image_default_tflops"] = round(flops / ms / 1e9, 1)
+    for name in ("cudnn", "flash", "efficient"):
+        K.VISION_SDPA = (name,)
+        r = _try(lambda: _events_ms(lambda: K.image_attention(q, k, v, lengths, d**-0.5)))
+        out["vision"][f"batched_{name}_ms"] = r
+        if isinstance(r, float):
+            out["vision"][f"batched_{name}_tflops"] = round(flops / r / 1e9, 1)
+    K.VISION_SDPA = ("cudnn", "flash", "efficient")
+    del q, k, v
+    # text: causal GQA over one pack
+    tt = sum(text_lengths)
+    cu = torch.tensor([0] + text_lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
+    mx = max(text_lengths)
+    q = torch.randn(tt, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(tt, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    g = torch.randn(tt, 16, 128, device="cuda", dtype=torch.bfloat16)
+    tflops_fwd = sum(2 * n * n * 16 * 128 for n in text_lengths)  # causal: half of 4 n^2 h d
+
+    def fa2(bwd: bool):
+        o = _FlashVarlen.apply(q, k, v, cu, cu, mx, mx, True, 128**-0.5)
+        if bwd:
+            o.backward(g)
+
+    def cudnn(bwd: bool):
+        outs, a = [], 0
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for n in text_lengths:
+                qs = q[a : a + n].transpose(0, 1)[None]
+                ks, vs = (x[a : a + n].repeat_interleave(2, dim=1).transpose(0, 1)[None] for x in (k, v))
+                outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)[0].transpose(0, 1))
+                a += n
+        o = torch.cat(outs)
+        if bwd:
+            o.backward(g)
+
+    out["text"] = {"pack_tokens": tt, "samples": len(text_lengths)}
+    for name, fn in (("fa2_varlen", fa2), ("cudnn_per_sample", cudnn)):
+        f = _try(lambda: _events_ms(lambda: fn(False)))
+        fb = _try(lambda: _events_ms(lambda: fn(True)))
+        out["text"][f"{name}_fwd_ms"] = f
+        out["text"][f"{name}_fwd_bwd_ms"] = fb
+        if isinstance(f, float):
+            out["text"][f"{name}_fwd_tflops"] = round(tflops_fwd / f / 1e9, 1)
+        if isinstance(fb, float):
+            out["text"][f"{name}_fwd_bwd_tflops"] = round(3.5 * tflops_fwd / fb / 1e9, 1)  # bwd ~2.5x fwd
+    return out
+
+
+def _flat(x) -> list:
+    if torch.is_tensor(x):
+        return [x]
+    if hasattr(x, "values") and not isinstance(x, dict):
+        x = list(x.values())
+    elif isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _flat(y)]
+    return []
+
+
+def checks(model, samples, idx: list[int]) -> dict:
+    """The fast vision forwards against the stock ones, on the GPU (bf16)."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
+
+    import training.packing as packing_mod
+    from training.kernels import vision_rope
+    from training.losses import labelled_token_loss
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    out: dict = {}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(7040, 3, 16, 64, device="cuda", dtype=torch.bfloat16, generator=g) * 3
+    ang = torch.rand(7040, 32, device="cuda", generator=g) * 50
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    fq, fk = vision_rope(qkv[:, 0], qkv[:, 1], cos, sin)
+    rq, rk = apply_rotary_pos_emb_vision(qkv[:, 0], qkv[:, 1], cos, sin)
+    out["rope_bitwise_equal_share"] = round(float(((fq == rq).float().mean() + (fk == rk).float().mean()) / 2), 6)
+    out["rope_max_abs_diff"] = float(torch.maximum((fq.float() - rq.float()).abs().max(), (fk - rk).abs().max()))
+    pp = samples.packed(idx, pin=True)["pixel_values"]  # the kept pixel_values are page-locked here
+    ref = torch.cat([samples.unpinned[i]["pixel_values"] for i in idx])
+    out["pinned_rows"] = type(pp).__name__
+    out["pinned_rows_equal"] = bool(torch.equal(pp.to("cuda", non_blocking=True).cpu(), ref))
+    p = samples.packed(idx)
+    labels = p.pop("labels")
+    p = {k: v.cuda() if hasattr(v, "cuda") else v for k, v in p.items()}
+    res = {}
+    for name, on in (("stock", False), ("fast", True)):
+        vision_levers(model, on, on)
+        with torch.no_grad():
+            res[name] = [
+                t.float()
+                for t in _flat(base.model.visual(p["pixel_values"], grid_thw=p["image_grid_thw"]))
+                if t.is_floating_point()
+            ]
+            with packing_mod.packed_attention(model, p, varlen=True):
+                out[f"loss_one_pack_{name}"] = float(labelled_token_loss(model, p, labels)[0])
+    out["tower_outputs_rel_l2"] = [
+        round(float((a - b).norm() / b.norm().clamp_min(1e-12)), 6) for a, b in zip(res["fast"], res["stock"])
+    ]
+    out["tower_output_shapes"] = [list(t.shape) for t in res["stock"]]
+    out["loss_rel_diff"] = abs(out["loss_one_pack_fast"] - out["loss_one_pack_stock"]) / abs(out["loss_one_pack_stock"])
+    return out
+
+
+def make_samples(model, proc, rows, encoded):
+    """EncodedSamples with every sample kept, as the stage keeps them on CUDA (bf16 pixel_values in page-locked
+    slabs); `samples.unpinned` holds the same encodings with pageable pixel_values, as the last commit kept them."""
+    import training.packing as packing_mod
+    from training.data import SFTCollator
+    from training.sft import EncodedSamples
+
+    positions = packing_mod.rope_positions_fn(model)
+    samples = EncodedSamples(rows, SFTCollator(proc), positions=positions, max_bytes=1 << 40, pin=True)
+    samples.unpinned = {
+        i: dict(e, pixel_values=e["pixel_values"].to(torch.bfloat16), position_ids=positions(e))
+        for i, e in enumerate(encoded)
+    }
+    samples.pinned_cache = {i: samples.pinned(dict(e)) for i, e in samples.unpinned.items()}
+    samples.cache = samples.pinned_cache
+    return samples
+
+
+def use(model, samples, levers: bool, pinned: bool, rope_attention: bool | None = None, gelu: bool | None = None):
+    """The step as of the last commit (levers False, pinned False) or now (both True), or a mix."""
+    samples.cache = samples.pinned_cache if pinned else samples.unpinned
+    return vision_levers(model, levers if rope_attention is None else rope_attention, levers if gelu is None else gelu)
+
+
+def run_side(model, samples, batches, s, n_params, phases, profile: Path | None = None) -> dict:
+    from benchmarks.sft_profile import run_variant
+    from training.core import TrainableWeights
+    from training.sft import _optimizer
+
+    weights = TrainableWeights(model, master=s.method == "lora")
+    opt = _optimizer(weights, s)
+    try:
+        return run_variant(model, samples, weights, opt, batches, s, n_params, phases, profile)
+    finally:
+        del opt, weights
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--size", default="2b")
+    ap.add_argument("--batch", type=int, default=24)
+    ap.add_argument("--pack", type=int, default=24576)
+    ap.add_argument("--steps", type=int, default=4, help="timed steps a side (after one untimed)")
+    ap.add_argument("--b4-steps", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--lora", action="store_true", help="also LoRA r16 before/after")
+    ap.add_argument("--profile", nargs="*", default=["before", "after"], help="torch.profiler of one step of these")
+    ap.add_argument("--probe", action=argparse.BooleanOptionalAction, default=True, help="attention kernel probes")
+    ap.add_argument("--dump", type=Path, default=None, help="model folder + B4 padded batches for sft_unsloth.py")
+    ap.add_argument("--dump-big", action="store_true", help="--dump also the --batch stream padded (b24.pt)")
+    ap.add_argument(
+        "--groups", nargs="+", default=["checks", "variants", "b4"], help="what to run (checks variants b4)"
+    )
+    ap.add_argument("--out", type=Path, default=Path("."))
+    a = ap.parse_args()
+    import dataclasses
+
+    import transformers
+
+    import benchmarks.sft_packing as bench
+    from benchmarks.sft_profile import Phases
+    from training.kernels import apply_fused_kernels, linear_patch_embed
+    from training.sft import TrainSettings
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    dest = a.out / "sft_mfu.json"
+    t0 = time.time()
+    rows, encoded = bench.encode_all(a.data, a.size, (1280, 704), a.workers)
+    lengths = sorted(int(e["input_ids"].shape[1]) for e in encoded)
+    n_img = [int(e["image_grid_thw"].shape[0]) for e in encoded]
+    out: dict = {
+        "benchmark": "sft_mfu",
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "encode_s": round(time.time() - t0, 1),
+        "data": {
+            "samples": len(rows),
+            "tokens_min": lengths[0],
+            "tokens_median": lengths[len(lengths) // 2],
+            "tokens_max": lengths[-1],
+            "tokens_mean": round(sum(lengths) / len(lengths), 1),
+            "images_per_sample": {str(k): n_img.count(k) for k in sorted(set(n_img))},
+        },
+        "batch": a.batch,
+        "pack": a.pack,
+        "steps": a.steps,
+    }
+
+    def save():
+        dest.write_text(json.dumps(out, indent=1))
+
+    def log(*x):
+        print(f"[{time.time() - t0:6.0f}s]", *x, file=sys.stderr, flush=True)
+
+    batches = bench.stream(len(rows), a.batch, 1 + a.steps, seed=1)
+    b4 = bench.stream(len(rows), 4, 1 + a.b4_steps, seed=0)
+    from training.packing import plan_packs
+
+    lens0 = [int(encoded[i]["input_ids"].shape[1]) for i in batches[0]]
+    first = [batches[0][j] for j in sorted(plan_packs(lens0, a.pack)[0])]  # the first step's first pack
+    pack_lengths = [int(encoded[i]["input_ids"].shape[1]) for i in first]
+    pack_images = sum(int(encoded[i]["image_grid_thw"].shape[0]) for i in first)
+    if a.probe:
+        out["probe"] = _try(lambda: probe(pack_images, pack_lengths))
+        log("probe", json.dumps(out["probe"]))
+        save()
+
+    out["kernels"] = apply_fused_kernels("qwen3-vl")
+    model, proc, counts = bench.build(a.size, "full", peft_default=False)
+    out["params"] = counts
+    if a.dump:
+        a.dump.mkdir(parents=True, exist_ok=True)
+        t1 = time.time()
+        model.save_pretrained(a.dump / "model")
+        proc.save_pretrained(a.dump / "model")
+        from training.data import SFTCollator
+
+        col = SFTCollator(proc)
+        for name, stream_ in (("b4", b4), ("b24", batches if a.dump_big else [])):
+            padded = []
+            for idx in stream_:
+                b = col.pad([encoded[i] for i in idx])
+                b["pixel_values"] = b["pixel_values"].to(torch.bfloat16)
+                padded.append(b)
+            if padded:
+                torch.save(padded, a.dump / f"{name}.pt")
+        out["dump_s"] = round(time.time() - t1, 1)
+        log("dumped", out["dump_s"])
+    linear_patch_embed(model)
+    samples = make_samples(model, proc, rows, encoded)
+    phases = Phases(model)
+    s = TrainSettings(method="full", batch_size=a.batch, packing=True, pack_tokens=a.pack, lora_dropout=0.0, lr=1e-5)
+    if "checks" in a.groups:
+        out["checks"] = _try(lambda: checks(model, samples, first[:8]))
+        log("checks", json.dumps(out["checks"]))
+        save()
+    use(model, samples, True, True)
+
+    plan = [  # (name, fast_vision levers, pinned pixel parts, rope+attention / GELU override)
+        ("warmup", True, True, None),  # untimed in the comparison: clocks, cuDNN plans, the allocator's pools
+        ("before", False, False, None),
+        ("after", True, True, None),
+        ("after_unpinned", True, False, None),
+        ("after_no_gelu_epilogue", True, True, (True, False)),
+        ("before_again", False, False, None),
+        ("after_again", True, True, None),
+    ]
+    out["variants"] = {}
+    for name, lev, pin, over in plan if "variants" in a.groups else []:
+        out["variants"][name] = res = _try(
+            lambda: dict(
+                levers=use(model, samples, lev, pin, *(over or (None, None))),
+                pinned_pixels=pin,
+                **run_side(model, samples, batches, s, counts["total"], phases),
+            )
+        )
+        log(name, json.dumps({k: res.get(k) for k in ("tokens_per_s", "mfu", "peak_mem_gib", "split_s", "error")}))
+        save()
+    s4 = dataclasses.replace(s, batch_size=4)
+    for name in a.profile:  # "after", "before", "b4_after" (4 samples a step)
+        use(model, samples, name.endswith("after"), name.endswith("after"))
+        bs, ss = (b4, s4) if name.startswith("b4") else (batches, s)
+        out[f"profile_{name}"] = _try(
+            lambda: run_side(model, samples, bs[:2], ss, counts["total"], phases, Path(f"/tmp/trace_{name}.json.gz"))[
+                "profile"
+            ]
+        )
+        p = out[f"profile_{name}"]
+        log(f"profile_{name}", json.dumps({k: p.get(k) for k in ("wall_s", "gpu_kernel_s", "gpu_busy_fraction")}))
+        save()
+    out["b4"] = {}
+    b4_plan = (("before", False), ("after", True), ("before_again", False), ("after_again", True))
+    for name, on in b4_plan if "b4" in a.groups else []:
+        use(model, samples, on, on)
+        out["b4"][name] = r = _try(lambda: run_side(model, samples, b4, s4, counts["total"], phases))
+        log("b4", name, json.dumps({k: r.get(k) for k in ("tokens_per_s", "mfu", "peak_mem_gib", "error")}))
+        save()
+    if a.lora:
+        del model, samples
+        torch.cuda.empty_cache()
+        model, proc, lcounts = bench.build(a.size, "lora", peft_default=False)  # bf16 adapters, fp32 masters
+        linear_patch_embed(model)
+        samples = make_samples(model, proc, rows, encoded)
+        phases = Phases(model)
+        sl = dataclasses.replace(s, method="lora")
+        out["lora"] = {"params": lcounts}
+        for name, on, bs, ss in (
+            ("before", False, batches, sl),
+            ("after", True, batches, sl),
+            ("b4_before", False, b4, dataclasses.replace(sl, batch_size=4)),
+            ("b4_after", True, b4, dataclasses.replace(sl, batch_size=4)),
+        ):
+            use(model, samples, on, on)
+            out["lora"][name] = r = _try(lambda: run_side(model, samples, bs, ss, lcounts["total"], phases))
+            log("lora", name, json.dumps({k: r.get(k) for k in ("tokens_per_s", "mfu", "peak_mem_gib", "error")}))
+            save()
+    v = out["variants"]
+    if all("tokens_per_s" in v.get(k, {}) for k in ("before", "after", "before_again", "after_again")):
+        mean = {k: (v[k]["tokens_per_s"] + v[f"{k}_again"]["tokens_per_s"]) / 2 for k in ("before", "after")}
+        out["summary"] = {
+            "tokens_per_s_before": round(mean["before"], 1),
+            "tokens_per_s_after": round(mean["after"], 1),
+            "speedup": round(mean["after"] / mean["before"], 3),
+            "mfu_before": round(6 * counts["total"] * mean["before"] / PEAK_BF16, 3),
+            "mfu_after": round(6 * counts["total"] * mean["after"] / PEAK_BF16, 3),
+        }
+    out["target"] = {"mfu": 0.5}
+    save()
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
