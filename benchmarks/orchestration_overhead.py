@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 PLAIN = """
 import sys
 from configs.models import load_config
-from flywheel import stages
+from flywheel import specs, stages
 cfg = load_config(sys.argv[1])
-stages.register_tasks(cfg)
+specs.register_tasks(cfg)
 stages.bootstrap(cfg, 0, progress=False)
 stages.student_rollouts(cfg, 0, None, progress=False)
 cur = stages.curate(cfg, 0)

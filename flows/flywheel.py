@@ -31,7 +31,7 @@ from flows.midtrain import midtrain
 from flows.rl import rl
 from flows.rollouts import rollouts
 from flows.sft import sft
-from flywheel.stages import latest_checkpoint
+from flywheel.specs import latest_checkpoint
 from tasks import stages as t
 from tasks.artifacts import publish_iteration, stage_stats
 from tasks.common import ConfigRef, checkpoint_of
@@ -77,7 +77,7 @@ def run_name() -> str:
 def next_iteration(cfg: FlywheelConfig) -> int:
     """Where a flywheel continues: the iteration after the newest one with a finished evaluation
     (0 on a fresh lake). An iteration stopped part-way has no evaluation yet, so it is resumed."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
 
     return next_iteration_of(lake_for(cfg))
 
@@ -99,7 +99,7 @@ def next_iteration_of(lake) -> int:
 def last_eval_success(cfg: FlywheelConfig, before: int) -> float | None:
     """Overall held-out success of the latest evaluation of an earlier iteration (None: none yet)."""
     from flywheel.evaluate import OVERALL
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from storage.catalog import connect
 
     lake = lake_for(cfg)
@@ -174,7 +174,7 @@ def flywheel(
         mode: local runs every stage in this flow's process; deployed sends each stage to its work pool.
         refresh: Run every stage again even where a finished result is cached (the lake keeps no duplicates).
     """
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from storage.lock import parent_lock
 
     log, started = get_run_logger(), time.time()

@@ -105,7 +105,7 @@ def import_osworld_tasks(
     """Load OSWorld task JSON files into the `tasks` table (env 'osworld'); a rerun replaces them."""
     from envs.osworld_tasks import EXCLUDED, load_tasks, task_rows
     from flywheel.cli import console, lake_root
-    from flywheel.rollout import git_sha
+    from flywheel.runtime.rollout import git_sha
     from storage.lake import Lake
 
     try:

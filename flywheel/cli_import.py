@@ -42,8 +42,8 @@ def osworld_results(
 ):
     """OSWorld result folders -> episodes and steps; pyautogui code is parsed into the action schema, never run."""
     from flywheel.errors import UserError
-    from flywheel.import_osworld import ImportError_, import_osworld
-    from flywheel.rollout import git_sha
+    from flywheel.interop.osworld import ImportError_, import_osworld
+    from flywheel.runtime.rollout import git_sha
 
     try:
         res = import_osworld(folder, open_lake(lake, config, create=True), iteration=iteration, git_sha=git_sha())
@@ -64,9 +64,9 @@ def agentnet(
 ):
     """OpenCUA AgentNet records -> episodes and steps; normalised 0..1 coordinates become screen pixels."""
     from flywheel.errors import UserError
-    from flywheel.import_agentnet import import_agentnet
-    from flywheel.import_osworld import ImportError_
-    from flywheel.rollout import git_sha
+    from flywheel.interop.agentnet import import_agentnet
+    from flywheel.interop.osworld import ImportError_
+    from flywheel.runtime.rollout import git_sha
 
     try:
         res = import_agentnet(
@@ -95,9 +95,9 @@ def slime(
     """slime cookbook SFT records -> episodes and steps; tool calls read by the strict JSON parser, points mapped
     into each step's image pixels (never used unscaled on another screen size)."""
     from flywheel.errors import UserError
-    from flywheel.import_common import ImportError_
-    from flywheel.import_slime import import_slime, parse_coords
-    from flywheel.rollout import git_sha
+    from flywheel.interop.common import ImportError_
+    from flywheel.interop.slime import import_slime, parse_coords
+    from flywheel.runtime.rollout import git_sha
 
     try:
         res = import_slime(

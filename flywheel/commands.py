@@ -66,7 +66,7 @@ def stage_midtrain(
 
     from flywheel.cli import load_cfg
     from flywheel.midtrain import midtrain
-    from flywheel.stages import ensure_student
+    from flywheel.specs import ensure_student
 
     use_lake(lake)
     cfg = load_cfg(config, {"midtrain.enabled": True})
@@ -192,7 +192,8 @@ def stage_evaluate(
     from rich.console import Console
 
     from flywheel.cli import load_cfg, print_arrow_table
-    from flywheel.stages import evaluate, lake_for, latest_checkpoint
+    from flywheel.specs import lake_for, latest_checkpoint
+    from flywheel.stages import evaluate
     from storage.catalog import connect, run_query
 
     use_lake(lake)
@@ -296,8 +297,8 @@ def rollout(
 
     from envs import registry
     from flywheel.cli import load_cfg, print_arrow_table
-    from flywheel.rollout import PolicySpec, run_rollouts
-    from flywheel.stages import check_student_model, lake_for, register_tasks, resolve_tasks, rollout_spec
+    from flywheel.runtime.rollout import PolicySpec, run_rollouts
+    from flywheel.specs import check_student_model, lake_for, register_tasks, resolve_tasks, rollout_spec
     from storage.catalog import connect, run_query
 
     use_lake(lake)
@@ -378,7 +379,7 @@ def run(
     from configs.models import default_config_path
     from flywheel.cli import err_console, load_cfg
     from flywheel.orchestrate import RunFailed, run_flywheel
-    from flywheel.stages import check_student_model, ensure_student
+    from flywheel.specs import check_student_model, ensure_student
 
     use_lake(lake)
     console = Console()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.models import FlywheelConfig
-from flywheel.rollout import PolicySpec, git_sha, run_rollouts
+from flywheel.runtime.rollout import PolicySpec, git_sha, run_rollouts
 from storage.catalog import connect
 from storage.lake import Lake
 
@@ -163,7 +163,7 @@ def evaluate_checkpoint(
     cfg.evaluate.held_out_tasks) pick the episodes; `stage` names their episodes, `eval_stage` (default: `stage`)
     the `evals` rows. The flywheel's evaluation is stage 'evaluate'; mid-training's skill report uses its own."""
     from envs import registry
-    from flywheel.stages import lake_for, resolve_tasks, rollout_spec
+    from flywheel.specs import lake_for, resolve_tasks, rollout_spec
 
     sel = selection or cfg.evaluate.selection
     with_held_out = cfg.evaluate.held_out_tasks if held_out_tasks is None else held_out_tasks

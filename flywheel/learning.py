@@ -61,7 +61,7 @@ def _run(
     config, workdir: Path, lake: Path, overrides, baseline: bool, baseline_seeds: int, progress: bool
 ) -> dict[str, Any]:
     from configs.models import load_config
-    from flywheel import stages
+    from flywheel import specs, stages
     from training.models import init_model
 
     ckpts = workdir / "learn-checkpoints"
@@ -89,7 +89,7 @@ def _run(
         "sft_max_minutes": cfg.sft.max_minutes,
         "phases_s": {},
     }
-    stages.register_tasks(cfg)
+    specs.register_tasks(cfg)
     if baseline:
         base_cfg = load_config(
             config, {**over, "evaluate.selection.seeds_per_task": baseline_seeds, "env.max_steps": 2}

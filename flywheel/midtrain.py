@@ -35,7 +35,7 @@ from typing import Any
 
 from configs.models import CurateConfig, FlywheelConfig, TaskSelection
 from flywheel.errors import UserError
-from flywheel.rollout import PolicySpec, git_sha, run_rollouts
+from flywheel.runtime.rollout import PolicySpec, git_sha, run_rollouts
 from storage.curate import MIDTRAIN_STAGE
 
 EVAL_STAGE = f"{MIDTRAIN_STAGE}-eval"
@@ -59,7 +59,7 @@ def _tasks(cfg: FlywheelConfig) -> list[str]:
 def corpus_spec(cfg: FlywheelConfig):
     """The corpus run's RolloutSpec (its run key names the corpus: same kinds, seeds and env -> same key)."""
     from envs import registry
-    from flywheel.stages import rollout_spec
+    from flywheel.specs import rollout_spec
 
     m = cfg.midtrain
     seeds = registry.seeds("train", m.episodes_per_task, offset=m.seed_offset)
@@ -105,7 +105,7 @@ def dataset_id_for(cfg: FlywheelConfig, run_key: str) -> str:
 
 def build_dataset(cfg: FlywheelConfig, run_key: str) -> dict[str, Any]:
     """The corpus as a dataset (export + `datasets` row, stage 'midtrain'); rebuilt only when missing."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from storage.catalog import connect
     from storage.curate import CurateError, manifest, write_dataset
 
@@ -153,7 +153,7 @@ def checkpoint_id_for(dataset: dict[str, Any], base: str, settings: Any) -> str:
 def train_base(cfg: FlywheelConfig, dataset_id: str, *, progress: bool = True) -> dict[str, Any]:
     """SFT from the start model on the corpus -> the base checkpoint (a `checkpoints` row, method and stage
     'midtrain', id `base-<hash>`): training.sft.sft_stage with cfg.midtrain.sft."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from training.models import ModelError
     from training.sft import sft_stage
 
@@ -200,7 +200,7 @@ def skill_report(cfg: FlywheelConfig, model: str, *, progress: bool = True) -> d
 def base_checkpoint(cfg: FlywheelConfig) -> str:
     """The model folder of this config's base: the newest `midtrain` checkpoint trained on this config's corpus
     dataset. Raises UserError when there is none yet (never a silent fall back to the random-init student)."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from storage.catalog import connect
     from training.core import model_path_of
 

@@ -329,7 +329,7 @@ class RunFailed(Exception):
 def _check_workers_lake(cfg: Any, api_url: str) -> None:
     """Deployed stages run in the workers `flywheel up` started, on the lake they inherited; this process reads the
     lake too (which stages to run, where to resume), so a run that resolves another lake would split an iteration."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
 
     try:
         st = read_state(project_root() / ".prefect")

@@ -48,7 +48,7 @@ def stage_stats(cfg: FlywheelConfig, stage: str, result: dict[str, Any]) -> list
     """Per-task rows (plus a total row, task_id 'all') for a rollout-type stage; for the other
     stages, the scalar fields of the stage's result as one row."""
     if stage in ROLLOUT_STAGES and result.get("run_key"):
-        from flywheel.stages import lake_for
+        from flywheel.specs import lake_for
         from storage.catalog import connect
 
         con = connect(lake_for(cfg), write_catalog_file=False)
@@ -67,7 +67,7 @@ def stage_stats(cfg: FlywheelConfig, stage: str, result: dict[str, Any]) -> list
 
 def lake_links(cfg: FlywheelConfig, stage: str, iteration: int, result: dict[str, Any]) -> list[tuple[str, str]]:
     """(link text, file:// URL) for the lake partitions a stage wrote and the checkpoint it made."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from tasks.common import checkpoint_of
 
     if result.get("skipped"):  # e.g. rl with rl.enabled false: nothing was written
@@ -150,7 +150,7 @@ def iteration_markdown(
 ) -> str:
     """The iteration report: one line per stage (what it produced, how long, cached or not), the
     held-out success rate with its interval, and where everything lives."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
 
     lines = [
         f"# {cfg.name}: iteration {iteration}",
@@ -192,7 +192,7 @@ def iteration_markdown(
 
 def build_viewer(cfg: FlywheelConfig, max_pages: int = 200) -> Path | None:
     """Refresh the static viewer in `<lake>/_reports/view` (the newest episodes get pages); None if it failed."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from viewer.site import build_site
 
     try:
@@ -233,7 +233,7 @@ def flywheel_markdown(cfg: FlywheelConfig, iteration: int) -> str:
     """Where the teacher budget went (this iteration by stage and task, the lake's total against the budget), and
     per task: the student's attempts and successes (rollouts + RL), its share of the SFT samples, held-out success.
     The rows are storage.reports' queries, the same the viewer's iteration report shows."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from flywheel.teacher_budget import Spent, TeacherSpend, limits, teacher_spend
     from storage.catalog import connect
     from storage.reports import iteration_table

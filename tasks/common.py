@@ -39,7 +39,7 @@ class ConfigRef(BaseModel):
 def lake_identity(cfg: FlywheelConfig) -> str:
     """The lake a run writes to: its resolved root plus the root folder's inode, so a deleted and
     re-created lake (same path, empty) never matches results cached for the old one."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
 
     lake = lake_for(cfg)
     if lake.remote:  # an object-store lake is its bucket + prefix, the same from every machine

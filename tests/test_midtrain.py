@@ -10,7 +10,7 @@ import pytest
 
 from configs.models import load_config
 from flywheel import midtrain as mt
-from flywheel import stages
+from flywheel import specs, stages
 from flywheel.errors import UserError
 from storage.catalog import connect
 from storage.lake import Lake
@@ -99,7 +99,7 @@ def test_second_run_reuses_the_base_and_new_settings_train_a_new_one(built):
 
 def test_first_sft_starts_from_the_base_and_curate_leaves_the_corpus_out(built):
     cfg = built["cfg"]
-    stages.register_tasks(cfg)
+    specs.register_tasks(cfg)
     stages.bootstrap(cfg, 0, progress=False)
     cur = stages.curate(cfg, 0)
     chosen = set(cur["source_counts"]["by_task"])
@@ -107,7 +107,7 @@ def test_first_sft_starts_from_the_base_and_curate_leaves_the_corpus_out(built):
     trained = stages.sft(cfg, 0, cur["dataset_id"])
     assert trained["parent_checkpoint"] == built["res"]["checkpoint_id"]
     # later stages never take the base for a flywheel checkpoint
-    assert stages.latest_checkpoint(cfg, 1).startswith(str(Path(cfg.lake.root).resolve() / "_checkpoints" / "sft-it0"))
+    assert specs.latest_checkpoint(cfg, 1).startswith(str(Path(cfg.lake.root).resolve() / "_checkpoints" / "sft-it0"))
 
 
 def test_midtrain_tasks_must_be_synthetic(tmp_path):

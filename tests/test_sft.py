@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from agents.parsing import parse_response
 from configs.models import load_config
-from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 from storage.catalog import connect
 from training.data import IGNORE_INDEX, SFTCollator, prompt_options, retarget_sample, with_images
 from training.losses import token_loss_sum
