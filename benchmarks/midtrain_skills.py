@@ -82,8 +82,8 @@ def export_held_out(cfg: Any, oracle_key: str) -> Path:
     """The oracle's held-out episodes as an SFT export (benchmarks/step_accuracy.py reads it, e.g. on a GPU box)."""
     from flywheel.specs import lake_for
     from storage.catalog import connect
-    from storage.curate import export_sft
     from training.data import prompt_options
+    from training.export import export_sft
 
     lake = lake_for(cfg)
     con = connect(lake)

@@ -107,7 +107,8 @@ def build_dataset(cfg: FlywheelConfig, run_key: str) -> dict[str, Any]:
     """The corpus as a dataset (export + `datasets` row, stage 'midtrain'); rebuilt only when missing."""
     from flywheel.specs import lake_for
     from storage.catalog import connect
-    from storage.curate import CurateError, manifest, write_dataset
+    from storage.curate import CurateError, manifest
+    from training.export import write_dataset
 
     lake, dataset_id = lake_for(cfg), dataset_id_for(cfg, run_key)
     try:

@@ -33,6 +33,7 @@ def lake_for(cfg: FlywheelConfig) -> Lake:
         cache_dir=cfg.lake.cache_dir,
     )
 
+
 def resolve_tasks(tasks: list[str], *, for_training: bool) -> list[str]:
     """Task ids from a selection; 'all' = every teacher-supported task (held-out ones only for eval).
 
@@ -50,10 +51,12 @@ def resolve_tasks(tasks: list[str], *, for_training: bool) -> list[str]:
         raise UserError(f"tasks {held} are held out for evaluation; remove them from training-side stages")
     return list(tasks)
 
+
 def run_key_for(stage: str, iteration: int, payload: dict[str, Any]) -> str:
     """Deterministic: the same stage inputs give the same key (so a rerun replaces, not duplicates)."""
     h = hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{stage}-it{iteration}-{h}"
+
 
 def register_tasks(cfg: FlywheelConfig) -> dict[str, Any]:
     """Write the task registry (ids, instruction templates, splits) to the lake's `tasks` table."""
@@ -71,6 +74,7 @@ def register_tasks(cfg: FlywheelConfig) -> dict[str, Any]:
     ]
     path = lake_for(cfg).replace_run("tasks", [rows], iteration=0, stage="registry", run_key="registry")
     return {"tasks": len(rows), "paths": [str(p) for p in path]}
+
 
 def rollout_spec(
     cfg: FlywheelConfig,
@@ -152,6 +156,7 @@ def rollout_spec(
         env_error_retries=cfg.env.error_retries if cfg.env.name == "remote" else 0,
     )
 
+
 def teacher_policy(cfg: FlywheelConfig) -> PolicySpec:
     """The bootstrap teacher: scripted, claude, or auto (claude when $ANTHROPIC_API_KEY is set, else scripted).
     A Claude teacher is checked first (key accepted, model known), so a bad key or model fails here in one line
@@ -190,6 +195,7 @@ def teacher_policy(cfg: FlywheelConfig) -> PolicySpec:
     }
     return PolicySpec("claude", options, version=c.model)
 
+
 def ensure_student(cfg: FlywheelConfig) -> str:
     """The base student folder, built (random init, cfg.student.arch/size, seed 0) if it is a missing local
     path. `flywheel run` calls this first, so a fresh clone's main job needs no manual `flywheel model init`;
@@ -203,6 +209,7 @@ def ensure_student(cfg: FlywheelConfig) -> str:
     if _looks_local(model) and not p.exists():
         init_model(cfg.student.arch, cfg.student.size, p, seed=0)
     return model
+
 
 def check_student_model(cfg: FlywheelConfig, model: str) -> str:
     """Fail here, in one line, on a student model the rollout workers could not load, before any worker starts
@@ -230,6 +237,7 @@ def check_student_model(cfg: FlywheelConfig, model: str) -> str:
     except ModelError as e:
         raise UserError(f"no model folder at {model}, and as a Hub id: {e}") from None
     return model
+
 
 def latest_checkpoint(cfg: FlywheelConfig, before: int) -> str | None:
     """The newest checkpoint an earlier iteration trained (where a resumed flywheel continues from)."""

@@ -164,7 +164,7 @@ def curate(cfg: FlywheelConfig, iteration: int) -> dict[str, Any]:
     Returns {"dataset_id", "path", "data_files", "n_episodes", "n_steps", "source_counts"}; rerunning
     replaces the manifest row and the export (the dataset id is deterministic)."""
     from envs import registry
-    from storage.curate import curate as curate_lake
+    from training.export import curate as curate_lake
 
     return curate_lake(cfg, iteration, lake_for(cfg), held_out=registry.HELD_OUT, git_sha=git_sha())
 

@@ -26,8 +26,8 @@ TOKEN = "hf_flywheelTestSecret0123456789"
 def lake(tmp_path_factory) -> dict:
     from configs.models import load_config
     from flywheel.interop.slime import import_slime
-    from storage.curate import curate
     from storage.lake import Lake
+    from training.export import curate
 
     root = tmp_path_factory.mktemp("export") / "lake"
     lk = Lake(root)

@@ -9,7 +9,7 @@ prompt builder): the instruction, older steps as text, the last K screenshots an
 `agents.parsing.format_response` in the student's coordinate convention. Earlier steps whose action failed
 (parse or exec error) still appear in the history, exactly as the policy saw them, but only fit steps become
 targets. Labels cover the assistant reply and its <|im_end|> (the template's {% generation %} span), never the
-prompt or the image pads. No torch at import time: storage/curate.py imports this to build the export.
+prompt or the image pads. No torch at import time: training/export.py imports this to build the curate export.
 """
 
 from __future__ import annotations

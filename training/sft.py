@@ -150,7 +150,7 @@ class TrainSettings:
 
 # ------------------------------------------------------------------------------------------------ pieces
 def read_samples(data_files: str | Path) -> list[dict[str, Any]]:
-    """Rows (messages, images, step_idx when the file has it) of an exported SFT Parquet file (storage.curate's
+    """Rows (messages, images, step_idx when the file has it) of an exported SFT Parquet file (training.export's
     layout)."""
     import pyarrow.parquet as pq
 
