@@ -98,7 +98,7 @@ def main() -> None:
     plain = sorted(r["wall_s"] for r in runs if r["side"] == "plain")
     pref = sorted(r["wall_s"] for r in runs if r["side"] == "prefect")
     med = lambda xs: xs[len(xs) // 2]  # noqa: E731
-    from flywheel.orchestrate import running_api_url
+    from flows.orchestrate import running_api_url
 
     out = {
         "benchmark": "orchestration_overhead",

@@ -140,7 +140,7 @@ def _value(text: str) -> Any:
 def main(fl: Flow, argv: list[str] | None = None) -> dict[str, Any]:
     """`python -m flows.<stage> [--config FILE] [--set key=value ...] [--<parameter> VALUE ...]`:
     run one flow in this process against the ephemeral (or $PREFECT_API_URL) Prefect API."""
-    from flywheel.orchestrate import local_settings
+    from flows.orchestrate import local_settings
 
     p = argparse.ArgumentParser(prog=f"python -m flows.{fl.name}", description=(fl.description or "").split("\n")[0])
     p.add_argument("--config", default="configs/local.yaml", help="YAML config")

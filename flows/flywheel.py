@@ -1,6 +1,7 @@
 """Flow `flywheel`: N iterations of bootstrap -> rollouts -> curate -> sft -> rl -> evaluate.
 
     flywheel run [-c configs/tiny.yaml] [--iterations 2]       # local mode: every stage in this process
+    run_flywheel("configs/tiny.yaml", iterations=1)              # the same from Python (what `flywheel run` calls)
     python -m flows.flywheel --config configs/tiny.yaml --iterations 1
     prefect deployment run flywheel/cpu                          # deployed mode: stages on their pools
 
@@ -22,7 +23,8 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, runtime, tags
 from prefect.deployments import run_deployment
 
-from configs.models import FlywheelConfig
+from configs.models import FlywheelConfig, load_config
+from flows import orchestrate
 from flows.bootstrap import bootstrap
 from flows.common import FLOW_OPTS, main, one_line, stage_row
 from flows.curate import curate
@@ -31,6 +33,7 @@ from flows.midtrain import midtrain
 from flows.rl import rl
 from flows.rollouts import rollouts
 from flows.sft import sft
+from flywheel.errors import USER_ERRORS, UserError
 from flywheel.specs import latest_checkpoint
 from tasks import stages as t
 from tasks.artifacts import publish_iteration, stage_stats
@@ -249,6 +252,73 @@ def _iterations(
         log.info(f"iteration {it} done: held-out success {ev['success_rate']:.1%} for {ck}")
         out.append({"iteration": it, "checkpoint": ck, "stages": results, "started_at": started})
     return out
+
+
+# ------------------------------------------------------------------------------------ flywheel run
+class RunFailed(Exception):
+    """A `flywheel run` ended in a failed flow run: one line, the run id, and whether the cause is the user's."""
+
+    def __init__(self, message: str, flow_run_id: str | None, user_error: bool):
+        super().__init__(message)
+        self.flow_run_id, self.user_error = flow_run_id, user_error
+
+
+def _check_workers_lake(cfg: Any, api_url: str) -> None:
+    """Deployed stages run in the workers `flywheel up` started, on the lake they inherited; this process reads the
+    lake too (which stages to run, where to resume), so a run that resolves another lake would split an iteration."""
+    from flywheel.specs import lake_for
+
+    try:
+        st = orchestrate.read_state(orchestrate.project_root() / ".prefect")
+    except (UserError, OSError, ValueError):
+        return
+    if not st or st.get("api_url") != api_url or not st.get("lake"):
+        return  # another server, or workers on the config's lake.root: nothing recorded to compare
+    mine = str(lake_for(cfg).root)
+    if st["lake"] != mine:
+        raise UserError(
+            f"the `flywheel up` workers use the lake {st['lake']} but this run resolves {mine}: pass "
+            f"--lake {st['lake']}, or restart them with `flywheel down && flywheel up --lake {mine}`"
+        )
+
+
+def run_flywheel(
+    config: str,
+    *,
+    iterations: int | None = None,
+    start_iteration: int | None = None,
+    mode: str = "local",
+    refresh: bool = False,
+    overrides: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the `flywheel` flow in this process (its stages in-process, or on their pools in deployed mode)."""
+    load_config(config, overrides)  # a bad config fails here, before Prefect starts
+    if mode not in ("local", "deployed"):
+        raise UserError(f"unknown --mode {mode!r}; use local or deployed")
+    with orchestrate.local_settings():
+        from prefect.settings import PREFECT_API_URL
+
+        if mode == "deployed" and not PREFECT_API_URL.value():
+            raise UserError("deployed mode needs a Prefect server: run `flywheel up` first, or set PREFECT_API_URL")
+        if mode == "deployed":
+            _check_workers_lake(load_config(config, overrides), PREFECT_API_URL.value())
+        state = flywheel(
+            config=ConfigRef(path=str(config), overrides=overrides or {}),
+            iterations=iterations,
+            start_iteration=start_iteration,
+            mode=mode,
+            refresh=refresh,
+            return_state=True,
+        )
+        if state.is_completed():
+            return state.result()
+        exc = state.result(raise_on_failure=False)
+    if not isinstance(exc, BaseException):  # crashed or cancelled: no exception, only a state message
+        exc = RuntimeError(state.message or state.name)
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    run_id = str(state.state_details.flow_run_id) if state.state_details.flow_run_id else None
+    raise RunFailed(first, run_id, isinstance(cause, USER_ERRORS)) from None
 
 
 if __name__ == "__main__":

@@ -226,7 +226,7 @@ def up(
     """Start a local Prefect server, the cpu/gpu work pools, the deployments of prefect.yaml and one worker per pool."""
     from rich.console import Console
 
-    from flywheel.orchestrate import up as start
+    from flows.orchestrate import up as start
 
     use_lake(lake)  # the workers inherit it: deployed stages write where this says
     console = Console()
@@ -246,7 +246,7 @@ def down():
     """Stop exactly the processes `flywheel up` started (by process group; nothing else)."""
     from rich.console import Console
 
-    from flywheel.orchestrate import down as stop
+    from flows.orchestrate import down as stop
 
     stopped = stop()
     Console().print(f"stopped: {', '.join(stopped)}" if stopped else "nothing to stop (no running `flywheel up`)")
@@ -377,8 +377,8 @@ def run(
     from rich.console import Console
 
     from configs.models import default_config_path
+    from flows.flywheel import RunFailed, run_flywheel
     from flywheel.cli import err_console, load_cfg
-    from flywheel.orchestrate import RunFailed, run_flywheel
     from flywheel.specs import check_student_model, ensure_student
 
     use_lake(lake)

@@ -10,7 +10,7 @@ stage that must run again anyway is called with `.with_options(refresh_cache=Tru
 stages' deterministic run keys keep the lake free of duplicates.
 
 Result files go to Prefect's local result storage (`PREFECT_RESULTS_LOCAL_STORAGE_PATH`), which
-flywheel/orchestrate.py points at `.prefect/results`, outside the lake.
+flows/orchestrate.py points at `.prefect/results`, outside the lake.
 """
 
 from __future__ import annotations

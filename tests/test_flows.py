@@ -189,7 +189,8 @@ def test_iteration_report_says_skipped_and_names_the_checkpoint(tmp_path, monkey
 def test_deployed_run_must_use_the_lake_of_the_up_workers(tmp_path, monkeypatch):
     import json as js
 
-    import flywheel.orchestrate as orch
+    import flows.flywheel as fw
+    import flows.orchestrate as orch
     from flywheel.errors import UserError
 
     monkeypatch.setattr(orch, "project_root", lambda: tmp_path)
@@ -198,10 +199,10 @@ def test_deployed_run_must_use_the_lake_of_the_up_workers(tmp_path, monkeypatch)
     (tmp_path / ".prefect" / orch.STATE_FILE).write_text(js.dumps({"api_url": "http://x/api", "lake": str(theirs)}))
     monkeypatch.setenv("FLYWHEEL_LAKE", str(tmp_path / "my-lake"))
     with pytest.raises(UserError, match=f"use the lake {theirs} but this run resolves {tmp_path / 'my-lake'}"):
-        orch._check_workers_lake(tiny_ref(tmp_path).load(), "http://x/api")
-    orch._check_workers_lake(tiny_ref(tmp_path).load(), "http://other/api")  # another server: not those workers
+        fw._check_workers_lake(tiny_ref(tmp_path).load(), "http://x/api")
+    fw._check_workers_lake(tiny_ref(tmp_path).load(), "http://other/api")  # another server: not those workers
     monkeypatch.setenv("FLYWHEEL_LAKE", str(theirs))
-    orch._check_workers_lake(tiny_ref(tmp_path).load(), "http://x/api")
+    fw._check_workers_lake(tiny_ref(tmp_path).load(), "http://x/api")
 
 
 def test_prefect_yaml_deploys_every_stage_on_its_pool():
@@ -306,8 +307,8 @@ def test_flywheel_continues_after_the_newest_evaluated_iteration(tmp_path, monke
 
 
 def test_a_second_parent_on_the_same_lake_gets_one_clear_error(prefect_api, tmp_path, monkeypatch):
+    from flows.flywheel import RunFailed, run_flywheel
     from flywheel.errors import USER_ERRORS
-    from flywheel.orchestrate import RunFailed, run_flywheel
     from storage.lake import Lake
     from storage.lock import LakeBusy, parent_lock
 
@@ -483,7 +484,7 @@ def test_deployed_mode_runs_stages_on_process_workers(prefect_api, tmp_path, mon
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flywheel.orchestrate import _start_time, down, read_state, up
+    from flows.orchestrate import _start_time, down, read_state, up
 
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
     monkeypatch.setenv("FLYWHEEL_RESULTS", str(tmp_path / "results"))
