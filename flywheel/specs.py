@@ -24,7 +24,7 @@ from storage.lake import Lake
 
 def lake_for(cfg: FlywheelConfig) -> Lake:
     """The lake the stages read and write: $FLYWHEEL_LAKE, else the config's lake.root. A command's `--lake`
-    sets $FLYWHEEL_LAKE (flywheel.cli.use_lake), so it outranks both, here and in every process it starts."""
+    sets $FLYWHEEL_LAKE (flywheel.cli.common.use_lake), so it outranks both, here and in every process it starts."""
     import os
 
     return Lake(

@@ -152,7 +152,7 @@ def test_iteration_report_says_skipped_and_names_the_checkpoint(tmp_path, monkey
     from rich.console import Console
 
     from flows.common import stage_row
-    from flywheel.commands import iteration_table
+    from flywheel.cli.commands import iteration_table
     from tasks.artifacts import iteration_markdown
 
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from flywheel.cli import CONFIG_OPT, LAKE_OPT, open_lake
+from flywheel.cli.common import CONFIG_OPT, LAKE_OPT, open_lake
 
 export_app = typer.Typer(
     help="Export a dataset or checkpoint as a Hub-ready folder (and push it).", no_args_is_help=True
