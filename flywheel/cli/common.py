@@ -42,7 +42,7 @@ def _lake_arg(lake: str | Path) -> str:
 def use_lake(lake: Optional[str]) -> None:
     """Apply `--lake` for a command that runs stages: it becomes this process's $FLYWHEEL_LAKE.
 
-    The stages find their lake through $FLYWHEEL_LAKE first (flywheel.stages.lake_for), and rollout workers,
+    The stages find their lake through $FLYWHEEL_LAKE first (flywheel.specs.lake_for), and rollout workers,
     Prefect flow runs and the workers `flywheel up` starts inherit the environment, so one setting reaches
     every process the command starts, with the precedence --lake > $FLYWHEEL_LAKE > lake.root. (A config
     override would change the config hash on every row and lose to an inherited $FLYWHEEL_LAKE.)"""
