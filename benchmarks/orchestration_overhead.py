@@ -42,9 +42,9 @@ stages.bootstrap(cfg, 0, progress=False)
 stages.student_rollouts(cfg, 0, None, progress=False)
 cur = stages.curate(cfg, 0)
 trained = stages.sft(cfg, 0, cur["dataset_id"], None, progress=False)
-ck = trained.get("model_path") or trained["path"]
+ck = trained.checkpoint
 rl = stages.rl(cfg, 0, ck)
-ck = rl.get("model_path") or rl.get("path") or rl.get("checkpoint") or ck
+ck = rl.checkpoint or ck
 stages.evaluate(cfg, 0, ck, progress=False)
 """
 

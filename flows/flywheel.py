@@ -7,8 +7,10 @@
 
 Two modes, one code path. `local` calls each stage flow as a subflow in this process. `deployed`
 starts each stage's deployment with `run_deployment` (cpu or gpu pool, prefect.yaml) and waits for
-it; a stage counts as done only when its flow run is Completed. Either way a stage returns a small
-dict of lake ids and paths that the next stage takes as input.
+it; a stage counts as done only when its flow run is Completed. Either way a stage returns its StageResult
+(flywheel/pipeline.py): lake ids and paths that the next stage takes as input. The stage flows and their
+deployments are the registry's (STAGE_FLOWS, DEPLOYMENTS); a registered stage with `run_after` runs in every
+iteration right after that stage.
 
 Bootstrap runs on iteration 0, and again whenever the last evaluation's success rate fell below
 `bootstrap.success_threshold` (or no evaluation exists yet). Every stage's result is cached on its
@@ -18,6 +20,7 @@ inputs, so a retried or re-triggered run resumes at the stage that failed.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, runtime, tags
@@ -25,39 +28,39 @@ from prefect.deployments import run_deployment
 
 from configs.models import FlywheelConfig, load_config
 from flows import orchestrate
-from flows.bootstrap import bootstrap
 from flows.common import FLOW_OPTS, main, one_line, stage_row
-from flows.curate import curate
-from flows.evaluate import evaluate
-from flows.midtrain import midtrain
-from flows.rl import rl
-from flows.rollouts import rollouts
-from flows.sft import sft
+from flows.deployments import deployment_name
+from flows.stages import stage_flow
 from flywheel.errors import USER_ERRORS, UserError
+from flywheel.pipeline import STAGES, Stage, StageResult, get_stage, skipped_result, stage_names
 from flywheel.specs import latest_checkpoint
 from tasks import stages as t
 from tasks.artifacts import publish_iteration, stage_stats
 from tasks.common import ConfigRef, checkpoint_of
 
-STAGE_FLOWS = {
-    "midtrain": midtrain,
-    "bootstrap": bootstrap,
-    "rollouts": rollouts,
-    "curate": curate,
-    "sft": sft,
-    "rl": rl,
-    "evaluate": evaluate,
-}
-# flow/deployment names from prefect.yaml: the pool a stage runs on is in the deployment name
-DEPLOYMENTS = {
-    "midtrain": "midtrain/cpu",
-    "bootstrap": "bootstrap/cpu",
-    "rollouts": "rollouts/cpu",
-    "curate": "curate/cpu",
-    "sft": "sft/gpu",
-    "rl": "rl/gpu",
-    "evaluate": "evaluate/cpu",
-}
+
+class ByStage(Mapping[str, Any]):
+    """A read-only view of the registry: stage name -> what `make` derives for it (always current)."""
+
+    def __init__(self, make: Callable[[str], Any]):
+        self.make = make
+
+    def __getitem__(self, stage: str) -> Any:
+        try:
+            get_stage(stage)
+        except KeyError:
+            raise KeyError(stage) from None
+        return self.make(stage)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(stage_names())
+
+    def __len__(self) -> int:
+        return len(STAGES)
+
+
+STAGE_FLOWS = ByStage(stage_flow)  # stage -> its flow (flows/stages.py)
+DEPLOYMENTS = ByStage(deployment_name)  # stage -> `<stage>/<pool>`, its deployment in prefect.yaml
 
 
 class StageFailed(RuntimeError):
@@ -120,18 +123,16 @@ def last_eval_success(cfg: FlywheelConfig, before: int) -> float | None:
     return None if row is None else float(row[0])
 
 
-def call_stage(
-    stage: str, config: ConfigRef, iteration: int, mode: str, refresh: bool, **inputs: Any
-) -> dict[str, Any]:
-    """Run one stage in this process (local) or through its deployment (deployed); its result dict."""
+def call_stage(stage: str, config: ConfigRef, iteration: int, mode: str, refresh: bool, **inputs: Any) -> StageResult:
+    """Run one stage in this process (local) or through its deployment (deployed); its StageResult."""
     params = {"config": config, "iteration": iteration, "refresh": refresh, **inputs}
     try:
         if mode == "local":
             with tags(f"stage:{stage}", f"iteration:{iteration}"):
-                return STAGE_FLOWS[stage](**params)
+                return stage_flow(stage)(**params)
         params["config"] = config.model_dump()
         fr = run_deployment(
-            DEPLOYMENTS[stage],
+            deployment_name(stage),
             parameters=params,
             flow_run_name=f"{stage}-it{iteration}",
             tags=[f"stage:{stage}", f"iteration:{iteration}"],
@@ -148,9 +149,9 @@ def call_stage(
     return fr.state.result()
 
 
-def report_row(cfg: FlywheelConfig, stage: str, res: dict[str, Any], attempt_started: float) -> dict[str, Any]:
+def report_row(cfg: FlywheelConfig, stage: str, res: StageResult, attempt_started: float) -> dict[str, Any]:
     row = stage_row(stage, res, attempt_started)
-    if stage in ("bootstrap", "rollouts", "evaluate"):
+    if res.get("run_key") and "ran" in res and not res.skipped:  # a stage that ran episodes: their count and success
         total = next((r for r in stage_stats(cfg, stage, res) if r.get("task_id") == "all"), {})
         row.update(episodes=total.get("episodes"), success_rate=total.get("success_rate"))
     return row
@@ -191,6 +192,19 @@ def flywheel(
         return _iterations(cfg, config, n, start_iteration, checkpoint, mode, refresh, log, started)
 
 
+def hand_on(stage: Stage, results: Mapping[str, StageResult], checkpoint: str | None) -> dict[str, Any]:
+    """The inputs the iteration hands a `run_after` stage, by name: `checkpoint` / `base` = the newest checkpoint a
+    stage of this iteration handed on (else the one it started from), `dataset_id` = the newest dataset id."""
+    done = list(results.values())[::-1]
+    now = next((r.checkpoint for r in done if r.checkpoint), checkpoint)
+    have = {
+        "checkpoint": now,
+        "base": now,
+        "dataset_id": next((r["dataset_id"] for r in done if "dataset_id" in r), None),
+    }
+    return {p.name: have[p.name] for p in stage.parameters() if have.get(p.name) is not None}
+
+
 def _iterations(
     cfg: FlywheelConfig,
     config: ConfigRef,
@@ -216,10 +230,13 @@ def _iterations(
         ck = ck or checkpoint_of(base)
     out = []
     for it in range(start_iteration, start_iteration + n):
-        results: dict[str, dict[str, Any]] = {}
+        results: dict[str, StageResult] = {}
 
-        def step(stage: str, **inputs: Any) -> dict[str, Any]:
+        def step(stage: str, **inputs: Any) -> StageResult:
             results[stage] = call_stage(stage, config, it, mode, refresh, **inputs)
+            for extra in STAGES:  # registered stages that run after this one (Stage.run_after)
+                if extra.run_after == stage:
+                    step(extra.name, **hand_on(extra, results, ck))
             return results[stage]
 
         with tags(f"iteration:{it}"):
@@ -238,11 +255,8 @@ def _iterations(
             if plan is None or plan["run_sft"] or ck is None:
                 trained = step("sft", dataset_id=cur["dataset_id"], base=ck)
             else:  # entropulse: no SFT this iteration, RL continues from the last checkpoint
-                trained = results["sft"] = {
-                    "skipped": True,
-                    "checkpoint": ck,
-                    "reason": next(d["reason"] for d in plan["decisions"] if d["task_id"] == "__sft__"),
-                }
+                why = next(d["reason"] for d in plan["decisions"] if d["task_id"] == "__sft__")
+                trained = results["sft"] = skipped_result("sft", it, why, checkpoint=ck)
             ck = checkpoint_of(step("rl", checkpoint=checkpoint_of(trained))) or checkpoint_of(trained)
             ev = step("evaluate", checkpoint=ck)
         rows = [report_row(cfg, s, r, started) for s, r in results.items()]

@@ -110,7 +110,7 @@ def _run(
     out["sft"] = {k: ck.get(k) for k in ("checkpoint_id", "first_loss", "final_loss", "steps", "tokens_per_s")}
     out["phases_s"]["sft"] = round(time.time() - t0, 1)
     t0 = time.time()
-    out["after"] = _summary(stages.evaluate(cfg, 0, ck.get("model_path") or ck["path"], progress=progress))
+    out["after"] = _summary(stages.evaluate(cfg, 0, ck.checkpoint, progress=progress))
     out["phases_s"]["eval_trained"] = round(time.time() - t0, 1)
     out["wall_s_bootstrap_to_eval"] = round(time.time() - t_start, 1)
     return out

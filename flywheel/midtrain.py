@@ -1,7 +1,7 @@
 """Mid-training: the student's base skills from synthetic pages, before the flywheel's first SFT.
 
     res = midtrain(cfg)          # corpus -> dataset -> base checkpoint -> skill report; cached
-    res["model_path"]            # where the flywheel's first SFT starts
+    res.checkpoint               # the base's model folder: where the flywheel's first SFT starts
 
 A random-init student cannot copy text from an instruction or point at an element by its name, and twenty
 teacher demos per task cannot teach it that. Real pipelines start their computer-use stage from a base that
@@ -35,6 +35,7 @@ from typing import Any
 
 from configs.models import CurateConfig, FlywheelConfig, TaskSelection
 from flywheel.errors import UserError
+from flywheel.pipeline import StageResult, skipped_result, trained_result
 from flywheel.runtime.rollout import PolicySpec, git_sha, run_rollouts
 from storage.curate import MIDTRAIN_STAGE
 
@@ -226,11 +227,12 @@ def base_checkpoint(cfg: FlywheelConfig) -> str:
     return model_path_of(rows[0], lake.root)
 
 
-def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> dict[str, Any]:
+def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> StageResult:
     """Corpus -> dataset -> base checkpoint -> skill report. Every step is idempotent (the corpus by run key, the
-    dataset by id, the base by content), so a rerun after a kill resumes where it stopped."""
+    dataset by id, the base by content), so a rerun after a kill resumes where it stopped (`reused`: the base was
+    already trained). The base belongs to the lake, not to an iteration: its result is iteration 0's."""
     if not cfg.midtrain.enabled:
-        return {"skipped": True, "stage": MIDTRAIN_STAGE, "reason": "midtrain.enabled is false"}
+        return skipped_result(MIDTRAIN_STAGE, 0, "midtrain.enabled is false")
     import time
 
     t0 = time.monotonic()
@@ -242,7 +244,7 @@ def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> dict[str, Any]:
     t3 = time.monotonic()
     skills = skill_report(cfg, base["model_path"], progress=progress)
     t4 = time.monotonic()
-    return {
+    outputs = {
         "stage": MIDTRAIN_STAGE,
         "corpus_run_key": cor["run_key"],
         "corpus_episodes": cor.get("ran"),
@@ -257,3 +259,4 @@ def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> dict[str, Any]:
             "skill_report": round(t4 - t3, 1),
         },
     }
+    return trained_result(MIDTRAIN_STAGE, 0, outputs)

@@ -1,19 +1,19 @@
-"""The flywheel's stages as plain functions (no Prefect): each takes the config and an
-iteration, writes to the lake under a deterministic run key, and returns a small JSON-able
-result (ids, counts, lake paths) that the next stage or a Prefect task can pass on.
+"""The flywheel's built-in stages as plain functions (no Prefect): each takes the config and an iteration, writes
+to the lake under a deterministic run key, and returns a StageResult (flywheel/pipeline.py) whose outputs are lake
+ids, counts and paths that the next stage or a Prefect task passes on. flywheel/pipeline.py registers them.
 
     cfg = load_config("configs/local.yaml")
-    register_tasks(cfg)
+    register_tasks(cfg)                  # flywheel.specs
     bootstrap(cfg, iteration=0)          # scripted-teacher demos on the train split
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any
+from typing import Callable
 
 from configs.models import FlywheelConfig
 from flywheel.errors import UserError
+from flywheel.pipeline import StageResult, episodes_result, skipped_result, stage_result, trained_result
 from flywheel.runtime.rollout import PolicySpec, git_sha, run_rollouts
 from flywheel.specs import (
     check_student_model,
@@ -52,7 +52,9 @@ def _demo_seeds(cfg: FlywheelConfig, iteration: int, tasks: list[str]) -> dict[s
     return {t: registry.seeds("train", n, offset=sel.seed_offset + used) for t, (n, used) in want.items() if t in tasks}
 
 
-def bootstrap(cfg: FlywheelConfig, iteration: int = 0, *, progress: bool = True) -> dict[str, Any]:
+def bootstrap(
+    cfg: FlywheelConfig, iteration: int = 0, *, progress: bool = True, on_result: Callable[[dict], None] | None = None
+) -> StageResult:
     """Teacher demonstrations on the train split into `episodes`/`steps` (stage 'bootstrap'), within the teacher
     budget left (`teacher_budget`, every stage's teacher episodes counted: `teacher_budget_capped` counts the
     jobs it cut). With a paid teacher, `bootstrap.budget_usd` caps the run's dollars too (the result's
@@ -64,12 +66,8 @@ def bootstrap(cfg: FlywheelConfig, iteration: int = 0, *, progress: bool = True)
     seeds = registry.seeds("train", sel.seeds_per_task, offset=sel.seed_offset)
     task_seeds = _demo_seeds(cfg, iteration, tasks)
     if task_seeds is not None and not task_seeds:
-        return {
-            "skipped": True,
-            "iteration": iteration,
-            "stage": "bootstrap",
-            "reason": "no task gets teacher demos this iteration (curriculum / teacher budget)",
-        }
+        why = "no task gets teacher demos this iteration (curriculum / teacher budget)"
+        return skipped_result("bootstrap", iteration, why)
     from flywheel.teacher_budget import cap_teacher_spec
 
     spec = rollout_spec(
@@ -85,33 +83,24 @@ def bootstrap(cfg: FlywheelConfig, iteration: int = 0, *, progress: bool = True)
     # the budgets are not in the run key: raising one resumes the run
     spec, cap = cap_teacher_spec(cfg, spec, run_usd=cfg.bootstrap.budget_usd, what="the bootstrap")
     if not spec.jobs:
-        return {
-            "skipped": True,
-            "iteration": iteration,
-            "stage": "bootstrap",
-            "run_key": spec.run_key,
-            "teacher_budget_capped": cap.dropped,
-            "reason": cap.reason or "no teacher episodes to run",
-        }
-    summary = run_rollouts(spec, progress=progress)
-    return {
-        "run_key": spec.run_key,
-        "iteration": iteration,
-        "stage": "bootstrap",
-        "policy": spec.policy.kind,
-        **asdict(summary),
-        "teacher_budget_capped": cap.dropped,
-    }
+        why = cap.reason or "no teacher episodes to run"
+        return skipped_result("bootstrap", iteration, why, run_key=spec.run_key, teacher_budget_capped=cap.dropped)
+    summary = run_rollouts(spec, progress=progress, on_result=on_result)
+    return episodes_result(
+        "bootstrap", iteration, spec.run_key, summary, policy=spec.policy.kind, teacher_budget_capped=cap.dropped
+    )
 
 
-# ----------------------------------------------------------------------------------------------
-# Stage contract (issues #5/#6). Each returns a small JSON-able dict; inputs/outputs are lake ids
-# and paths. Stubs raise until their issue lands; the Prefect flows call exactly these.
 def student_rollouts(
-    cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *, progress: bool = True
-) -> dict[str, Any]:
+    cfg: FlywheelConfig,
+    iteration: int,
+    checkpoint: str | None = None,
+    *,
+    progress: bool = True,
+    on_result: Callable[[dict], None] | None = None,
+) -> StageResult:
     """The current student (`checkpoint`, default: cfg.student.model), G episodes per task instance,
-    on the train split (stage 'rollouts'). Returns {"run_key", "ran", "successes", ...}."""
+    on the train split (stage 'rollouts'). Outputs: "run_key", "checkpoint" (the student), "ran", "successes", ..."""
     from envs import registry
 
     sel = cfg.rollouts.selection
@@ -131,13 +120,7 @@ def student_rollouts(
         tasks = [t for t in tasks if planned.get(t, 0) > 0]
         max_seeds = {t: planned[t] for t in tasks if planned[t] < sel.seeds_per_task}
         if not tasks:
-            return {
-                "skipped": True,
-                "iteration": iteration,
-                "stage": "rollouts",
-                "checkpoint": model,
-                "reason": "the curriculum parked every task",
-            }
+            return skipped_result("rollouts", iteration, "the curriculum parked every task", checkpoint=model)
     spec = rollout_spec(
         cfg,
         iteration=iteration,
@@ -149,33 +132,29 @@ def student_rollouts(
         group_size=cfg.rollout_attempts(),
         max_seeds=max_seeds or None,
     )
-    summary = run_rollouts(spec, progress=progress)
-    return {
-        "run_key": spec.run_key,
-        "iteration": iteration,
-        "stage": "rollouts",
-        "checkpoint": model,
-        **asdict(summary),
-    }
+    summary = run_rollouts(spec, progress=progress, on_result=on_result)
+    return episodes_result("rollouts", iteration, spec.run_key, summary, checkpoint=model)
 
 
-def curate(cfg: FlywheelConfig, iteration: int) -> dict[str, Any]:
+def curate(cfg: FlywheelConfig, iteration: int) -> StageResult:
     """Successful episodes up to this iteration -> a dataset manifest (`datasets`) + exported SFT set.
-    Returns {"dataset_id", "path", "data_files", "n_episodes", "n_steps", "source_counts"}; rerunning
+    Outputs: "dataset_id", "path", "data_files", "n_episodes", "n_steps", "source_counts"; rerunning
     replaces the manifest row and the export (the dataset id is deterministic)."""
     from envs import registry
     from training.export import curate as curate_lake
 
-    return curate_lake(cfg, iteration, lake_for(cfg), held_out=registry.HELD_OUT, git_sha=git_sha())
+    res = curate_lake(cfg, iteration, lake_for(cfg), held_out=registry.HELD_OUT, git_sha=git_sha())
+    return stage_result("curate", iteration, res, rows=1)
 
 
 def sft(
     cfg: FlywheelConfig, iteration: int, dataset_id: str, base: str | None = None, *, progress: bool = True
-) -> dict[str, Any]:
+) -> StageResult:
     """Fine-tune `base` (a folder or checkpoint id; default: latest checkpoint of an earlier iteration, else
-    cfg.student.model) on a dataset manifest, within cfg.sft.max_minutes if set. Returns {"checkpoint_id",
-    "path", "model_path" (full model for rollouts/eval), "final_loss", "steps", "skipped", ...}; a row lands
-    in `checkpoints`. A finished checkpoint of this lake (same data, base and settings) is reused, not retrained."""
+    cfg.student.model) on a dataset manifest, within cfg.sft.max_minutes if set. Outputs: "checkpoint_id",
+    "path", "model_path" (full model for rollouts/eval: the result's checkpoint), "final_loss", "steps", ...; a row
+    lands in `checkpoints`. A finished checkpoint of this lake (same data, base and settings) is reused, not
+    retrained (`reused`)."""
     from training.models import ModelError
     from training.sft import sft_stage
 
@@ -184,18 +163,20 @@ def sft(
 
         base = base_checkpoint(cfg)
     try:
-        return sft_stage(cfg, iteration, dataset_id, base, lake=lake_for(cfg), progress=progress, git_sha=git_sha())
+        res = sft_stage(cfg, iteration, dataset_id, base, lake=lake_for(cfg), progress=progress, git_sha=git_sha())
     # missing export, unloadable base or parent checkpoint, another lake's checkpoint in the way
     except (FileNotFoundError, FileExistsError, ModelError) as e:
         raise UserError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    return trained_result("sft", iteration, res)
 
 
-def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *, progress: bool = True) -> dict[str, Any]:
+def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *, progress: bool = True) -> StageResult:
     """GRPO / SDPO rounds from `checkpoint` (default: this iteration's latest checkpoint) on fresh student
-    groups (skipped unless cfg.rl.enabled). Returns {"checkpoint_id", "checkpoint", "model_path", "history", ...};
-    a `checkpoints` row (method rl-<algo>) lands in the lake. Reruns resume by round."""
+    groups (skipped unless cfg.rl.enabled: `checkpoint` is handed on). Outputs: "checkpoint_id", "model_path"
+    (the last round: the result's checkpoint), "history", ...; a `checkpoints` row (method rl-<algo>) lands in the
+    lake. Reruns resume by round."""
     if not cfg.rl.enabled:
-        return {"skipped": True, "checkpoint": checkpoint}
+        return skipped_result("rl", iteration, "rl.enabled is false", checkpoint=checkpoint)
     if cfg.curriculum.enabled:  # RL samples only the tasks whose groups carry a signal
         from flywheel.curriculum import plan_for
         from flywheel.rl_stage import _rl_tasks
@@ -203,11 +184,8 @@ def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *, pr
         planned = plan_for(cfg, lake_for(cfg), iteration).rl_tasks
         tasks = [t for t in _rl_tasks(cfg) if t in planned]
         if not tasks:
-            return {
-                "skipped": True,
-                "checkpoint": checkpoint,
-                "reason": "the curriculum gives RL no task this iteration (none with 0 < success < solved)",
-            }
+            why = "the curriculum gives RL no task this iteration (none with 0 < success < solved)"
+            return skipped_result("rl", iteration, why, checkpoint=checkpoint)
         cfg = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"tasks": tasks})})
     from flywheel.rl_stage import rl_stage
     from training.models import ModelError
@@ -233,16 +211,41 @@ def rl(cfg: FlywheelConfig, iteration: int, checkpoint: str | None = None, *, pr
             )
         checkpoint = row[0]
     try:
-        return rl_stage(cfg, iteration, checkpoint, lake=lake, progress=progress)
+        res = rl_stage(cfg, iteration, checkpoint, lake=lake, progress=progress)
     except (FileNotFoundError, ModelError) as e:
         raise UserError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    return trained_result("rl", iteration, res)
 
 
-def evaluate(cfg: FlywheelConfig, iteration: int, checkpoint: str, *, progress: bool = True) -> dict[str, Any]:
+def evaluate(
+    cfg: FlywheelConfig,
+    iteration: int,
+    checkpoint: str,
+    *,
+    progress: bool = True,
+    on_result: Callable[[dict], None] | None = None,
+) -> StageResult:
     """Held-out seeds (and held-out tasks) for a checkpoint -> `evals` rows, a table and a plot.
-    Returns {"eval_id", "success_rate", "ci_low", "ci_high", "plot"}."""
+    Outputs: "eval_id", "checkpoint" (the one evaluated), "success_rate", "ci_low", "ci_high", "plot", ..."""
     from flywheel.evaluate import evaluate_checkpoint
 
     if checkpoint != "scripted":
         check_student_model(cfg, checkpoint)
-    return evaluate_checkpoint(cfg, iteration, checkpoint, progress=progress)
+    res = evaluate_checkpoint(cfg, iteration, checkpoint, progress=progress, on_result=on_result)
+    return stage_result("evaluate", iteration, res, rows=res["eval_rows"])
+
+
+def expected_episodes(cfg: FlywheelConfig, stage: str) -> int:
+    """Episodes a rollout-type stage (bootstrap, rollouts, evaluate) runs on a fresh lake: tasks x seeds x group."""
+    from envs import registry
+
+    if stage == "bootstrap":
+        sel, group = cfg.bootstrap.selection, 1
+    elif stage == "rollouts":
+        sel, group = cfg.rollouts.selection, cfg.rollout_attempts()
+    else:
+        sel, group = cfg.evaluate.selection, 1
+    tasks = set(resolve_tasks(sel.tasks, for_training=stage != "evaluate"))
+    if stage == "evaluate" and cfg.evaluate.held_out_tasks:
+        tasks |= {t.task_id for t in registry.TASKS if t.held_out and t.teacher_supported}
+    return len(tasks) * sel.seeds_per_task * group

@@ -438,7 +438,7 @@ def test_bootstrap_counts_the_rl_stages_teacher_episodes(tmp_path, lake_env, mon
     import flywheel.stages as stages
 
     runner = FakeRunner()
-    monkeypatch.setattr(stages, "run_rollouts", lambda spec, progress=True: runner.run(spec))
+    monkeypatch.setattr(stages, "run_rollouts", lambda spec, progress=True, **kw: runner.run(spec))
     cfg = cfg_with(tmp_path, **{"bootstrap.max_demos_per_task": 4})
     episodes(lake_env, iteration=0, stage="bootstrap", run_key="boot", task="click-test", n=1)
     episodes(lake_env, iteration=0, stage="rl", run_key="fresh", task="click-test", n=2, seed0=1000)
@@ -457,8 +457,8 @@ def test_bootstrap_counts_the_rl_stages_teacher_episodes(tmp_path, lake_env, mon
     stages.bootstrap(cfg, 2, progress=False)
     assert sorted(j.task_id for j in runner.specs[1].jobs) == ["click-test", "focus-text"]
     res = stages.bootstrap(cfg, 3, progress=False)
-    assert res["skipped"] is True and res["teacher_budget_capped"] == 6 and len(runner.specs) == 2
-    assert "bootstrap gets 0 new teacher episode(s)" in res["reason"]
+    assert res.skipped and res["teacher_budget_capped"] == 6 and len(runner.specs) == 2
+    assert "bootstrap gets 0 new teacher episode(s)" in res.skipped
 
 
 def test_curriculum_top_ups_count_every_stage(tmp_path, lake_env):

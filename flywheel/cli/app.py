@@ -40,7 +40,7 @@ app.command()(commands.rollout)
 app.command()(commands.run)
 app.add_typer(lake.lake_app, name="lake")
 app.add_typer(config_app, name="config")
-app.add_typer(stage.stage_app, name="stage")
+app.add_typer(stage.stage_app(), name="stage")  # one command per registered stage
 app.add_typer(model.model_app, name="model")
 app.add_typer(imports.import_app, name="import")
 app.add_typer(export.export_app, name="export")

@@ -1,21 +1,26 @@
-"""`flywheel stage <name>`: one flywheel stage on its own, outside Prefect (flywheel/cli/app.py mounts them).
+"""`flywheel stage <name>`: one flywheel stage on its own, outside Prefect, for every registered stage.
 
-flywheel stage curate -i 0 && flywheel stage sft -i 0
-flywheel stage evaluate --checkpoint models/small-qwen3vl
+    flywheel stage curate -i 0 && flywheel stage sft -i 0
+    flywheel stage evaluate --checkpoint models/small-qwen3vl
+    flywheel stage rollouts -i 1 --checkpoint lake/_checkpoints/sft-it0-.../merged
+
+stage_app() builds the group from the registry (flywheel/pipeline.py): a stage that names its own command
+(`Stage.cli`: the hand-written ones below) gets it, any other one a command built from its parameters
+(generic_command: `--iteration`, one option per input, `--config`, `--lake`; it prints the result's summary line).
+flywheel/cli/app.py mounts the group.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import inspect
+from typing import Any, Callable, Optional
 
 import typer
 
 from flywheel.cli.common import CONFIG_OPT, LAKE_OPT, load_cfg, print_arrow_table, use_lake
+from flywheel.pipeline import STAGES, Stage
 
-stage_app = typer.Typer(help="Run one flywheel stage on its own.", no_args_is_help=True)
 
-
-@stage_app.command("rl")
 def stage_rl(
     iteration: int = typer.Option(
         0, "--iteration", "-i", help="Flywheel iteration (partition of the RL rollouts and checkpoint row)."
@@ -51,6 +56,9 @@ def stage_rl(
     cfg = load_cfg(config, {k: v for k, v in over.items() if v is not None})
     res = rl(cfg, iteration, checkpoint)
     con = Console()
+    if res.skipped:
+        con.print(f"rl skipped: {res.skipped}")
+        return
     for h in res["history"]:
         con.print(f"round {h['round']}: success {h['round_success']:.0%} over {h['episodes']} episodes")
     con.print(
@@ -58,7 +66,6 @@ def stage_rl(
     )
 
 
-@stage_app.command("midtrain")
 def stage_midtrain(
     config: Optional[str] = CONFIG_OPT,
     lake: Optional[str] = LAKE_OPT,
@@ -77,7 +84,7 @@ def stage_midtrain(
         ensure_student(cfg)
     res = midtrain(cfg)
     skills = res.get("skills") or {}
-    verb = "reused" if res["skipped"] else "trained"
+    verb = "reused" if res.reused else "trained"
     Console().print(
         f"{verb} base [bold]{res['checkpoint_id']}[/bold] on {res['dataset_id']} ({res['n_samples']} samples, "
         f"{res['steps']} steps, final loss {res['final_loss']:.4f})\nmodel: {res['model_path']}\n"
@@ -85,7 +92,6 @@ def stage_midtrain(
     )
 
 
-@stage_app.command("bootstrap")
 def stage_bootstrap(
     iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration the demos are written under."),
     policy: Optional[str] = typer.Option(
@@ -114,7 +120,6 @@ def stage_bootstrap(
     )
 
 
-@stage_app.command("curate")
 def stage_curate(
     iteration: int = typer.Option(
         0, "--iteration", "-i", help="Flywheel iteration: episodes of iterations <= N are used."
@@ -138,7 +143,6 @@ def stage_curate(
     )
 
 
-@stage_app.command("sft")
 def stage_sft(
     iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration (partition of the checkpoint row)."),
     dataset: Optional[str] = typer.Option(
@@ -165,14 +169,13 @@ def stage_sft(
     use_lake(lake)
     cfg = load_cfg(config, {"sft.max_minutes": max_minutes} if max_minutes else None)
     res = sft(cfg, iteration, dataset or dataset_id_for(cfg, iteration), base)
-    verb = "reused" if res["skipped"] else "trained"
+    verb = "reused" if res.reused else "trained"
     Console().print(
         f"{verb} checkpoint [bold]{res['checkpoint_id']}[/bold]: {res['steps']} steps, final loss "
         f"{res['final_loss']:.4f}, {res['tokens_per_s']:,.0f} tokens/s\nmodel: {res['model_path']}"
     )
 
 
-@stage_app.command("evaluate")
 def stage_evaluate(
     iteration: int = typer.Option(0, "--iteration", "-i", help="Flywheel iteration (partition of the eval rows)."),
     checkpoint: Optional[str] = typer.Option(
@@ -212,3 +215,44 @@ def stage_evaluate(
     Console().print(
         f"overall {res['success_rate']:.1%} (95% CI {res['ci_low']:.1%}-{res['ci_high']:.1%}); plot: {res['plot']}"
     )
+
+
+# ------------------------------------------------------------------------------------------------ from the registry
+def generic_command(stage: Stage) -> Callable[..., None]:
+    """`flywheel stage <name>` for a stage without a command of its own: `--iteration`, an option per input (type,
+    default and help from the stage), `--config`, `--lake`; runs the stage and prints its summary line."""
+    P, KO = inspect.Parameter, inspect.Parameter.KEYWORD_ONLY
+    opts = [
+        P("iteration", KO, default=typer.Option(0, "--iteration", "-i", help=stage.iteration_help()), annotation=int)
+    ]
+    for inp in stage.parameters():
+        typ = inp.optional_type if inp.optional_type is not Any else str
+        ann = Optional[typ] if not inp.required and inp.default is None else typ
+        default = ... if inp.required else inp.default
+        flag = f"--{inp.name.replace('_', '-')}"
+        opts.append(P(inp.name, KO, default=typer.Option(default, flag, help=inp.description or None), annotation=ann))
+    opts += [
+        P("config", KO, default=CONFIG_OPT, annotation=Optional[str]),
+        P("lake", KO, default=LAKE_OPT, annotation=Optional[str]),
+    ]
+
+    def command(**kw: Any) -> None:
+        from rich.console import Console
+
+        use_lake(kw.pop("lake"))
+        cfg = load_cfg(kw.pop("config"))
+        res = stage(cfg, kw.pop("iteration"), **kw)
+        Console().print(f"{stage.name}: {res.summary()}", highlight=False)
+
+    command.__signature__ = inspect.Signature(opts)  # what typer reads the options from
+    command.__name__ = f"stage_{stage.name.replace('-', '_')}"
+    command.__doc__ = stage.description or f"The {stage.name} stage."
+    return command
+
+
+def stage_app() -> typer.Typer:
+    """The `flywheel stage` group: one command per registered stage, in pipeline order."""
+    group = typer.Typer(help="Run one flywheel stage on its own.", no_args_is_help=True)
+    for stage in STAGES:
+        group.command(stage.name)(stage.command() or generic_command(stage))
+    return group
