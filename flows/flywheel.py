@@ -205,6 +205,19 @@ def hand_on(stage: Stage, results: Mapping[str, StageResult], checkpoint: str | 
     return {p.name: have[p.name] for p in stage.parameters() if have.get(p.name) is not None}
 
 
+def _midtrain(cfg: FlywheelConfig, config: ConfigRef, mode: str, refresh: bool, log: Any) -> StageResult | None:
+    """The base skills before the first iteration (midtrain.enabled): cached in the lake after the first run."""
+    if not cfg.midtrain.enabled:
+        return None
+    base = call_stage("midtrain", config, 0, mode, refresh)
+    skills = base.get("skills") or {}
+    log.info(
+        f"midtrain: base {base.get('checkpoint_id')} ({base.get('steps')} steps); held-out synthetic pages "
+        f"{skills.get('success_rate', float('nan')):.1%} {skills.get('per_task', {})}"
+    )
+    return base
+
+
 def _iterations(
     cfg: FlywheelConfig,
     config: ConfigRef,
@@ -219,15 +232,8 @@ def _iterations(
     ck = checkpoint or latest_checkpoint(cfg, start_iteration)
     reg = (t.register_tasks.with_options(refresh_cache=True) if refresh else t.register_tasks)(config)
     log.info(f"{cfg.name}: {n} iteration(s) from {start_iteration} in {mode} mode; {reg['tasks']} tasks registered")
-    base = None
-    if cfg.midtrain.enabled:  # the base skills: cached in the lake after the first run (content-addressed)
-        base = call_stage("midtrain", config, 0, mode, refresh)
-        skills = base.get("skills") or {}
-        log.info(
-            f"midtrain: base {base.get('checkpoint_id')} ({base.get('steps')} steps); held-out synthetic pages "
-            f"{skills.get('success_rate', float('nan')):.1%} {skills.get('per_task', {})}"
-        )
-        ck = ck or checkpoint_of(base)
+    base = _midtrain(cfg, config, mode, refresh, log)
+    ck = ck or checkpoint_of(base)
     out = []
     for it in range(start_iteration, start_iteration + n):
         results: dict[str, StageResult] = {}
