@@ -29,7 +29,7 @@ down/up, a click holding modifier keys, another tool) becomes a recorded parse e
 about in the next tool_result; nothing crashes and nothing is executed as code.
 
 Usage and dollars: each API reply's usage is priced with the config's table (`Price`), summed per step in
-`Decision.extra` and written to the lake by flywheel.episode. The SDK retries 408/409/429/5xx (529 =
+`Decision.extra` and written to the lake by flywheel.runtime.episode. The SDK retries 408/409/429/5xx (529 =
 overloaded) with exponential backoff and honours retry-after; what still fails becomes one `ClaudeError`
 line. The API key is read from $ANTHROPIC_API_KEY only and is never stored on this object's repr, in
 errors (they are scrubbed) or in any lake row.

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/env_server.py --envs 2 --steps-per-env 100 [--repeats 2] [--out FILE]
 
-Both sides run the rollout stage's own code path (flywheel.rollout with the scripted teacher, every episode
+Both sides run the rollout stage's own code path (flywheel.runtime.rollout with the scripted teacher, every episode
 written to a temp lake) over the same jobs:
   local:  N worker processes, each with its own Chromium (env.name miniwob);
   remote: N worker processes, each leasing a slot per episode on one `flywheel env serve --slots N` process
@@ -64,7 +64,7 @@ def start_server(slots: int, token: str) -> tuple[subprocess.Popen, str]:
 
 
 def measure(spec, pool, seeds: list[int], tag: str) -> dict:
-    from flywheel.rollout import make_jobs, run_rollouts
+    from flywheel.runtime.rollout import make_jobs, run_rollouts
 
     jobs = make_jobs(tag, TASKS, seeds, policy_tag="scripted:0")
     s = run_rollouts(replace(spec, run_key=tag, jobs=jobs), progress=False, pool=pool)
@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--servers", type=int, default=1, help="env server processes sharing the remote slots")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     a = ap.parse_args()
-    from flywheel.rollout import PolicySpec, RolloutPool, RolloutSpec
+    from flywheel.runtime.rollout import PolicySpec, RolloutPool, RolloutSpec
 
     # the scripted teacher takes ~2.2 steps per episode on TASKS (measured on the first run of this script)
     seeds_per_task = max(1, round(a.steps_per_env * a.envs / 2.2 / len(TASKS)))

@@ -52,7 +52,7 @@ def _inside(got: dict, want: dict, half: float) -> bool:
 def step_skills(cfg: Any, student_key: str, oracle_key: str) -> dict[str, Any]:
     """Point and copy rates per kind: a student click within 6 px (screen) of the oracle's point at the same step
     (a proxy for inside the element; the page's own verifier decides success), a typed text equal to the oracle's."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from storage.catalog import connect
 
     rows = connect(lake_for(cfg)).execute(_STEP_SKILLS, [student_key, oracle_key]).fetchall()
@@ -80,10 +80,10 @@ def oracle_eval(cfg: Any) -> str:
 
 def export_held_out(cfg: Any, oracle_key: str) -> Path:
     """The oracle's held-out episodes as an SFT export (benchmarks/step_accuracy.py reads it, e.g. on a GPU box)."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from storage.catalog import connect
-    from storage.curate import export_sft
     from training.data import prompt_options
+    from training.export import export_sft
 
     lake = lake_for(cfg)
     con = connect(lake)
@@ -117,7 +117,7 @@ def skills(cfg: Any, model: str, oracle_key: str) -> dict[str, Any]:
 def main() -> None:
     from configs.models import load_config
     from flywheel import midtrain as mt
-    from flywheel.stages import ensure_student, register_tasks
+    from flywheel.specs import ensure_student, register_tasks
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/local.yaml")

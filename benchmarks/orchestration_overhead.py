@@ -35,16 +35,16 @@ sys.path.insert(0, str(ROOT))
 PLAIN = """
 import sys
 from configs.models import load_config
-from flywheel import stages
+from flywheel import specs, stages
 cfg = load_config(sys.argv[1])
-stages.register_tasks(cfg)
+specs.register_tasks(cfg)
 stages.bootstrap(cfg, 0, progress=False)
 stages.student_rollouts(cfg, 0, None, progress=False)
 cur = stages.curate(cfg, 0)
 trained = stages.sft(cfg, 0, cur["dataset_id"], None, progress=False)
-ck = trained.get("model_path") or trained["path"]
+ck = trained.checkpoint
 rl = stages.rl(cfg, 0, ck)
-ck = rl.get("model_path") or rl.get("path") or rl.get("checkpoint") or ck
+ck = rl.checkpoint or ck
 stages.evaluate(cfg, 0, ck, progress=False)
 """
 
@@ -98,7 +98,7 @@ def main() -> None:
     plain = sorted(r["wall_s"] for r in runs if r["side"] == "plain")
     pref = sorted(r["wall_s"] for r in runs if r["side"] == "prefect")
     med = lambda xs: xs[len(xs) // 2]  # noqa: E731
-    from flywheel.orchestrate import running_api_url
+    from flows.orchestrate import running_api_url
 
     out = {
         "benchmark": "orchestration_overhead",

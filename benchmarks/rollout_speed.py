@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/rollout_speed.py --student [--model CKPT] --envs 8 [--before]
 
 For each N in --envs, side by side in one run:
-  stage: flywheel.rollout.run_rollouts with the scripted teacher, N worker processes, writing
+  stage: flywheel.runtime.rollout.run_rollouts with the scripted teacher, N worker processes, writing
          every episode (steps, PNG screenshots, final screen) to a temp lake;
   bare:  N plain processes, each looping gym.make("miniwob/<task>-v1") / reset(seed) / step(...)
          over the SAME actions the stage executed (read back from the lake), no lake, no policy.
@@ -101,7 +101,7 @@ def run_bare(episodes: list[tuple[str, int, list[dict]]], n: int) -> tuple[int, 
 
 
 def run_stage(lake_root: Path, tasks: list[str], seeds: list[int], n: int):
-    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from storage.catalog import connect
 
     key = f"bench-n{n}"
@@ -132,7 +132,7 @@ def run_student(
     lake_root: Path, tasks: list[str], seeds: list[int], n_envs: int, workers: int, model: str, before: bool = False
 ) -> tuple[dict, list]:
     from envs import registry
-    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 
     workers = max(1, min(workers, n_envs))
     per = max(1, n_envs // workers)

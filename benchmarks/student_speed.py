@@ -70,7 +70,7 @@ def _sync():
 
 
 def bench_episodes(model_dir: Path, batch: int, episodes: int, max_new_tokens: int) -> dict:
-    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,10 +23,13 @@ whatever ran before (focus, hover, element refs and partial-raster jitter are al
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import time
 import weakref
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from agents.actions import Action, ActionType
@@ -86,6 +89,16 @@ def _quit_driver(holder: dict) -> None:
             env.instance.driver.quit()
         except Exception:  # noqa: BLE001 - best effort at exit; the process group kill is the backstop
             pass
+
+
+@lru_cache(maxsize=1)
+def miniwob_task_ids() -> frozenset[str]:
+    """Every task page the miniwob wheel ships (found without importing miniwob)."""
+    spec = importlib.util.find_spec("miniwob")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    html = Path(list(spec.submodule_search_locations)[0]) / "html" / "miniwob"
+    return frozenset(p.stem for p in html.glob("*.html"))
 
 
 class MiniWobEnv(GuiEnv):
@@ -216,14 +229,13 @@ class MiniWobEnv(GuiEnv):
         self._last_obs: Observation | None = None
 
     def reset(self, task_id: str, seed: int) -> Observation:
-        from envs.registry import KNOWN_MINIWOB_TASKS
         from envs.synth import is_synth
 
         if self._closed:
             raise EnvError("reset() on a closed MiniWobEnv")
-        if task_id not in KNOWN_MINIWOB_TASKS and not is_synth(task_id):
+        if task_id not in miniwob_task_ids() and not is_synth(task_id):
             raise ValueError(
-                f"unknown MiniWoB task {task_id!r} (miniwob 1.1.0 has {len(KNOWN_MINIWOB_TASKS)} tasks; "
+                f"unknown MiniWoB task {task_id!r} (miniwob 1.1.0 has {len(miniwob_task_ids())} tasks; "
                 f"synthetic ones are synth/<kind>)"
             )
         if self._env is None:

@@ -21,11 +21,8 @@ them out unless asked (`include_synth=True`): list them by id to use them.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 SPLITS: dict[str, tuple[int, int]] = {"train": (0, 10_000), "eval": (100_000, 101_000)}  # [start, stop)
@@ -117,24 +114,18 @@ TASKS_BY_ID: dict[str, Task] = {t.task_id: t for t in TASKS}
 HELD_OUT: list[str] = [t.task_id for t in TASKS if t.held_out]
 
 
-@lru_cache(maxsize=1)
-def _miniwob_task_ids() -> frozenset[str]:
-    """Every task page the miniwob wheel ships (found without importing miniwob)."""
-    spec = importlib.util.find_spec("miniwob")
-    if spec is None or not spec.submodule_search_locations:
-        return frozenset()
-    html = Path(list(spec.submodule_search_locations)[0]) / "html" / "miniwob"
-    return frozenset(p.stem for p in html.glob("*.html"))
-
-
 class _KnownTasks:
     """`task_id in KNOWN_MINIWOB_TASKS` without touching the disk at import time."""
 
     def __contains__(self, task_id: object) -> bool:
-        return task_id in _miniwob_task_ids()
+        from envs.miniwob import miniwob_task_ids
+
+        return task_id in miniwob_task_ids()
 
     def __len__(self) -> int:
-        return len(_miniwob_task_ids())
+        from envs.miniwob import miniwob_task_ids
+
+        return len(miniwob_task_ids())
 
 
 KNOWN_MINIWOB_TASKS = _KnownTasks()

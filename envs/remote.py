@@ -8,7 +8,7 @@
 The env holds its slot (session) across episodes, like a local env holds its browser; a reset
 whose session was reclaimed (idle timeout) or whose server went away leases a new slot, on
 another server if need be (nothing of the episode has happened yet). A failure during an episode
-raises EnvError: the runner records the episode as `error` and retries it (flywheel.rollout).
+raises EnvError: the runner records the episode as `error` and retries it (flywheel.runtime.rollout).
 The token is read from the environment variable named by `token_env`, kept out of reprs, and
 never part of the URLs, the rollout spec or the lake.
 """

@@ -269,7 +269,7 @@ def write_plan(lake: Lake, plan: Plan, run_key: str) -> None:
 
 def train_tasks(cfg: FlywheelConfig) -> list[str]:
     """The tasks a curriculum plans for: the bootstrap's and the student rollouts' train tasks."""
-    from flywheel.stages import resolve_tasks
+    from flywheel.specs import resolve_tasks
 
     out = resolve_tasks(cfg.bootstrap.selection.tasks, for_training=True)
     return out + [t for t in resolve_tasks(cfg.rollouts.selection.tasks, for_training=True) if t not in out]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from configs.models import ConfigError
-from flywheel.rollout import RolloutError
+from flywheel.runtime.rollout import RolloutError
 from storage.catalog import QueryError
 from storage.lake import LakeError
 from training.models import ModelError

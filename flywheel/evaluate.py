@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.models import FlywheelConfig
-from flywheel.rollout import PolicySpec, git_sha, run_rollouts
+from flywheel.runtime.rollout import PolicySpec, git_sha, run_rollouts
 from storage.catalog import connect
 from storage.lake import Lake
 
@@ -158,12 +158,14 @@ def evaluate_checkpoint(
     held_out_tasks: bool | None = None,
     stage: str = "evaluate",
     eval_stage: str | None = None,
+    on_result: Any = None,
 ) -> dict[str, Any]:
     """`selection` (a TaskSelection; default cfg.evaluate.selection) and `held_out_tasks` (default
     cfg.evaluate.held_out_tasks) pick the episodes; `stage` names their episodes, `eval_stage` (default: `stage`)
-    the `evals` rows. The flywheel's evaluation is stage 'evaluate'; mid-training's skill report uses its own."""
+    the `evals` rows. The flywheel's evaluation is stage 'evaluate'; mid-training's skill report uses its own.
+    `on_result` gets each finished episode (the Prefect progress artifact)."""
     from envs import registry
-    from flywheel.stages import lake_for, resolve_tasks, rollout_spec
+    from flywheel.specs import lake_for, resolve_tasks, rollout_spec
 
     sel = selection or cfg.evaluate.selection
     with_held_out = cfg.evaluate.held_out_tasks if held_out_tasks is None else held_out_tasks
@@ -184,7 +186,7 @@ def evaluate_checkpoint(
         split="eval",
         max_seeds=fewer,
     )
-    summary = run_rollouts(spec, progress=progress)
+    summary = run_rollouts(spec, progress=progress, on_result=on_result)
     lake = lake_for(cfg)
     eval_id = "eval-" + hashlib.sha1(f"{spec.run_key}|{checkpoint}".encode()).hexdigest()[:12]
     rows = _rows(
@@ -206,5 +208,6 @@ def evaluate_checkpoint(
         "plot": str(plot) if plot else None,
         "ran": summary.ran,
         "skipped": summary.skipped,
+        "eval_rows": len(rows),
         "per_task": {r["task_id"]: round(r["success_rate"], 3) for r in rows if not r["task_id"].startswith("__")},
     }

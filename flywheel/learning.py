@@ -61,7 +61,7 @@ def _run(
     config, workdir: Path, lake: Path, overrides, baseline: bool, baseline_seeds: int, progress: bool
 ) -> dict[str, Any]:
     from configs.models import load_config
-    from flywheel import stages
+    from flywheel import specs, stages
     from training.models import init_model
 
     ckpts = workdir / "learn-checkpoints"
@@ -89,7 +89,7 @@ def _run(
         "sft_max_minutes": cfg.sft.max_minutes,
         "phases_s": {},
     }
-    stages.register_tasks(cfg)
+    specs.register_tasks(cfg)
     if baseline:
         base_cfg = load_config(
             config, {**over, "evaluate.selection.seeds_per_task": baseline_seeds, "env.max_steps": 2}
@@ -110,7 +110,7 @@ def _run(
     out["sft"] = {k: ck.get(k) for k in ("checkpoint_id", "first_loss", "final_loss", "steps", "tokens_per_s")}
     out["phases_s"]["sft"] = round(time.time() - t0, 1)
     t0 = time.time()
-    out["after"] = _summary(stages.evaluate(cfg, 0, ck.get("model_path") or ck["path"], progress=progress))
+    out["after"] = _summary(stages.evaluate(cfg, 0, ck.checkpoint, progress=progress))
     out["phases_s"]["eval_trained"] = round(time.time() - t0, 1)
     out["wall_s_bootstrap_to_eval"] = round(time.time() - t_start, 1)
     return out

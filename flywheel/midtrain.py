@@ -1,7 +1,7 @@
 """Mid-training: the student's base skills from synthetic pages, before the flywheel's first SFT.
 
     res = midtrain(cfg)          # corpus -> dataset -> base checkpoint -> skill report; cached
-    res["model_path"]            # where the flywheel's first SFT starts
+    res.checkpoint               # the base's model folder: where the flywheel's first SFT starts
 
 A random-init student cannot copy text from an instruction or point at an element by its name, and twenty
 teacher demos per task cannot teach it that. Real pipelines start their computer-use stage from a base that
@@ -34,7 +34,8 @@ from typing import Any
 from configs import runkeys
 from configs.models import CurateConfig, FlywheelConfig, TaskSelection
 from flywheel.errors import UserError
-from flywheel.rollout import PolicySpec, git_sha, run_rollouts
+from flywheel.pipeline import StageResult, skipped_result, trained_result
+from flywheel.runtime.rollout import PolicySpec, git_sha, run_rollouts
 from storage.curate import MIDTRAIN_STAGE
 
 EVAL_STAGE = f"{MIDTRAIN_STAGE}-eval"
@@ -58,7 +59,7 @@ def _tasks(cfg: FlywheelConfig) -> list[str]:
 def corpus_spec(cfg: FlywheelConfig):
     """The corpus run's RolloutSpec (its run key names the corpus: same kinds, seeds and env -> same key)."""
     from envs import registry
-    from flywheel.stages import rollout_spec
+    from flywheel.specs import rollout_spec
 
     m = cfg.midtrain
     seeds = registry.seeds("train", m.episodes_per_task, offset=m.seed_offset)
@@ -104,9 +105,10 @@ def dataset_id_for(cfg: FlywheelConfig, run_key: str) -> str:
 
 def build_dataset(cfg: FlywheelConfig, run_key: str) -> dict[str, Any]:
     """The corpus as a dataset (export + `datasets` row, stage 'midtrain'); rebuilt only when missing."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from storage.catalog import connect
-    from storage.curate import CurateError, manifest, write_dataset
+    from storage.curate import CurateError, manifest
+    from training.export import write_dataset
 
     lake, dataset_id = lake_for(cfg), dataset_id_for(cfg, run_key)
     try:
@@ -152,7 +154,7 @@ def checkpoint_id_for(dataset: dict[str, Any], base: str, settings: Any) -> str:
 def train_base(cfg: FlywheelConfig, dataset_id: str, *, progress: bool = True) -> dict[str, Any]:
     """SFT from the start model on the corpus -> the base checkpoint (a `checkpoints` row, method and stage
     'midtrain', id `base-<hash>`): training.sft.sft_stage with cfg.midtrain.sft."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from training.models import ModelError
     from training.sft import sft_stage
 
@@ -199,7 +201,7 @@ def skill_report(cfg: FlywheelConfig, model: str, *, progress: bool = True) -> d
 def base_checkpoint(cfg: FlywheelConfig) -> str:
     """The model folder of this config's base: the newest `midtrain` checkpoint trained on this config's corpus
     dataset. Raises UserError when there is none yet (never a silent fall back to the random-init student)."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from storage.catalog import connect
     from training.core import model_path_of
 
@@ -224,11 +226,12 @@ def base_checkpoint(cfg: FlywheelConfig) -> str:
     return model_path_of(rows[0], lake.root)
 
 
-def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> dict[str, Any]:
+def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> StageResult:
     """Corpus -> dataset -> base checkpoint -> skill report. Every step is idempotent (the corpus by run key, the
-    dataset by id, the base by content), so a rerun after a kill resumes where it stopped."""
+    dataset by id, the base by content), so a rerun after a kill resumes where it stopped (`reused`: the base was
+    already trained). The base belongs to the lake, not to an iteration: its result is iteration 0's."""
     if not cfg.midtrain.enabled:
-        return {"skipped": True, "stage": MIDTRAIN_STAGE, "reason": "midtrain.enabled is false"}
+        return skipped_result(MIDTRAIN_STAGE, 0, "midtrain.enabled is false")
     import time
 
     t0 = time.monotonic()
@@ -240,7 +243,7 @@ def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> dict[str, Any]:
     t3 = time.monotonic()
     skills = skill_report(cfg, base["model_path"], progress=progress)
     t4 = time.monotonic()
-    return {
+    outputs = {
         "stage": MIDTRAIN_STAGE,
         "corpus_run_key": cor["run_key"],
         "corpus_episodes": cor.get("ran"),
@@ -255,3 +258,4 @@ def midtrain(cfg: FlywheelConfig, *, progress: bool = True) -> dict[str, Any]:
             "skill_report": round(t4 - t3, 1),
         },
     }
+    return trained_result(MIDTRAIN_STAGE, 0, outputs)

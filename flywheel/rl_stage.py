@@ -29,7 +29,7 @@ from configs.models import FlywheelConfig
 from configs.runkeys import keyed, run_key
 from flywheel.errors import UserError
 from flywheel.evaluate import save_png
-from flywheel.rollout import PolicySpec, RolloutPool, git_sha, run_rollouts
+from flywheel.runtime.rollout import PolicySpec, RolloutPool, git_sha, run_rollouts
 from storage.lake import Lake
 from training import distributed
 
@@ -172,7 +172,7 @@ def rl_stage(
     rounds: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    from flywheel.stages import resolve_tasks
+    from flywheel.specs import resolve_tasks
 
     algo = algo or cfg.rl.algorithm
     if rounds is not None:
@@ -240,7 +240,7 @@ def _rounds(
 ) -> tuple[int, list[dict[str, Any]], str]:
     """The rounds not yet finished: sample (or take the stored groups), update, save, reload; under DDP (rl.source
     lake) every rank runs them, rank 0 saves. Returns (first round run here, their history, the last round's folder)."""
-    from flywheel.stages import rollout_spec
+    from flywheel.specs import rollout_spec
     from training import rl as rlcore
     from training.models import load_model
     from training.progress import ProgressLog, draws_bar
@@ -386,7 +386,7 @@ def _teach(
     the episodes and dollars left; a spent budget runs none and logs it; `spend`: the stage's spend_index).
     Returns (their run key, None when the budget left it no episode; the teacher's rollout pool: started on first
     use)."""
-    from flywheel.stages import rollout_spec, teacher_policy
+    from flywheel.specs import rollout_spec, teacher_policy
     from flywheel.teacher_budget import cap_teacher_spec
 
     spec = rollout_spec(cfg, iteration=iteration, stage="rl", policy=teacher_policy(cfg), split="train", **instances)
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from configs.models import FlywheelConfig as Cfg
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
 
     ap = argparse.ArgumentParser()
     ap.add_argument("job", type=Path)

@@ -181,7 +181,7 @@ def cap_teacher_spec(cfg, spec, *, run_usd: float | None = None, what: str = "te
     lower). Spend is read from the lake (`index`: a spend_index kept by the caller, else a fresh one): other run
     keys' episodes, plus the ones this run key already holds (kept, counted once). Returns (spec, Cap); with no
     budget configured, the spec unchanged but for run_usd, and the lake is not read."""
-    from flywheel.rollout import existing_episodes
+    from flywheel.runtime.rollout import existing_episodes
     from storage.catalog import connect
 
     lim = limits(cfg)

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/teacher_success.py --seeds 5 --tasks click-test,enter-text
     .venv/bin/python scripts/teacher_success.py --workers 2 --json out.json
 
-Episodes run through the rollout runner's own episode loop (`flywheel.episode.run_episode`)
+Episodes run through the rollout runner's own episode loop (`flywheel.runtime.episode.run_episode`)
 with each task's registry step cap, so the numbers are what `bootstrap` will see. Prints a
 per-task table and a JSON summary; exits 1 if a task falls below --min-success.
 """
@@ -26,7 +26,7 @@ def run_tasks(tasks: list[str], seeds: list[int], env_kwargs: dict) -> list[dict
     """One env + one teacher for a list of tasks; one result dict per task."""
     from agents.teacher import ScriptedTeacher
     from envs.registry import make_env, max_steps_for
-    from flywheel.episode import EpisodeJob, run_episode
+    from flywheel.runtime.episode import EpisodeJob, run_episode
 
     env, teacher, out = make_env("miniwob", **env_kwargs), ScriptedTeacher(), []
     try:

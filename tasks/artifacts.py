@@ -1,10 +1,11 @@
 """The flywheel's report module: what users see in the Prefect UI, built from the lake with DuckDB.
 
-    publish_stage(cfg, "rollouts", result, iteration=2, wall_s=41.0, cached=False)
+    publish_stage(cfg, "rollouts", result, iteration=2)     # result: the stage's StageResult (timing included)
     publish_iteration(cfg, iteration=2, rows=[...], evaluation=result)    # markdown report + the static viewer
     with RolloutProgress("rollouts", total=8) as p: run(..., on_result=p.on_result)
 
-Stages never write reports; the flows call these after a stage returns its small result dict.
+Stages never write reports; the flows call these after a stage returns its StageResult. Any registered stage
+(flywheel/pipeline.py) gets its stats table and links: nothing here is per stage but the plots' captions.
 Artifact keys (lowercase, digits, dashes) are `<config name>-<stage>-stats` and
 `<config name>-iteration-report`, so the Artifacts page keeps one versioned entry per kind.
 Every function here is cheap (one DuckDB query, no screenshot columns) and never raises into
@@ -16,6 +17,7 @@ from __future__ import annotations
 import base64
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,7 @@ from prefect.artifacts import (
 )
 
 from configs.models import FlywheelConfig
-
-ROLLOUT_STAGES = ("bootstrap", "rollouts", "evaluate")
+from flywheel.pipeline import StageResult
 
 _STATS_SQL = """
 SELECT task_id, count(*) AS episodes, round(avg(success::INT), 3) AS success_rate,
@@ -44,11 +45,22 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
 
 
-def stage_stats(cfg: FlywheelConfig, stage: str, result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per-task rows (plus a total row, task_id 'all') for a rollout-type stage; for the other
-    stages, the scalar fields of the stage's result as one row."""
-    if stage in ROLLOUT_STAGES and result.get("run_key"):
-        from flywheel.stages import lake_for
+def _scalars(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A result's scalar outputs as one row; nested dicts flattened to `key.sub` (e.g. midtrain's skills)."""
+    row: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, (int, float, str, bool)) or v is None:
+            row[prefix + k] = v
+        elif isinstance(v, Mapping):
+            row.update(_scalars(v, f"{prefix}{k}."))
+    return row
+
+
+def stage_stats(cfg: FlywheelConfig, stage: str, result: StageResult) -> list[dict[str, Any]]:
+    """Per-task rows (plus a total row, task_id 'all') for a stage that ran episodes (its outputs name the run key
+    and the episodes it ran); for any other stage, its typed fields and scalar outputs as one row."""
+    if result.get("run_key") and "ran" in result and not result.skipped:
+        from flywheel.specs import lake_for
         from storage.catalog import connect
 
         con = connect(lake_for(cfg), write_catalog_file=False)
@@ -57,76 +69,64 @@ def stage_stats(cfg: FlywheelConfig, stage: str, result: dict[str, Any]) -> list
         rows = [dict(zip(names, r)) for r in cur.fetchall()]
         for r in rows:
             r["task_id"] = r["task_id"] or "all"
-        return rows
-    row = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
-    if stage == "midtrain" and result.get("skills"):  # the base's held-out success per synthetic kind
-        row["held_out_success"] = result["skills"].get("success_rate")
-        row.update({f"held_out:{t}": v for t, v in (result["skills"].get("per_task") or {}).items()})
-    return [row]
+        if rows:
+            return rows
+    typed = {"checkpoint": result.checkpoint, "rows": result.rows, "skipped": result.skipped, "reused": result.reused}
+    return [{**_scalars(result.outputs), **{k: v for k, v in typed.items() if v not in (None, 0, False)}}]
 
 
-def lake_links(cfg: FlywheelConfig, stage: str, iteration: int, result: dict[str, Any]) -> list[tuple[str, str]]:
-    """(link text, file:// URL) for the lake partitions a stage wrote and the checkpoint it made."""
-    from flywheel.stages import lake_for
-    from tasks.common import checkpoint_of
+def lake_links(cfg: FlywheelConfig, stage: str, iteration: int, result: StageResult) -> list[tuple[str, str]]:
+    """(link text, URL) for the lake partition the stage wrote (its registered table), the checkpoint it made and
+    the dataset export it wrote; none for a stage that skipped (it wrote nothing)."""
+    from flywheel.pipeline import get_stage
+    from flywheel.specs import lake_for
 
-    if result.get("skipped"):  # e.g. rl with rl.enabled false: nothing was written
+    if result.skipped:
         return []
-    lake = lake_for(cfg)
-    root = lake.root
-    table = {
-        "bootstrap": "episodes",
-        "rollouts": "episodes",
-        "evaluate": "evals",
-        "curate": "datasets",
-        "sft": "checkpoints",
-        "rl": "checkpoints",
-        "midtrain": "checkpoints",
-    }[stage]
-    links = [
-        (
-            f"lake: {table}/iteration={iteration}/stage={stage}",
-            lake.partition_dir(table, iteration, stage)
-            if lake.remote
-            else (root / table / f"iteration={iteration}" / f"stage={stage}").as_uri(),
+    lake, table, links = lake_for(cfg), get_stage(stage).table, []
+    if table:
+        links.append(
+            (
+                f"lake: {table}/iteration={iteration}/stage={stage}",
+                lake.partition_dir(table, iteration, stage)
+                if lake.remote
+                else (lake.root / table / f"iteration={iteration}" / f"stage={stage}").as_uri(),
+            )
         )
-    ]
-    ck = checkpoint_of(result) if stage in ("sft", "rl", "midtrain") else None
-    if ck:
-        links.append((f"checkpoint: {ck}", Path(ck).resolve().as_uri()))
-    if stage == "curate" and result.get("path"):
+    if result.checkpoint:
+        links.append((f"checkpoint: {result.checkpoint}", Path(result.checkpoint).resolve().as_uri()))
+    if table == "datasets" and result.get("path"):
         links.append((f"dataset: {result['path']}", Path(result["path"]).resolve().as_uri()))
     return links
 
 
-def publish_stage(
-    cfg: FlywheelConfig, stage: str, result: dict[str, Any], *, iteration: int, wall_s: float, cached: bool
-) -> None:
-    """A table of the stage's stats and links to what it wrote, on the current flow run."""
+def publish_stage(cfg: FlywheelConfig, stage: str, result: StageResult, *, iteration: int) -> None:
+    """A table of the stage's stats and links to what it wrote, on the current flow run; a plot the stage made
+    (`plot` in its outputs) inline. Any registered stage gets them; a failure to build one is logged, never
+    raised (reporting must not fail a finished stage)."""
     try:
         rows = stage_stats(cfg, stage, result)
         for r in rows:
-            r["stage_wall_s"] = round(wall_s, 2)
-        how = "cached result of an earlier run" if cached else f"ran in {wall_s:.1f}s"
+            r["stage_wall_s"] = round(result.wall_s, 2)
+        how = "cached result of an earlier run" if result.cached else f"ran in {result.wall_s:.1f}s"
         create_table_artifact(
             rows, key=artifact_key(cfg.name, stage, "stats"), description=f"{stage}, iteration {iteration} ({how})"
         )
         for text, url in lake_links(cfg, stage, iteration, result):
             create_link_artifact(url, link_text=text)
-        if stage == "evaluate" and result.get("plot") and Path(result["plot"]).exists():
-            create_markdown_artifact(
-                plot_markdown(result["plot"]),
-                key=artifact_key(cfg.name, "success-rate-plot"),
-                description="held-out success rate per iteration",
-            )
-        if stage == "rl" and result.get("plot") and Path(result["plot"]).exists():
-            create_markdown_artifact(
-                plot_markdown(result["plot"], "RL metrics"),
-                key=artifact_key(cfg.name, "rl-metrics"),
-                description="RL: loss, entropy, clip fraction, KL, grad norm, round success",
-            )
+        plot = result.get("plot")
+        if plot and Path(plot).exists():
+            name, alt, what = PLOTS.get(stage, (f"{stage}-plot", stage, f"{stage}: the stage's plot"))
+            create_markdown_artifact(plot_markdown(plot, alt), key=artifact_key(cfg.name, name), description=what)
     except Exception as e:  # noqa: BLE001 - reporting must never fail a finished stage
         get_run_logger().warning(f"{stage}: stats artifact skipped ({type(e).__name__}: {e})")
+
+
+# the plot artifacts' keys and captions (any other stage's `plot` is published as `<config>-<stage>-plot`)
+PLOTS = {
+    "evaluate": ("success-rate-plot", "success rate", "held-out success rate per iteration"),
+    "rl": ("rl-metrics", "RL metrics", "RL: loss, entropy, clip fraction, KL, grad norm, round success"),
+}
 
 
 def plot_markdown(png: str | Path, alt: str = "success rate") -> str:
@@ -150,7 +150,7 @@ def iteration_markdown(
 ) -> str:
     """The iteration report: one line per stage (what it produced, how long, cached or not), the
     held-out success rate with its interval, and where everything lives."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
 
     lines = [
         f"# {cfg.name}: iteration {iteration}",
@@ -192,7 +192,7 @@ def iteration_markdown(
 
 def build_viewer(cfg: FlywheelConfig, max_pages: int = 200) -> Path | None:
     """Refresh the static viewer in `<lake>/_reports/view` (the newest episodes get pages); None if it failed."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from viewer.site import build_site
 
     try:
@@ -233,7 +233,7 @@ def flywheel_markdown(cfg: FlywheelConfig, iteration: int) -> str:
     """Where the teacher budget went (this iteration by stage and task, the lake's total against the budget), and
     per task: the student's attempts and successes (rollouts + RL), its share of the SFT samples, held-out success.
     The rows are storage.reports' queries, the same the viewer's iteration report shows."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
     from flywheel.teacher_budget import Spent, TeacherSpend, limits, teacher_spend
     from storage.catalog import connect
     from storage.reports import iteration_table

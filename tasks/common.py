@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from configs.models import FlywheelConfig, load_config
+from flywheel.pipeline import StageResult
 
 
 class ConfigRef(BaseModel):
@@ -39,7 +40,7 @@ class ConfigRef(BaseModel):
 def lake_identity(cfg: FlywheelConfig) -> str:
     """The lake a run writes to: its resolved root plus the root folder's inode, so a deleted and
     re-created lake (same path, empty) never matches results cached for the old one."""
-    from flywheel.stages import lake_for
+    from flywheel.specs import lake_for
 
     lake = lake_for(cfg)
     if lake.remote:  # an object-store lake is its bucket + prefix, the same from every machine
@@ -62,11 +63,7 @@ def stage_cache_key(context: Any, parameters: dict[str, Any]) -> str:
     return f"{stage}-it{it}-{cfg.config_hash()}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def checkpoint_of(result: dict[str, Any] | None) -> str | None:
-    """The model folder a training stage produced (merged full model when there is one)."""
-    if not result:
-        return None
-    for key in ("model_path", "path", "checkpoint"):
-        if result.get(key):
-            return str(result[key])
-    return None
+def checkpoint_of(result: StageResult | None) -> str | None:
+    """The model folder a stage hands on (its typed checkpoint: a training stage's merged full model when there is
+    one, or the checkpoint a skipped training stage was given)."""
+    return result.checkpoint if result is not None else None

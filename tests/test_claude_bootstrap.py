@@ -170,7 +170,7 @@ def test_budget_stops_new_episodes_and_keeps_finished_ones(server, tmp_path, env
 
 
 def test_auto_uses_claude_with_a_key_and_falls_back_without(server, tmp_path, monkeypatch, caplog):
-    from flywheel.stages import teacher_policy
+    from flywheel.specs import teacher_policy
 
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     cfg = config(server, tmp_path, policy="auto")

@@ -115,7 +115,10 @@ def test_config_errors_name_file_key_and_expectation(tmp_path):
 
 
 def test_every_command_has_help():
-    for cmd in (["query"], ["lake", "stats"], ["lake", "verify"], ["config", "show"], ["rollout"], ["run"]):
+    from flywheel.pipeline import stage_names
+
+    stages = [["stage", name] for name in stage_names()]  # every registered stage has a command
+    for cmd in (["query"], ["lake", "stats"], ["lake", "verify"], ["config", "show"], ["rollout"], ["run"], *stages):
         r = fw(*cmd, "--help")
         assert r.returncode == 0, (cmd, r.stderr)
         assert "Usage" in r.stdout and len(r.stdout) > 200
@@ -159,6 +162,9 @@ def test_missing_model_is_one_line_before_any_worker(tmp_path):
     line = _one_line_error(r)
     assert "no model folder at wrong/path" in line and "Hugging Face Hub" in line
     assert not lake.exists()  # checked up front: nothing was written, no worker started
+    # `flywheel stage rollouts`: the command built from the registry, the same one-line error
+    r = fw("stage", "rollouts", "-i", "1", "--checkpoint", "/nonexistent", "--lake", str(lake), env=_offline_env())
+    assert "no model folder at /nonexistent" in _one_line_error(r) and not lake.exists()
 
 
 def test_evaluate_defaults_to_the_lakes_newest_checkpoint(tmp_path):

@@ -17,11 +17,11 @@ import pytest
 from agents.parsing import parse_response
 from agents.prompts import build_prompt, sft_messages, transform_for
 from configs.models import load_config
-from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 from storage.catalog import connect
-from storage.curate import CurateError, curate
 from storage.lake import Lake
 from training.data import episode_samples, history_record, prompt_options
+from training.export import CurateError, curate
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[1]

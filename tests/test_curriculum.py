@@ -128,8 +128,9 @@ def test_entropulse_runs_sft_on_collapse_or_plateau_only(tmp_path):
 
 
 def test_plan_is_written_once_and_the_stages_follow_it(tmp_path):
-    from flywheel.rollout import PolicySpec
-    from flywheel.stages import _demo_seeds, rollout_spec
+    from flywheel.runtime.rollout import PolicySpec
+    from flywheel.specs import rollout_spec
+    from flywheel.stages import _demo_seeds
 
     cfg = cfg_with(tmp_path, **{"bootstrap.max_demos_per_task": 5, "curriculum.top_up_demos": 4})
     lake = Lake(tmp_path / "lake")

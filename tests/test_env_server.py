@@ -24,7 +24,7 @@ from agents.actions import Click
 from configs.models import ConfigError, load_config, parse_config
 from envs.base import EnvError
 from envs.remote import RemoteEnv
-from flywheel.rollout import PolicySpec, RolloutError, RolloutSpec, make_jobs, run_rollouts
+from flywheel.runtime.rollout import PolicySpec, RolloutError, RolloutSpec, make_jobs, run_rollouts
 from storage.catalog import connect
 
 pytestmark = pytest.mark.browser

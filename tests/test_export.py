@@ -25,9 +25,9 @@ TOKEN = "hf_flywheelTestSecret0123456789"
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> dict:
     from configs.models import load_config
-    from flywheel.import_slime import import_slime
-    from storage.curate import curate
+    from flywheel.interop.slime import import_slime
     from storage.lake import Lake
+    from training.export import curate
 
     root = tmp_path_factory.mktemp("export") / "lake"
     lk = Lake(root)
@@ -151,7 +151,7 @@ def test_push_offline_unreachable_or_refused_is_one_hub_error(lake, tmp_path, mo
 
     from huggingface_hub import constants
 
-    from flywheel.hub import HubError, export_dataset, push
+    from flywheel.interop.hub import HubError, export_dataset, push
 
     folder = Path(export_dataset(lake["lake"], lake["dataset"]["dataset_id"], tmp_path / "ds")["path"])
     monkeypatch.setenv("HF_TOKEN", TOKEN)

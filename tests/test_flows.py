@@ -22,9 +22,10 @@ import pytest
 import yaml
 
 from flows.flywheel import DEPLOYMENTS, STAGE_FLOWS, StageFailed, call_stage, flywheel
+from flywheel.pipeline import skipped_result, stage_result, trained_result
+from flywheel.stages import expected_episodes
 from storage.catalog import connect
 from tasks.common import ConfigRef, checkpoint_of, stage_cache_key
-from tasks.stages import expected_episodes
 
 pytestmark = pytest.mark.flow
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,9 +142,20 @@ def test_cache_key_follows_stage_iteration_config_lake_and_inputs(tmp_path, monk
 
 
 def test_checkpoint_of_prefers_the_merged_model():
-    assert checkpoint_of({"path": "ck/a", "model_path": "ck/a/merged"}) == "ck/a/merged"
-    assert checkpoint_of({"skipped": True, "checkpoint": "ck/b"}) == "ck/b"
-    assert checkpoint_of(None) is None and checkpoint_of({}) is None
+    assert checkpoint_of(trained_result("sft", 0, {"path": "ck/a", "model_path": "ck/a/merged"})) == "ck/a/merged"
+    assert checkpoint_of(skipped_result("rl", 0, "rl.enabled is false", checkpoint="ck/b")) == "ck/b"
+    assert checkpoint_of(None) is None and checkpoint_of(stage_result("curate", 0, {"dataset_id": "d"})) is None
+
+
+def test_a_cached_dict_of_an_older_version_reads_as_a_stage_result():
+    from flows.common import legacy_result
+
+    sft = legacy_result("sft", 0, {"checkpoint_id": "c", "path": "ck/a", "model_path": "ck/a/merged", "skipped": True})
+    assert sft.checkpoint == "ck/a/merged" and sft.reused and sft.skipped is None and "skipped" not in sft
+    rl = legacy_result("rl", 0, {"skipped": True, "checkpoint": "ck/b"})
+    assert rl.skipped and rl.checkpoint == "ck/b"
+    ro = legacy_result("rollouts", 1, {"run_key": "k", "ran": 2, "skipped": 3})
+    assert ro.skipped is None and ro["skipped"] == 3 and ro.checkpoint is None
 
 
 def test_iteration_report_says_skipped_and_names_the_checkpoint(tmp_path, monkeypatch):
@@ -152,25 +164,27 @@ def test_iteration_report_says_skipped_and_names_the_checkpoint(tmp_path, monkey
     from rich.console import Console
 
     from flows.common import stage_row
-    from flywheel.commands import iteration_table
+    from flywheel.cli.commands import iteration_table
     from tasks.artifacts import iteration_markdown
 
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
     started = 1000.0
-    orch = {"cached": False, "wall_s": 1.5, "finished_at": started + 10}
     merged = "/l/_checkpoints/sft-it0-ck/merged"
+    sft = {
+        "checkpoint_id": "sft-it0-ck",
+        "path": "/l/_checkpoints/sft-it0-ck",
+        "model_path": merged,
+        "dataset_id": "curate-it0-ds",
+        "skipped": True,  # the trainer found its checkpoint: reused, and the stage still ran
+    }
     stages = {
-        "curate": {"dataset_id": "curate-it0-ds", "orchestration": orch},
-        "sft": {
-            "checkpoint_id": "sft-it0-ck",
-            "path": "/l/_checkpoints/sft-it0-ck",
-            "model_path": merged,
-            "dataset_id": "curate-it0-ds",
-            "skipped": True,
-            "orchestration": orch,
-        },  # reused: it still ran
-        "rl": {"skipped": True, "checkpoint": merged, "orchestration": orch},
-        "rollouts": {"run_key": "rollouts-it0-rk", "skipped": 3, "ran": 1, "orchestration": orch},
+        name: res.timed(1.5, cached=False, finished_at=started + 10)
+        for name, res in {
+            "curate": stage_result("curate", 0, {"dataset_id": "curate-it0-ds"}),
+            "sft": trained_result("sft", 0, sft),
+            "rl": skipped_result("rl", 0, "rl.enabled is false", checkpoint=merged),
+            "rollouts": stage_result("rollouts", 0, {"run_key": "rollouts-it0-rk", "skipped": 3, "ran": 1}),
+        }.items()
     }
     rows = {s: stage_row(s, r, started) for s, r in stages.items()}
     assert rows["rl"]["status"] == "skipped" and rows["rl"]["output"] == merged
@@ -189,7 +203,8 @@ def test_iteration_report_says_skipped_and_names_the_checkpoint(tmp_path, monkey
 def test_deployed_run_must_use_the_lake_of_the_up_workers(tmp_path, monkeypatch):
     import json as js
 
-    import flywheel.orchestrate as orch
+    import flows.flywheel as fw
+    import flows.orchestrate as orch
     from flywheel.errors import UserError
 
     monkeypatch.setattr(orch, "project_root", lambda: tmp_path)
@@ -198,10 +213,10 @@ def test_deployed_run_must_use_the_lake_of_the_up_workers(tmp_path, monkeypatch)
     (tmp_path / ".prefect" / orch.STATE_FILE).write_text(js.dumps({"api_url": "http://x/api", "lake": str(theirs)}))
     monkeypatch.setenv("FLYWHEEL_LAKE", str(tmp_path / "my-lake"))
     with pytest.raises(UserError, match=f"use the lake {theirs} but this run resolves {tmp_path / 'my-lake'}"):
-        orch._check_workers_lake(tiny_ref(tmp_path).load(), "http://x/api")
-    orch._check_workers_lake(tiny_ref(tmp_path).load(), "http://other/api")  # another server: not those workers
+        fw._check_workers_lake(tiny_ref(tmp_path).load(), "http://x/api")
+    fw._check_workers_lake(tiny_ref(tmp_path).load(), "http://other/api")  # another server: not those workers
     monkeypatch.setenv("FLYWHEEL_LAKE", str(theirs))
-    orch._check_workers_lake(tiny_ref(tmp_path).load(), "http://x/api")
+    fw._check_workers_lake(tiny_ref(tmp_path).load(), "http://x/api")
 
 
 def test_prefect_yaml_deploys_every_stage_on_its_pool():
@@ -217,7 +232,7 @@ def test_prefect_yaml_deploys_every_stage_on_its_pool():
     for stage, name in DEPLOYMENTS.items():
         d = deps[name]
         assert d["work_pool"]["name"] == ("gpu" if stage in ("sft", "rl") else "cpu"), stage
-        assert d["entrypoint"] == f"flows.{stage}:{stage}"
+        assert d["entrypoint"] == f"flows.stages:{stage}"
         # the YAML's default parameters fit the flow's schema (required ones come with each run)
         assert set(d["parameters"]) <= set(STAGE_FLOWS[stage].parameters.properties)
         ConfigRef.model_validate(d["parameters"]["config"]).load()
@@ -227,6 +242,14 @@ def test_prefect_yaml_deploys_every_stage_on_its_pool():
     assert parent["parameters"]["mode"] == "deployed"
     assert [s["active"] for s in parent["schedules"]] == [False] and parent["schedules"][0]["cron"]
     flywheel.validate_parameters(parent["parameters"])
+
+
+def test_committed_prefect_yaml_is_the_registrys():
+    """prefect.yaml is generated from the stage registry: `python -m flows.deployments --write` after a change."""
+    from flows.deployments import PREFECT_YAML, main, render
+
+    assert PREFECT_YAML.read_text() == render()
+    assert main(["--check"]) == 0
 
 
 def test_flow_parameters_carry_descriptions_for_the_ui():
@@ -249,10 +272,14 @@ def test_bootstrap_rule_and_checkpoint_hand_off(prefect_api, tmp_path, monkeypat
 
     def stage(name, config, iteration, mode, refresh, **inputs):
         calls.append((iteration, name, inputs))
-        return {
+        if name == "sft":
+            return trained_result(
+                name, iteration, {"checkpoint_id": f"ck-{iteration}", "model_path": f"/ck/{iteration}"}
+            )
+        if name == "rl":
+            return skipped_result(name, iteration, "rl.enabled is false", checkpoint=inputs.get("checkpoint"))
+        out = {
             "curate": {"dataset_id": f"ds-{iteration}"},
-            "sft": {"checkpoint_id": f"ck-{iteration}", "model_path": f"/ck/{iteration}"},
-            "rl": {"skipped": True, "checkpoint": inputs.get("checkpoint")},
             "evaluate": {
                 "success_rate": success[iteration],
                 "ci_low": 0.0,
@@ -260,6 +287,7 @@ def test_bootstrap_rule_and_checkpoint_hand_off(prefect_api, tmp_path, monkeypat
                 "checkpoint": inputs.get("checkpoint"),
             },
         }.get(name, {"stage": name})
+        return stage_result(name, iteration, out)
 
     monkeypatch.setattr(fw, "call_stage", stage)
     monkeypatch.setattr(fw, "last_eval_success", lambda cfg, before: success.get(before - 1))
@@ -306,8 +334,8 @@ def test_flywheel_continues_after_the_newest_evaluated_iteration(tmp_path, monke
 
 
 def test_a_second_parent_on_the_same_lake_gets_one_clear_error(prefect_api, tmp_path, monkeypatch):
+    from flows.flywheel import RunFailed, run_flywheel
     from flywheel.errors import USER_ERRORS
-    from flywheel.orchestrate import RunFailed, run_flywheel
     from storage.lake import Lake
     from storage.lock import LakeBusy, parent_lock
 
@@ -353,7 +381,7 @@ def test_retry_resumes_at_the_failed_stage(scenario):
     assert [r for r in runs if r[0] == "bootstrap-it0"] == [("bootstrap-it0", "Completed", 1)], runs
     assert sorted(r[1] for r in runs if r[0] == "rollouts-it0") in (["Completed", "Failed"], ["Completed"]), runs
     stages = scenario.retried.result()[0]["stages"]
-    assert not any(stages[s]["orchestration"]["cached"] for s in ("rollouts", "curate", "sft", "rl", "evaluate"))
+    assert not any(stages[s].cached for s in ("rollouts", "curate", "sft", "rl", "evaluate"))
     now = mtimes(scenario.lake)
     assert all(now[p] == t for p, t in scenario.boot_files.items())  # bootstrap's files were not rewritten
 
@@ -379,7 +407,7 @@ def test_full_iteration_fills_the_lake_and_publishes_artifacts(scenario):
     assert con.execute("SELECT count(*) FROM rl_metrics").fetchone()[0] >= 1
     # sft -> rl -> evaluate: RL starts from SFT's checkpoint and evaluation scores RL's
     sft_ck, trained = checkpoint_of(st["sft"]), checkpoint_of(st["rl"])
-    assert st["rl"]["skipped"] is False and Path(trained).name == "round-0" and Path(trained).is_dir()
+    assert st["rl"].skipped is None and Path(trained).name == "round-0" and Path(trained).is_dir()
     assert con.execute("SELECT parent_checkpoint FROM checkpoints WHERE stage = 'rl'").fetchone()[0] == lake_rel(
         scenario.lake, sft_ck
     )
@@ -416,11 +444,11 @@ def test_full_iteration_fills_the_lake_and_publishes_artifacts(scenario):
 def test_rerun_leaves_row_counts_unchanged(scenario):
     before, files = counts(scenario.lake), None
     again = flywheel(config=scenario.ref, refresh=True, start_iteration=0)  # every stage runs again
-    assert not any(r["orchestration"]["cached"] for r in again[0]["stages"].values())
+    assert not any(r.cached for r in again[0]["stages"].values())
     assert counts(scenario.lake) == before
     files = mtimes(scenario.lake)
     cached = flywheel(config=scenario.ref, start_iteration=0)  # a plain rerun finds every stage finished
-    assert all(r["orchestration"]["cached"] for r in cached[0]["stages"].values())
+    assert all(r.cached for r in cached[0]["stages"].values())
     assert mtimes(scenario.lake) == files and counts(scenario.lake) == before
 
 
@@ -452,7 +480,7 @@ def test_next_iteration_continues_from_the_lake_and_follows_the_curriculum(scena
         "GROUP BY 1 ORDER BY 1"
     ).fetchall()
     assert boot == [("click-test", [3, 4]), ("focus-text", [3, 4])]
-    assert st["rl"]["skipped"] is True and "curriculum" in st["rl"]["reason"]
+    assert "curriculum" in st["rl"].skipped
     # lineage: iteration 1's SFT starts from iteration 0's final checkpoint (RL's round-0), evaluate scores it
     parent = con.execute("SELECT parent_checkpoint FROM checkpoints WHERE stage = 'sft' AND iteration = 1").fetchone()[
         0
@@ -483,7 +511,7 @@ def test_deployed_mode_runs_stages_on_process_workers(prefect_api, tmp_path, mon
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flywheel.orchestrate import _start_time, down, read_state, up
+    from flows.orchestrate import _start_time, down, read_state, up
 
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
     monkeypatch.setenv("FLYWHEEL_RESULTS", str(tmp_path / "results"))

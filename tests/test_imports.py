@@ -252,8 +252,8 @@ def test_import_slime_records_from_the_cli(tmp_path):
 
 
 def test_import_slime_maps_declared_screen_coordinates_onto_the_image(tmp_path):
-    from flywheel.import_common import ImportError_
-    from flywheel.import_slime import import_slime, parse_coords
+    from flywheel.interop.common import ImportError_
+    from flywheel.interop.slime import import_slime, parse_coords
     from storage.lake import Lake
 
     lake = tmp_path / "lake"

@@ -158,8 +158,8 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_pa
 
     from configs.models import load_config
     from flywheel.cli import main
-    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
-    from storage.curate import curate
+    from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    from training.export import curate
     from training.models import init_model
     from training.sft import sft_stage
 

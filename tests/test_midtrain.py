@@ -10,7 +10,7 @@ import pytest
 
 from configs.models import load_config
 from flywheel import midtrain as mt
-from flywheel import stages
+from flywheel import specs, stages
 from flywheel.errors import UserError
 from storage.catalog import connect
 from storage.lake import Lake
@@ -73,7 +73,7 @@ def test_corpus_dataset_base_and_skill_report(built):
     ck = _rows(cfg, "SELECT * FROM checkpoints WHERE stage = 'midtrain'")
     assert len(ck) == 1 and ck[0]["method"] == "midtrain" and ck[0]["checkpoint_id"] == res["checkpoint_id"]
     assert ck[0]["dataset_id"] == res["dataset_id"] and res["checkpoint_id"].startswith("base-")
-    assert res["steps"] == 3 and not res["skipped"] and Path(res["model_path"], "config.json").exists()
+    assert res["steps"] == 3 and not res.reused and Path(res["model_path"], "config.json").exists()
     ev = _rows(cfg, "SELECT task_id, n_episodes, split FROM evals WHERE stage = 'midtrain'")
     assert {r["task_id"] for r in ev} == {*KINDS, "__all__"} and all(r["split"] == "eval-seed" for r in ev)
     held = _rows(cfg, "SELECT DISTINCT split, seed >= 100000 AS eval_seed FROM episodes WHERE stage = 'midtrain-eval'")
@@ -86,7 +86,7 @@ def test_second_run_reuses_the_base_and_new_settings_train_a_new_one(built):
     cfg, res = built["cfg"], built["res"]
     n_eps = _rows(cfg, "SELECT count(*) AS n FROM episodes")[0]["n"]
     again = mt.midtrain(cfg, progress=False)
-    assert again["skipped"] and again["checkpoint_id"] == res["checkpoint_id"]
+    assert again.reused and again["checkpoint_id"] == res["checkpoint_id"]
     assert _rows(cfg, "SELECT count(*) AS n FROM episodes")[0]["n"] == n_eps  # no episode ran again
     assert _rows(cfg, "SELECT count(*) AS n FROM checkpoints WHERE stage = 'midtrain'")[0]["n"] == 1
     other = mt.checkpoint_id_for(
@@ -99,7 +99,7 @@ def test_second_run_reuses_the_base_and_new_settings_train_a_new_one(built):
 
 def test_first_sft_starts_from_the_base_and_curate_leaves_the_corpus_out(built):
     cfg = built["cfg"]
-    stages.register_tasks(cfg)
+    specs.register_tasks(cfg)
     stages.bootstrap(cfg, 0, progress=False)
     cur = stages.curate(cfg, 0)
     chosen = set(cur["source_counts"]["by_task"])
@@ -107,7 +107,7 @@ def test_first_sft_starts_from_the_base_and_curate_leaves_the_corpus_out(built):
     trained = stages.sft(cfg, 0, cur["dataset_id"])
     assert trained["parent_checkpoint"] == built["res"]["checkpoint_id"]
     # later stages never take the base for a flywheel checkpoint
-    assert stages.latest_checkpoint(cfg, 1).startswith(str(Path(cfg.lake.root).resolve() / "_checkpoints" / "sft-it0"))
+    assert specs.latest_checkpoint(cfg, 1).startswith(str(Path(cfg.lake.root).resolve() / "_checkpoints" / "sft-it0"))
 
 
 def test_midtrain_tasks_must_be_synthetic(tmp_path):

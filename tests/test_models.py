@@ -320,7 +320,7 @@ def test_shape_2b_config_and_cpu_sizes():
 
 # ------------------------------------------------------------------------------------------ CLI
 def test_cli_init_info_and_help(tmp_path):
-    from flywheel.cli_model import model_app
+    from flywheel.cli.model import model_app
 
     runner = CliRunner()
     out = tmp_path / "m"

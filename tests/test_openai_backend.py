@@ -469,7 +469,7 @@ def test_api_key_from_environment(server, monkeypatch):
 def test_student_rollouts_through_the_openai_backend(server, tmp_path, monkeypatch):
     """Rollout workers build a StudentPolicy on the openai backend from the config, the replayed vLLM
     reply is parsed (Qwen3-VL 0-1000 space -> screen px), executed in Chromium and lands in the lake."""
-    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from storage.catalog import connect
 
     monkeypatch.setenv("FLYWHEEL_OPENAI_API_KEY", KEY)  # workers inherit the environment, never the lake
@@ -507,7 +507,7 @@ def test_student_rollouts_through_the_openai_backend(server, tmp_path, monkeypat
 def test_every_env_keeps_a_request_in_flight(server, tmp_path, monkeypatch):
     """With a remote server, throughput comes from concurrency: N workers x E lockstep envs keep N*E requests
     in flight at once (each worker sends its E prompts together; the workers do not wait on each other)."""
-    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 
     monkeypatch.setenv("FLYWHEEL_OPENAI_API_KEY", KEY)
     # the server answers no one until six requests are in flight together, so the count does not depend on how far

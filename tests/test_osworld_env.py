@@ -15,7 +15,7 @@ from envs import osworld as osworld_mod
 from envs.base import EnvError
 from envs.osworld import OSWorldEnv
 from envs.osworld_tasks import find_task, load_tasks, task_rows
-from flywheel.episode import EpisodeJob, run_episode
+from flywheel.runtime.episode import EpisodeJob, run_episode
 
 FIXTURES = Path(__file__).parent / "fixtures" / "osworld"
 CALC = "357ef137-7eeb-4c80-a3bb-0951f26a8aff"

@@ -38,7 +38,8 @@ OVERRIDES = {
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from flywheel.stages import bootstrap, register_tasks
+    from flywheel.specs import register_tasks
+    from flywheel.stages import bootstrap
     from training.models import init_model
 
     root = tmp_path_factory.mktemp("rl")
@@ -101,7 +102,8 @@ def test_sigkill_mid_rl_resumes_from_the_last_finished_round(setup, tmp_path):
     env = {**os.environ, "FLYWHEEL_LAKE": str(lake), "HF_HUB_OFFLINE": "1"}
     sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in OVERRIDES.items()]
     code = (
-        "import sys; from configs.models import load_config; from flywheel.stages import register_tasks, rl;"
+        "import sys; from configs.models import load_config; from flywheel.specs import register_tasks;"
+        "from flywheel.stages import rl;"
         "ov = dict(kv.split('=', 1) for kv in sys.argv[2:]);"
         "ov = {k: (True if v == 'true' else int(v) if v.isdigit() else v) for k, v in ov.items()};"
         "cfg = load_config('configs/tiny.yaml', ov); register_tasks(cfg); rl(cfg, 0, sys.argv[1], progress=False)"

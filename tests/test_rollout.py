@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 from storage.catalog import connect
 
 pytestmark = pytest.mark.browser

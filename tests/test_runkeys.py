@@ -98,8 +98,8 @@ def test_rl_run_id_is_pinned_and_ignores_how_the_update_is_spread(name):
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_rollout_run_keys_are_pinned(name):
     from envs import registry
-    from flywheel.rollout import PolicySpec
-    from flywheel.stages import rollout_spec
+    from flywheel.runtime.spec import PolicySpec
+    from flywheel.specs import rollout_spec
 
     cfg, want = _cfg(name), PINNED[name]
     student = {**cfg.student.model_dump(), "model": MODEL}  # as flywheel.stages.student_rollouts builds it
@@ -130,8 +130,8 @@ def test_rollout_run_keys_are_pinned(name):
 
 def test_remote_env_servers_are_not_in_the_rollout_run_key():
     """Where the envs run (env servers, their slot wait) is not in the key: moving servers resumes the run."""
-    from flywheel.rollout import PolicySpec
-    from flywheel.stages import rollout_spec
+    from flywheel.runtime.spec import PolicySpec
+    from flywheel.specs import rollout_spec
 
     keys = set()
     for servers, wait in ((["http://127.0.0.1:8100"], 120.0), (["http://10.0.0.9:8100"], 5.0)):

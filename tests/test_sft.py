@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from agents.parsing import parse_response
 from configs.models import load_config
-from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 from storage.catalog import connect
 from training.data import IGNORE_INDEX, SFTCollator, prompt_options, retarget_sample, with_images
 from training.losses import token_loss_sum
@@ -538,9 +538,9 @@ def test_stage_sft_records_checkpoint_and_is_idempotent(env):
 
     cfg = env["cfg"]
     res = sft(cfg, 0, env["dataset_id"], progress=False)
-    assert not res["skipped"] and res["steps"] == 3 and res["parent_checkpoint"] is None
+    assert not res.reused and res["steps"] == 3 and res["parent_checkpoint"] is None
     again = sft(cfg, 0, env["dataset_id"], progress=False)
-    assert again["skipped"] and again["checkpoint_id"] == res["checkpoint_id"]
+    assert again.reused and again["checkpoint_id"] == res["checkpoint_id"]
     con = connect(cfg.lake.root)
     rows = con.sql("SELECT * FROM checkpoints").to_arrow_table().to_pylist()
     assert len(rows) == 1  # the rerun replaced its row
@@ -666,7 +666,7 @@ def test_each_lake_keeps_its_own_checkpoints(env, tmp_path):
 
     a = sft(cfg("a"), 0, env["dataset_id"], progress=False)
     b = sft(cfg("b"), 0, env["dataset_id"], progress=False)
-    assert a["checkpoint_id"] == b["checkpoint_id"] and not a["skipped"] and not b["skipped"]  # b trained its own
+    assert a["checkpoint_id"] == b["checkpoint_id"] and not a.reused and not b.reused  # b trained its own
     for name, res in (("a", a), ("b", b)):
         lake = Lake(tmp_path / name)
         assert Path(res["path"]) == lake.root / "_checkpoints" / res["checkpoint_id"]
@@ -677,12 +677,12 @@ def test_each_lake_keeps_its_own_checkpoints(env, tmp_path):
     # a moved lake: its rows still resolve, and its own finished checkpoint is reused from the new place
     (tmp_path / "a").rename(tmp_path / "a-moved")
     again = sft(cfg("a-moved"), 0, env["dataset_id"], progress=False)
-    assert again["skipped"] and again["model_path"] == str(
+    assert again.reused and again["model_path"] == str(
         tmp_path / "a-moved" / "_checkpoints" / again["checkpoint_id"] / "merged"
     )
     # an output root outside the lakes that another lake already trained into: never silently taken over
     shared = str(tmp_path / "shared")
-    assert not sft(cfg("c", shared), 0, env["dataset_id"], progress=False)["skipped"]
+    assert not sft(cfg("c", shared), 0, env["dataset_id"], progress=False).reused
     with pytest.raises(UserError, match="has no row for"):
         sft(cfg("d", shared), 0, env["dataset_id"], progress=False)
 

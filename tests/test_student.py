@@ -96,7 +96,7 @@ def test_untrained_output_becomes_parse_errors_not_crashes(backend):
 
 @pytest.mark.browser
 def test_student_rollouts_on_real_miniwob_into_the_lake(tiny_path, lake_root):
-    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from storage.catalog import connect
 
     cfg = {"model": str(tiny_path), "max_new_tokens": 16}
@@ -131,7 +131,7 @@ def test_student_rollouts_on_real_miniwob_into_the_lake(tiny_path, lake_root):
 @pytest.mark.browser
 def test_lockstep_batched_episodes_keep_their_own_rows(tiny_path, lake_root):
     """One worker steps 3 envs with one batched generate per tick; every row lands in its own episode."""
-    from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+    from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from storage.catalog import connect
 
     cfg = {"model": str(tiny_path), "max_new_tokens": 8}
@@ -160,7 +160,7 @@ def test_lockstep_batched_episodes_keep_their_own_rows(tiny_path, lake_root):
 def test_pool_keeps_workers_and_reloads_weights_between_runs(tiny_path, lake_root, tmp_path):
     """RL rounds: the same worker processes (and browsers) serve two runs; `reload` swaps the weights in place,
     and the second run's episodes record the new policy version and sample from the new weights."""
-    from flywheel.rollout import PolicySpec, RolloutPool, RolloutSpec, make_jobs, run_rollouts
+    from flywheel.runtime.rollout import PolicySpec, RolloutPool, RolloutSpec, make_jobs, run_rollouts
     from storage.catalog import connect
     from training.models import init_model
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from configs.models import ConfigError, load_config
-from flywheel.rollout import PolicySpec, RolloutSummary
+from flywheel.runtime.rollout import PolicySpec, RolloutSummary
 from flywheel.teacher_budget import Spent, cap_teacher_spec, limits, spend_index, teacher_spend
 from storage.catalog import connect
 from storage.lake import Lake
@@ -153,7 +153,7 @@ class FakeRunner:
         self.specs, self.cost = [], cost
 
     def run(self, spec, progress=True, pool=None, on_result=None):
-        from flywheel.rollout import existing_episodes
+        from flywheel.runtime.rollout import existing_episodes
 
         self.specs.append(spec)
         lake = spec.lake()
@@ -313,7 +313,7 @@ def test_rl_guide_spent_budget_gives_no_guide_episodes(tmp_path, lake_env, fake_
 def test_dollars_left_cap_the_teacher_run_and_a_resumed_run_counts_once(tmp_path, lake_env):
     """teacher_budget.usd: a run's budget_usd is what the other run keys left (the runner adds its own run key's
     spend itself); once this run key's own spend reaches it, no new job is kept; its finished jobs always are."""
-    from flywheel.stages import rollout_spec
+    from flywheel.specs import rollout_spec
 
     cfg = cfg_with(tmp_path, **{"teacher_budget.usd": 3.0})
     episodes(
@@ -364,7 +364,7 @@ def test_dollars_left_cap_the_teacher_run_and_a_resumed_run_counts_once(tmp_path
 def test_resumed_run_keeps_its_own_episodes_within_the_per_task_cap(tmp_path, lake_env):
     """A run key that already holds episodes gets the same jobs back (they are spent once, not twice), and only
     the jobs beyond what the budget left are cut."""
-    from flywheel.stages import rollout_spec
+    from flywheel.specs import rollout_spec
 
     cfg = cfg_with(tmp_path, **{"teacher_budget.max_episodes_per_task": 4})
     spec = rollout_spec(
@@ -409,7 +409,7 @@ def test_resumed_run_keeps_its_own_episodes_within_the_per_task_cap(tmp_path, la
 def test_a_pools_later_run_keeps_its_own_dollar_budget(tmp_path):
     """The RL stage's teacher runs share one rollout pool: each run's budget_usd is its own (the budget left when
     it starts), not the first run's. A run whose dollars are spent starts no episode (and no browser)."""
-    from flywheel.rollout import RolloutPool, RolloutSpec, make_jobs, run_rollouts
+    from flywheel.runtime.rollout import RolloutPool, RolloutSpec, make_jobs, run_rollouts
 
     root = str(tmp_path / "lake")
 
@@ -438,7 +438,7 @@ def test_bootstrap_counts_the_rl_stages_teacher_episodes(tmp_path, lake_env, mon
     import flywheel.stages as stages
 
     runner = FakeRunner()
-    monkeypatch.setattr(stages, "run_rollouts", lambda spec, progress=True: runner.run(spec))
+    monkeypatch.setattr(stages, "run_rollouts", lambda spec, progress=True, **kw: runner.run(spec))
     cfg = cfg_with(tmp_path, **{"bootstrap.max_demos_per_task": 4})
     episodes(lake_env, iteration=0, stage="bootstrap", run_key="boot", task="click-test", n=1)
     episodes(lake_env, iteration=0, stage="rl", run_key="fresh", task="click-test", n=2, seed0=1000)
@@ -457,8 +457,8 @@ def test_bootstrap_counts_the_rl_stages_teacher_episodes(tmp_path, lake_env, mon
     stages.bootstrap(cfg, 2, progress=False)
     assert sorted(j.task_id for j in runner.specs[1].jobs) == ["click-test", "focus-text"]
     res = stages.bootstrap(cfg, 3, progress=False)
-    assert res["skipped"] is True and res["teacher_budget_capped"] == 6 and len(runner.specs) == 2
-    assert "bootstrap gets 0 new teacher episode(s)" in res["reason"]
+    assert res.skipped and res["teacher_budget_capped"] == 6 and len(runner.specs) == 2
+    assert "bootstrap gets 0 new teacher episode(s)" in res.skipped
 
 
 def test_curriculum_top_ups_count_every_stage(tmp_path, lake_env):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from flywheel.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
+from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 from storage.lake import Lake
 from viewer.data import Side, ViewerData, ViewerError
 from viewer.site import build_site, make_app

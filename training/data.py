@@ -9,7 +9,7 @@ prompt builder): the instruction, older steps as text, the last K screenshots an
 `agents.parsing.format_response` in the student's coordinate convention. Earlier steps whose action failed
 (parse or exec error) still appear in the history, exactly as the policy saw them, but only fit steps become
 targets. Labels cover the assistant reply and its <|im_end|> (the template's {% generation %} span), never the
-prompt or the image pads. No torch at import time: storage/curate.py imports this to build the export.
+prompt or the image pads. No torch at import time: training/export.py imports this to build the curate export.
 """
 
 from __future__ import annotations
@@ -210,16 +210,38 @@ def retarget_sample(sample: dict[str, Any], fmt: str) -> dict[str, Any]:
     return {**sample, "messages": msgs}
 
 
+# The SDPO teacher's privileged block (training.rl, hint-aware SFT below): appended to the last user message.
+SOLUTION_BLOCK = "\n\nCorrect solution:\n\n{solution}\n\n"
+FEEDBACK_BLOCK = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback}\n\n"
+REPROMPT_TAIL = "\nCorrectly solve the original task.\n"
+
+
+def teacher_messages(
+    messages: list[dict[str, Any]], solution: str | None = None, feedback: str | None = None
+) -> list[dict[str, Any]]:
+    """The SDPO teacher's prompt: the row's own messages with the privileged block appended to the last user
+    message (its images and history untouched)."""
+    block = (
+        (SOLUTION_BLOCK.format(solution=solution) if solution else "")
+        + (FEEDBACK_BLOCK.format(feedback=feedback) if feedback else "")
+        + REPROMPT_TAIL
+    )
+    out = [dict(m) for m in messages]
+    k = max(i for i, m in enumerate(out) if m["role"] == "user")
+    content = out[k]["content"]
+    content = list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
+    out[k]["content"] = content + [{"type": "text", "text": block}]
+    return out
+
+
 def hinted_samples(samples: Sequence[dict[str, Any]], fraction: float, seed: int = 0) -> list[dict[str, Any]]:
     """Hint-aware SFT (sft.hint_fraction): copies of round(fraction x n) samples, picked by `seed`, whose last user
-    message ends with the SDPO teacher's privileged block (training.rl_encode.teacher_messages) holding the
+    message ends with the SDPO teacher's privileged block (teacher_messages) holding the
     sample's own reply as the solution: "Step k:" (k = the sample's step_idx + 1, as the curate export stores it)
     and the reply without its thought, as rl_data.solution_text writes a successful episode's steps. The target
     is unchanged. A multi-step episode's teacher is shown every step of a sibling's episode; a hint here holds
     only the current one."""
     import random
-
-    from training.rl_encode import teacher_messages
 
     if fraction <= 0 or not samples:
         return []

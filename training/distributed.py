@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+RESULT_FILE = "sft_result.json"  # an SFT run's result in its output folder: rank 0 writes it, `launch` reads it
+
 
 @dataclass
 class Context:
@@ -211,8 +213,6 @@ def torchrun(
 
 def launch(base: str, data_files: str | Path, out: Path, s: Any, *, progress: bool) -> dict[str, Any]:
     """Run this training under torchrun (one process per GPU) and return rank 0's result."""
-    from training.sft import RESULT_FILE
-
     settings = json.dumps({k: v for k, v in asdict(s).items()})
     torchrun(
         "training.sft",

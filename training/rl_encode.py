@@ -14,37 +14,23 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-SOLUTION_BLOCK = "\n\nCorrect solution:\n\n{solution}\n\n"
-FEEDBACK_BLOCK = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback}\n\n"
+from training.data import (  # noqa: F401 - the SDPO teacher's re-prompt, importable from here as before
+    FEEDBACK_BLOCK,
+    REPROMPT_TAIL,
+    SOLUTION_BLOCK,
+    SFTCollator,
+    _pil,
+    teacher_messages,
+)
+
 VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-REPROMPT_TAIL = "\nCorrectly solve the original task.\n"
 
 
 # ------------------------------------------------------------------------------------------------ encoding
-def teacher_messages(
-    messages: list[dict[str, Any]], solution: str | None = None, feedback: str | None = None
-) -> list[dict[str, Any]]:
-    """The SDPO teacher's prompt: the row's own messages with the privileged block appended to the last user
-    message (its images and history untouched)."""
-    block = (
-        (SOLUTION_BLOCK.format(solution=solution) if solution else "")
-        + (FEEDBACK_BLOCK.format(feedback=feedback) if feedback else "")
-        + REPROMPT_TAIL
-    )
-    out = [dict(m) for m in messages]
-    k = max(i for i, m in enumerate(out) if m["role"] == "user")
-    content = out[k]["content"]
-    content = list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
-    out[k]["content"] = content + [{"type": "text", "text": block}]
-    return out
-
-
 class RowEncoder:
     """Rows -> model inputs: [chat template + generation prompt, with the row's images] + response ids."""
 
     def __init__(self, processor):
-        from training.data import SFTCollator
-
         self.processor = processor
         self.tok = getattr(processor, "tokenizer", processor)
         self.collator = SFTCollator(processor)
@@ -67,8 +53,6 @@ class RowEncoder:
 
     def encode(self, messages: list[dict[str, Any]], images: list[Any], response: list[int]) -> dict[str, Any]:
         import torch
-
-        from training.data import _pil
 
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         kw: dict[str, Any] = {"text": [text], "return_tensors": "pt"}

@@ -71,6 +71,7 @@ from training.core import lake_key as _lake_key
 from training.core import model_path_of as _model_path_of  # noqa: F401
 from training.core import trainable as _trainable  # noqa: F401
 from training.distributed import (
+    RESULT_FILE,
     Context,
     balanced_share,
     ddp_wrap,
@@ -84,8 +85,6 @@ from training.distributed import (
 )
 from training.progress import ProgressLog, draws_bar
 from training.samples import EncodedSamples, Prefetch  # noqa: F401 (EncodedSamples: the tests import it here)
-
-RESULT_FILE = "sft_result.json"
 
 
 @dataclass
@@ -156,7 +155,7 @@ class TrainSettings:
 
 # ------------------------------------------------------------------------------------------------ pieces
 def read_samples(data_files: str | Path) -> list[dict[str, Any]]:
-    """Rows (messages, images, step_idx when the file has it) of an exported SFT Parquet file (storage.curate's
+    """Rows (messages, images, step_idx when the file has it) of an exported SFT Parquet file (training.export's
     layout)."""
     import pyarrow.parquet as pq
 

@@ -85,37 +85,3 @@ def serve_cmd(
         raise _fail(str(e)) from None
     except OSError as e:  # port in use, address not available
         raise _fail(f"cannot bind {host}:{port}: {e.strerror or e}") from None
-
-
-# ---------------------------------------------------------------------------------------------- import
-from flywheel.cli_import import import_app  # noqa: E402 - `flywheel import osworld-tasks` joins the demo imports
-
-
-@import_app.command("osworld-tasks")
-def import_osworld_tasks(
-    folder: Path = typer.Argument(..., help="OSWorld evaluation_examples folder (examples/<domain>/<id>.json)."),
-    include_excluded: bool = typer.Option(
-        False, "--include-excluded", help="Also load tasks needing Google Drive or a proxy."
-    ),
-    lake: Optional[Path] = typer.Option(
-        None, "--lake", help="Lake root (default: $FLYWHEEL_LAKE, else the config's lake.root)."
-    ),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)."),
-):
-    """Load OSWorld task JSON files into the `tasks` table (env 'osworld'); a rerun replaces them."""
-    from envs.osworld_tasks import EXCLUDED, load_tasks, task_rows
-    from flywheel.cli import console, lake_root
-    from flywheel.rollout import git_sha
-    from storage.lake import open_lake
-
-    try:
-        tasks, skipped = load_tasks(folder, include_excluded=include_excluded)
-    except ValueError as e:
-        raise _fail(str(e)) from None
-    rows = [dict(r, run_key="osworld", git_sha=git_sha(), config_hash=None) for r in task_rows(tasks)]
-    open_lake(lake_root(lake, config)).replace_run("tasks", [rows], iteration=0, stage="registry", run_key="osworld")
-    console.print(f"[green]ok[/green] {len(rows)} OSWorld tasks into `tasks`; skipped {len(skipped)}")
-    for why in EXCLUDED.values():
-        ids = [i for i, r in skipped if r == why]
-        if ids:
-            console.print(f"  skipped {len(ids)}: {why}")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.pyautogui_parse import Pointer, parse_pyautogui
-from flywheel.import_common import STAGE, ImportError_, ImportResult, import_one, png_size, write_episode  # noqa: F401
+from flywheel.interop.common import STAGE, ImportError_, ImportResult, import_one, png_size, write_episode  # noqa: F401
 from storage.lake import Lake
 
 RUN_KEY = "import-osworld"

@@ -1,4 +1,4 @@
-"""Rollout worker processes: one per env group, started by flywheel.rollout's runner (spawn).
+"""Rollout worker processes: one per env group, started by flywheel.runtime.rollout's runner (spawn).
 
 Each worker runs in its own session (process group), caps its torch threads, builds its policy while its
 browsers launch, then steps its envs in lockstep: one batched decision per tick, every finished episode
@@ -13,8 +13,8 @@ import time
 import traceback
 from typing import Any
 
-from flywheel.episode import EpisodeJob, EpisodeRun, Provenance, timed_decisions
-from flywheel.rollout import RolloutSpec, build_policy
+from flywheel.runtime.episode import EpisodeJob, EpisodeRun, Provenance, timed_decisions
+from flywheel.runtime.spec import RolloutSpec, build_policy
 
 
 class _Delayed:

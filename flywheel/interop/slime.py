@@ -39,7 +39,7 @@ from typing import Any, Union
 
 from agents.coords import CoordSpace, CoordTransform
 from agents.parsing import CALL_CLOSE, CALL_OPEN, parse_response
-from flywheel.import_common import ImportError_, ImportResult, import_records, png_size
+from flywheel.interop.common import ImportError_, ImportResult, import_records, png_size
 from storage.lake import Lake
 
 RUN_KEY = "import-slime"

@@ -28,7 +28,7 @@ from typing import Any
 from agents.actions import action_from_dict
 from agents.coords import CoordTransform
 from agents.pyautogui_parse import Pointer, parse_pyautogui
-from flywheel.import_common import ImportError_, ImportResult, import_records, png_size
+from flywheel.interop.common import ImportError_, ImportResult, import_records, png_size
 from storage.lake import Lake
 
 RUN_KEY = "import-agentnet"

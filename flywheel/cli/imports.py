@@ -3,6 +3,7 @@
     flywheel import osworld-results results/ --lake lake     # OSWorld result folders (traj.jsonl, PNGs, result.txt)
     flywheel import agentnet agentnet.jsonl --images imgs/    # OpenCUA AgentNet records (normalised coordinates)
     flywheel import slime osworld_reasoning_sft_v1.jsonl      # slime cookbook SFT records (--coords: their space)
+    flywheel import osworld-tasks evaluation_examples/       # OSWorld task JSON into the `tasks` table
 
 Each import is idempotent (a rerun adds nothing), prints its counts, and prints one line per rejected input
 naming the file and row (exit code 1 when any was rejected).
@@ -15,7 +16,8 @@ from typing import Optional
 
 import typer
 
-from flywheel.cli import CONFIG_OPT, LAKE_OPT, err_console, open_lake
+from flywheel.cli.common import CONFIG_OPT, LAKE_OPT, console, err_console, lake_root, open_lake
+from flywheel.errors import UserError
 
 import_app = typer.Typer(help="Import existing demonstrations into the lake.", no_args_is_help=True)
 
@@ -41,9 +43,8 @@ def osworld_results(
     config: Optional[Path] = CONFIG_OPT,
 ):
     """OSWorld result folders -> episodes and steps; pyautogui code is parsed into the action schema, never run."""
-    from flywheel.errors import UserError
-    from flywheel.import_osworld import ImportError_, import_osworld
-    from flywheel.rollout import git_sha
+    from flywheel.interop.osworld import ImportError_, import_osworld
+    from flywheel.runtime.rollout import git_sha
 
     try:
         res = import_osworld(folder, open_lake(lake, config, create=True), iteration=iteration, git_sha=git_sha())
@@ -63,10 +64,9 @@ def agentnet(
     config: Optional[Path] = CONFIG_OPT,
 ):
     """OpenCUA AgentNet records -> episodes and steps; normalised 0..1 coordinates become screen pixels."""
-    from flywheel.errors import UserError
-    from flywheel.import_agentnet import import_agentnet
-    from flywheel.import_osworld import ImportError_
-    from flywheel.rollout import git_sha
+    from flywheel.interop.agentnet import import_agentnet
+    from flywheel.interop.osworld import ImportError_
+    from flywheel.runtime.rollout import git_sha
 
     try:
         res = import_agentnet(
@@ -94,10 +94,9 @@ def slime(
 ):
     """slime cookbook SFT records -> episodes and steps; tool calls read by the strict JSON parser, points mapped
     into each step's image pixels (never used unscaled on another screen size)."""
-    from flywheel.errors import UserError
-    from flywheel.import_common import ImportError_
-    from flywheel.import_slime import import_slime, parse_coords
-    from flywheel.rollout import git_sha
+    from flywheel.interop.common import ImportError_
+    from flywheel.interop.slime import import_slime, parse_coords
+    from flywheel.runtime.rollout import git_sha
 
     try:
         res = import_slime(
@@ -110,3 +109,32 @@ def slime(
     except ImportError_ as e:
         raise UserError(str(e)) from None
     _report(res, str(path))
+
+
+@import_app.command("osworld-tasks")
+def import_osworld_tasks(
+    folder: Path = typer.Argument(..., help="OSWorld evaluation_examples folder (examples/<domain>/<id>.json)."),
+    include_excluded: bool = typer.Option(
+        False, "--include-excluded", help="Also load tasks needing Google Drive or a proxy."
+    ),
+    lake: Optional[Path] = typer.Option(
+        None, "--lake", help="Lake root (default: $FLYWHEEL_LAKE, else the config's lake.root)."
+    ),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)."),
+):
+    """Load OSWorld task JSON files into the `tasks` table (env 'osworld'); a rerun replaces them."""
+    from envs.osworld_tasks import EXCLUDED, load_tasks, task_rows
+    from flywheel.runtime.rollout import git_sha
+    from storage.lake import open_lake
+
+    try:
+        tasks, skipped = load_tasks(folder, include_excluded=include_excluded)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    rows = [dict(r, run_key="osworld", git_sha=git_sha(), config_hash=None) for r in task_rows(tasks)]
+    open_lake(lake_root(lake, config)).replace_run("tasks", [rows], iteration=0, stage="registry", run_key="osworld")
+    console.print(f"[green]ok[/green] {len(rows)} OSWorld tasks into `tasks`; skipped {len(skipped)}")
+    for why in EXCLUDED.values():
+        ids = [i for i, r in skipped if r == why]
+        if ids:
+            console.print(f"  skipped {len(ids)}: {why}")

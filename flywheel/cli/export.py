@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from flywheel.cli import CONFIG_OPT, LAKE_OPT, open_lake
+from flywheel.cli.common import CONFIG_OPT, LAKE_OPT, open_lake
 
 export_app = typer.Typer(
     help="Export a dataset or checkpoint as a Hub-ready folder (and push it).", no_args_is_help=True
@@ -28,7 +28,7 @@ PRIVATE_OPT = typer.Option(False, "--private", help="Create the Hub repo as priv
 
 def _push(folder: Path, repo: Optional[str], repo_type: str, private: bool) -> None:
     if repo:
-        from flywheel.hub import push
+        from flywheel.interop.hub import push
 
         url = push(folder, repo, repo_type, private=private)
         typer.echo(f"pushed {repo_type} {repo}: {url}")
@@ -45,7 +45,7 @@ def dataset(
     config: Optional[Path] = CONFIG_OPT,
 ):
     """Parquet shards (messages + images), lineage.json and a dataset card; datasets.load_dataset(DIR) reads it."""
-    from flywheel.hub import export_dataset
+    from flywheel.interop.hub import export_dataset
 
     res = export_dataset(open_lake(lake, config, create=True), dataset_id, out, license=license)
     typer.echo(
@@ -69,7 +69,7 @@ def checkpoint(
     config: Optional[Path] = CONFIG_OPT,
 ):
     """The model files and a model card (base model, dataset, eval results from the evals table)."""
-    from flywheel.hub import export_checkpoint
+    from flywheel.interop.hub import export_checkpoint
 
     res = export_checkpoint(
         open_lake(lake, config, create=True), checkpoint_id, out, license=license, dataset_repo=dataset_repo

@@ -12,11 +12,10 @@ from typing import List, Optional
 
 import typer
 
-from flywheel.cli import CONFIG_OPT, LAKE_OPT, app, err_console, lake_root
+from flywheel.cli.common import CONFIG_OPT, LAKE_OPT, err_console, lake_root
 from flywheel.errors import UserError
 
 
-@app.command("view")
 def view_cmd(
     lake: Optional[str] = LAKE_OPT,
     config: Optional[Path] = CONFIG_OPT,

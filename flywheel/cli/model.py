@@ -4,7 +4,7 @@
     flywheel model info models/small-qwen3vl
     flywheel model sizes                          # every named shape with its parameter count (no allocation)
 
-Mounted by flywheel/cli.py as `app.add_typer(model_app, name="model")`. Bad input (unknown arch or size, a
+Mounted by flywheel/cli/app.py as `app.add_typer(model_app, name="model")`. Bad input (unknown arch or size, a
 non-empty --out, a missing folder, an unreachable Hub) prints one line and exits 2.
 """
 

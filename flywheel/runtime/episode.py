@@ -2,7 +2,7 @@
 
     ep_row, step_rows = run_episode(env, policy, job, max_steps=8, timeout_s=120)
 
-No Prefect here: the parallel runner (flywheel.rollout) calls this in worker processes.
+No Prefect here: the parallel runner (flywheel.runtime.rollout) calls this in worker processes.
 Every ending is recorded: success or failure ('ok'), the step cap ('truncated'), the
 wall-clock limit ('timeout') and crashes of the env or the policy ('error'); the screen
 after the last action is kept as a final `is_final` step row.

@@ -1,0 +1,90 @@
+"""The `flywheel` typer app: every command group mounted in one place (flywheel.cli.main runs it).
+
+    flywheel run                          # one flywheel iteration on the embedded default (configs/local.yaml)
+    flywheel rollout --policy scripted --tasks click-test,focus-text --seeds 0-9 --envs 2
+    flywheel query "SELECT task_id, avg(success::INT) FROM episodes GROUP BY 1"
+    flywheel lake stats | flywheel lake verify [--quarantine]
+    flywheel config show [--config FILE]
+
+User errors (bad config, bad SQL, unreadable lake files) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from flywheel.cli import commands, env, export, imports, lake, model, stage, view
+from flywheel.cli.common import CONFIG_OPT, console, err_console, load_cfg
+from flywheel.errors import USER_ERRORS
+
+app = typer.Typer(
+    help="Train computer-use agents with a data flywheel over a Parquet lake.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+config_app = typer.Typer(help="Show and validate YAML configs.", no_args_is_help=True)
+
+# the order `flywheel --help` lists them in: commands, then groups
+app.command()(lake.query)
+app.command("view")(view.view_cmd)
+app.command()(commands.up)
+app.command()(commands.down)
+app.command()(commands.rollout)
+app.command()(commands.run)
+app.add_typer(lake.lake_app, name="lake")
+app.add_typer(config_app, name="config")
+app.add_typer(stage.stage_app(), name="stage")  # one command per registered stage
+app.add_typer(model.model_app, name="model")
+app.add_typer(imports.import_app, name="import")
+app.add_typer(export.export_app, name="export")
+app.add_typer(env.env_app, name="env")
+
+
+# ---------------------------------------------------------------------------- config
+@config_app.command("show")
+def config_show(config: Optional[Path] = CONFIG_OPT):
+    """Validate a config and print every key with its value and description."""
+    cfg = load_cfg(config)
+    table = Table(title=str(config or "configs/local.yaml"), header_style="bold cyan")
+    for c in ("key", "value", "description"):
+        table.add_column(c)
+
+    def walk(model, prefix=""):
+        for name, field in type(model).model_fields.items():
+            v = getattr(model, name)
+            if hasattr(v, "model_fields"):
+                walk(v, f"{prefix}{name}.")
+            else:
+                table.add_row(prefix + name, json.dumps(v, default=str), field.description or "")
+
+    walk(cfg)
+    console.print(table)
+
+
+@config_app.command("validate")
+def config_validate(config: Path = typer.Argument(..., help="YAML file to check.")):
+    """Check a config file; exit 2 with file, key and expectation on the first problem."""
+    cfg = load_cfg(config)
+    console.print(f"[green]ok[/green] {config} (hash {cfg.config_hash()})")
+
+
+def main() -> None:
+    """Console entry point: user errors become one red line and exit code 2."""
+    from training.progress import show_on_console
+
+    show_on_console()  # progress lines where no bar draws (`flywheel run > log.txt`): training/progress.py
+    try:
+        app()
+    except USER_ERRORS as e:
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, markup=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/yellow]")
+        sys.exit(130)

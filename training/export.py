@@ -1,0 +1,215 @@
+"""The curate stage's SFT export: successful episodes from the lake -> a dataset manifest + an SFT Parquet file.
+
+    res = curate(cfg, iteration=1)            # {"dataset_id", "path", "data_files", "n_episodes", "n_steps", ...}
+    datasets.load_dataset("parquet", data_files=res["data_files"])["train"]   # columns messages, images, ...
+
+The selection is storage.curate's SQL (curate_sql); the rows are built by training.data.episode_samples with the
+student's prompt options and coordinate convention, so SFT sees exactly the prompts rollouts and evaluation build.
+The export is `<lake>/_datasets/<dataset_id>/train.parquet` (outside the lake tables), written to a temp file
+and renamed; storage.curate.record_dataset then writes the manifest row. On an object-store lake the export is
+written under the local root, then uploaded to the bucket under the same relative path (`lake.publish`) before
+the manifest row is written, so an SFT worker on another machine finds it (`lake.fetch(row["path"])`).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage.catalog import connect
+from storage.curate import (  # noqa: F401 - CurateError, dataset_id_for: importable with curate()
+    EXPORT_DIR,
+    EXPORT_FILE,
+    CurateError,
+    curate_sql,
+    dataset_id_for,
+    record_dataset,
+    source_counts,
+    source_of,
+)
+from storage.lake import Lake, open_lake
+from storage.queries import CURATE_EXPORT_STEPS
+from training.data import cut_loops, episode_samples, prompt_options
+
+_CHUNK_EPISODES = 64  # episodes whose screenshots are read per query: bounds memory on big datasets
+
+
+def sft_features():
+    """The export's HF `datasets` features: chat messages (role, content items) and images as Image()."""
+    from datasets import Features, Image, List, Value
+
+    return Features(
+        {
+            "messages": List(
+                {"role": Value("string"), "content": List({"type": Value("string"), "text": Value("string")})}
+            ),
+            "images": List(Image()),
+            "episode_id": Value("string"),
+            "step_idx": Value("int32"),
+            "task_id": Value("string"),
+            "policy": Value("string"),
+            "iteration": Value("int32"),
+        }
+    )
+
+
+def _export_rows(
+    con, episodes: list[dict[str, Any]], arch: str, opts, drop_loops: bool = False, cut: Counter | None = None
+) -> list[dict[str, Any]]:
+    ids = [e["episode_id"] for e in episodes]
+    steps = con.sql(CURATE_EXPORT_STEPS, params=[ids]).to_arrow_table().to_pylist()
+    by_ep: dict[str, list[dict[str, Any]]] = {}
+    for s in steps:
+        by_ep.setdefault(s["episode_id"], []).append(s)
+    rows = []
+    for e in episodes:
+        ep_steps = by_ep.get(e["episode_id"], [])
+        if drop_loops:
+            ep_steps, n_cut = cut_loops(ep_steps)
+            if cut is not None and n_cut:
+                cut[source_of(e["policy"])] += n_cut
+        for smp in episode_samples(e["instruction"] or "", ep_steps, arch, opts):
+            rows.append(
+                {
+                    "messages": smp["messages"],
+                    "images": [{"bytes": b, "path": None} for b in smp["images"]],
+                    "episode_id": e["episode_id"],
+                    "step_idx": int(ep_steps[smp["step_idx"]].get("lake_step_idx", smp["step_idx"])),
+                    "task_id": e["task_id"],
+                    "policy": e["policy"],
+                    "iteration": e["iteration"],
+                }
+            )
+    return rows
+
+
+def export_sft(
+    con,
+    episodes: list[dict[str, Any]],
+    out: Path,
+    arch: str,
+    opts,
+    samples_by_source: Counter | None = None,
+    *,
+    drop_loops: bool = False,
+    loops_by_source: Counter | None = None,
+) -> int:
+    """Write the SFT rows of `episodes` to `out` (Parquet, atomically); returns the number of rows.
+    `samples_by_source` (a Counter) gets the rows per source ('teacher' / 'student'). With `drop_loops`, each
+    episode's loops are cut first (training.data.cut_loops; `loops_by_source` gets the steps cut per source)."""
+    schema = sft_features().arrow_schema
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    n = 0
+    try:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
+            for i in range(0, len(episodes), _CHUNK_EPISODES):
+                rows = _export_rows(con, episodes[i : i + _CHUNK_EPISODES], arch, opts, drop_loops, loops_by_source)
+                if rows:
+                    w.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=256)
+                    n += len(rows)
+                    if samples_by_source is not None:
+                        samples_by_source.update(source_of(r["policy"]) for r in rows)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return n
+
+
+def curate(
+    cfg: Any, iteration: int, lake: Lake | None = None, *, held_out: list[str] | None = None, git_sha: str | None = None
+) -> dict[str, Any]:
+    """Select, export and record iteration N's SFT dataset; returns its id, export folder and counts.
+
+    held_out: task ids never to train on (default: the registry's held-out tasks)."""
+    if iteration < 0:
+        raise CurateError(f"iteration must be >= 0, got {iteration}")
+    if held_out is None:
+        from envs.registry import HELD_OUT
+
+        held_out = HELD_OUT
+    lake = lake or open_lake(cfg)
+    if not lake.has_data("episodes"):
+        raise CurateError(f"no episodes in the lake at {lake.location}: run the bootstrap (teacher demos) first")
+    sql = curate_sql(cfg.curate, iteration, held_out)
+    con = connect(lake)
+    episodes = con.sql(sql).to_arrow_table().to_pylist()
+    if not episodes:
+        raise CurateError(
+            f"no successful train episodes up to iteration {iteration} with task_reward >= "
+            f"{cfg.curate.reward_threshold} in {lake.location}"
+        )
+    return write_dataset(
+        cfg,
+        lake,
+        con,
+        episodes,
+        dataset_id=dataset_id_for(cfg, iteration),
+        sql=sql,
+        iteration=iteration,
+        stage="curate",
+        name=f"sft it{iteration}",
+        git_sha=git_sha,
+    )
+
+
+def write_dataset(
+    cfg: Any,
+    lake: Lake,
+    con,
+    episodes: list[dict[str, Any]],
+    *,
+    dataset_id: str,
+    sql: str,
+    iteration: int,
+    stage: str,
+    name: str,
+    git_sha: str | None,
+) -> dict[str, Any]:
+    """Export the chosen episodes' SFT samples and write their `datasets` row (the manifest: ids, query, mix)."""
+    folder = lake.root / EXPORT_DIR / dataset_id
+    samples, loops = Counter(), Counter()
+    drop_loops = bool(getattr(cfg.curate, "drop_loops", False)) and stage == "curate"
+    n_steps = export_sft(
+        con,
+        episodes,
+        folder / EXPORT_FILE,
+        cfg.student.arch,
+        prompt_options(cfg.student),
+        samples,
+        drop_loops=drop_loops,
+        loops_by_source=loops,
+    )
+    lake.publish(folder)  # before the row: a reader that sees the row finds the whole export
+    ids = [e["episode_id"] for e in episodes]
+    counts = source_counts(episodes, samples, loops if drop_loops else None)
+    record_dataset(
+        lake,
+        dataset_id=dataset_id,
+        name=name,
+        sql=sql,
+        episode_ids=ids,
+        n_steps=n_steps,
+        counts=counts,
+        folder=folder,
+        iteration=iteration,
+        stage=stage,
+        git_sha=git_sha,
+        config_hash=cfg.config_hash("curate"),
+    )
+    return {
+        "dataset_id": dataset_id,
+        "path": str(folder),
+        "data_files": str(folder / EXPORT_FILE),
+        "n_episodes": len(ids),
+        "n_steps": n_steps,
+        "source_counts": counts,
+    }
