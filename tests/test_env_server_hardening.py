@@ -101,14 +101,19 @@ def test_waiters_hold_no_handler_thread_and_a_waiter_that_left_takes_no_slot(har
 def test_a_new_lease_sees_nothing_of_the_last_one(hard):
     base = f"{hard.url}/v1/sessions"
     restarts = _slot(hard)["restarts"]
+    first = f"{base}/{hard.http.post(base).json()['session_id']}"
+    r = hard.http.post(f"{first}/step", json={"action": {"action": "done"}})  # on a slot never reset: not a crash
+    assert r.status_code == 409 and "reset the session first" in r.json()["error"], r.text
+    assert hard.http.delete(first).status_code == 200 and _slot(hard)["restarts"] == restarts
     a = hard.http.post(base, json={"task_id": "enter-text", "seed": 0}).json()
     a_text = "A-typed-this"
     assert a["observation"]["instruction"]
     assert hard.http.post(f"{base}/{a['session_id']}/step", json={"action": {"action": "type", "text": a_text}})
     slow: dict = {}
 
-    def a_waits() -> None:  # a 3 s step: still running when A closes its session
-        r = hard.http.post(f"{base}/{a['session_id']}/step", json={"action": {"action": "wait", "seconds": 3}})
+    def a_waits() -> None:  # a 3 s step: still running when A closes its session (a client of its own)
+        with httpx.Client(headers=AUTH, timeout=30) as own:
+            r = own.post(f"{base}/{a['session_id']}/step", json={"action": {"action": "wait", "seconds": 3}})
         slow["status"], slow["t"] = r.status_code, time.monotonic()
 
     t = threading.Thread(target=a_waits)
@@ -237,11 +242,11 @@ def test_chunked_bodies_are_capped_while_read_and_their_memory_is_bounded(hard):
     # 300 x 960 KiB = 280 MiB sent at once: at most 16 MiB of it is held (plus transport buffers, < 0.3 MiB per
     # connection), the rest refused (503, or the connection closed under the client) as it comes. Without the
     # total cap RSS rose ~450 MiB; without the heap trim, ~60 MiB stayed after the flood.
-    assert set(statuses) <= {422, 503, "closed"} and statuses.count(422) < 150, statuses
     time.sleep(1.5)  # the heap is trimmed a second after the last body
     after = _rss_kb(pid)
     assert (peak[0] - before) < 150_000, (before, peak[0], after)  # KiB
     assert (after - before) < 30_000, (before, peak[0], after)
+    assert set(statuses) <= {422, 503, "closed"} and statuses.count(422) < 150, statuses
     assert hard.health()["free"] == 1
 
 
