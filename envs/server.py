@@ -4,7 +4,8 @@
     curl -H "Authorization: Bearer $FLYWHEEL_ENV_TOKEN" http://127.0.0.1:8100/v1/health
 
 Endpoints (JSON; every one needs `Authorization: Bearer <token>` when the server has a token):
-    GET    /v1/health                       per-slot state (starting/ready/busy/restarting/broken), free slots
+    GET    /v1/health                       per-slot state (starting/ready/busy/releasing/restarting/broken),
+                                            free slots, lease requests waiting
     POST   /v1/sessions[?wait_s=]           lease a ready slot -> {session_id, ...}; 503 when none frees in wait_s;
                                             with a reset body, also resets it (-> observation): one round trip
     POST   /v1/sessions/{id}/reset          {task_id, seed, task_config?} -> observation
@@ -13,10 +14,41 @@ Endpoints (JSON; every one needs `Authorization: Bearer <token>` when the server
     GET    /v1/sessions/{id}/screenshot     the last observation's PNG
     DELETE /v1/sessions/{id}                end the session, free the slot
 
-Safety: a session holds one slot and loses it after `idle_timeout_s` without a call; actions are data
-validated by `agents.actions.ACTION_ADAPTER` (422 otherwise), never code; the token is compared in
-constant time and never logged or echoed; request bodies are capped (413); the server binds to
-loopback unless told otherwise, and refuses a non-loopback address without a token.
+Status codes (every error is one JSON line `{"error": ...}`; nothing else is answered):
+    200/201  done (201: a session leased)
+    400      bad input the env refused (unknown task id, a task_config the env takes none of); also uvicorn's
+             plain-text answer to a malformed request (bad request line, headers or framing)
+    401      missing or wrong token
+    404      unknown session (closed, reclaimed idle, past its lifetime, lost to a slot failure) or path
+    405      wrong method for the path
+    409      not now: no episode yet (step, evaluate or screenshot before the session's first reset), or
+             another call of the same session still running (one at a time)
+    413      body over --max-body-kb (with or without Content-Length: counted while it is read)
+    422      invalid JSON, query or action (`agents.actions`)
+    429      over the token's --rate-limit; Retry-After says when to send it again (it did not run)
+    502      the slot's env failed during the call (`{"error", "status": "error"}`): the episode is lost and
+             the slot restarts
+    503      no free slot within wait_s; or bodies being read across all requests at --max-body-total-mb
+             (Retry-After: 1)
+A request refused before routing (401, 413, 429, 503 for bodies) also closes its connection.
+
+A lease starts clean: the session sees nothing of the env until its own reset (409 before), and a call still
+running when its session ends (closed, reclaimed, lifetime) finishes before the slot is ready again
+("releasing"): the next session never gets the last one's late observation. A lease request that waits
+(`wait_s`) holds no handler thread and leaves the queue when its client disconnects; a slot leased for a
+client that left meanwhile is given back at once.
+
+Limits: a session holds one slot and loses it after `--idle-timeout` s without a call or `--max-session` s
+after its lease; each token may send `--rate-limit` requests/s (bursts as large; default 50 per slot);
+request bodies are capped per request (`--max-body-kb`) and in total (`--max-body-total-mb`; plus transport
+buffers of < 0.3 MiB per open connection), and the heap is trimmed after a burst of them. Connections
+(envs/server_net.py): request headers, and TLS handshakes, must arrive within `--header-timeout` s; past
+`--max-connections` the longest idle connection is closed; such closes and malformed requests are counted in
+one log line a minute. `--tls-cert/--tls-key` serve https (RemoteEnv verifies with `ca_file`).
+
+Safety: actions are data validated by `agents.actions.ACTION_ADAPTER` (422 otherwise), never code; the token
+is compared in constant time and never logged or echoed; the server binds to loopback unless told otherwise,
+and refuses a non-loopback address without a token.
 Readiness is polled: slots start in background threads and `health` says when each is ready. A slot
 whose env raises an env failure (a call past --call-timeout included: envs/slot_process.py), or fails the
 periodic health check while idle, is restarted in the background; the episode it was running is answered
