@@ -74,7 +74,11 @@ class Server:
             )
         self.url = self._read_url(deadline=time.monotonic() + 60)
         self.http = httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30, verify=verify)
-        self.wait_ready(slots)
+        try:
+            self.wait_ready(slots)
+        except BaseException:  # no server outlives a failed start
+            self.stop()
+            raise
 
     def _read_url(self, deadline: float) -> str:
         sel = selectors.DefaultSelector()
