@@ -21,6 +21,7 @@ import math
 import socket
 import ssl
 import sys
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -51,7 +52,7 @@ class ResetBody(BaseModel):
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: an action is < 1 KB; an OSWorld task config a few KB
 MAX_BODY_TOTAL_BYTES = 64 << 20  # request bodies held at once, across all requests
-TRIM_AFTER_BYTES = 1 << 20  # after this much body read, the heap is trimmed once none is held (<= 1/s)
+TRIM_AFTER_BYTES = 1 << 20  # after this much body read, the heap is trimmed once the burst is over
 
 
 @dataclass
@@ -107,7 +108,7 @@ class _Guard:
         self.app, self.token, self.max_body, self.max_body_total = app, token, max_body, max_body_total
         self.rate = RateLimit(rate) if rate > 0 else None
         self.held = 0  # body bytes held by requests in progress (touched on the event loop only)
-        self.read = 0  # body bytes read since the heap was last trimmed
+        self.read, self.last_read = 0, 0.0  # body bytes read since the heap was last trimmed; when the last came
         self.trim_later: asyncio.TimerHandle | None = None
 
     async def __call__(self, scope, receive, send):
@@ -137,13 +138,13 @@ class _Guard:
                 if msg["type"] == "http.disconnect":
                     return
                 chunk = msg.get("body", b"")
+                self.read, self.last_read = self.read + len(chunk), time.monotonic()
                 if len(buf) + len(chunk) > self.max_body:
                     return await _reply(send, 413, f"request body over the {self.max_body} byte limit")
                 if self.held + len(chunk) > self.max_body_total:
                     return await _reply(send, 503, "server busy reading other requests' bodies", retry_after=1)
                 buf += chunk
                 self.held, held = self.held + len(chunk), held + len(chunk)
-                self.read += len(chunk)
                 more = msg.get("more_body", False)
             body, sent = bytes(buf), False
             del buf
@@ -161,14 +162,14 @@ class _Guard:
             self._trim()
 
     def _trim(self) -> None:
-        """After a burst of bodies (over TRIM_AFTER_BYTES read since the last trim), return the memory to the OS
-        a second later, once none is held: at most once a second, and once more after the burst ends."""
+        """After a burst of bodies (over TRIM_AFTER_BYTES read since the last trim, refused ones included),
+        return the memory to the OS once the burst is over: none held and no body byte for a second."""
         if self.read > TRIM_AFTER_BYTES and self.trim_later is None:
             self.trim_later = asyncio.get_running_loop().call_later(1.0, self._trim_now)
 
     def _trim_now(self) -> None:
         self.trim_later = None
-        if self.held:  # bodies still being read or handled: look again in a second
+        if self.held or time.monotonic() - self.last_read < 1.0:  # the burst goes on: look again in a second
             self.trim_later = asyncio.get_running_loop().call_later(1.0, self._trim_now)
             return
         self.read = 0
