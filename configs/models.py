@@ -118,6 +118,10 @@ class EnvConfig(_Cfg):
     acquire_timeout_s: float = Field(
         120.0, gt=0, description="Env 'remote': how long a reset waits for a free slot when all are busy"
     )
+    ca_file: str | None = Field(
+        None,
+        description="Env 'remote': PEM CA bundle verifying https env servers (a self-signed one); null = system CAs",
+    )
 
     @field_validator("servers")
     @classmethod

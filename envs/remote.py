@@ -10,7 +10,9 @@ whose session was reclaimed (idle timeout) or whose server went away leases a ne
 another server if need be (nothing of the episode has happened yet). A failure during an episode
 raises EnvError: the runner records the episode as `error` and retries it (flywheel.runtime.rollout).
 The token is read from the environment variable named by `token_env`, kept out of reprs, and
-never part of the URLs, the rollout spec or the lake.
+never part of the URLs, the rollout spec or the lake. An https server is verified against the system CAs, or
+against `ca_file` (a PEM bundle: a self-signed server's certificate). A request refused by the server's rate
+limit (429) is sent again after the Retry-After it names (it did not run).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import ssl
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +30,8 @@ from envs.base import EnvError, GuiEnv, Observation, StepResult
 from envs.wire import API, TOKEN_ENV, obs_from_json, step_from_json
 
 DOWN_COOLDOWN_S = 10.0  # a server that failed is skipped this long when leasing
+RATE_LIMIT_RETRIES = 3  # a 429 is retried this many times, each after its Retry-After (capped)
+RETRY_AFTER_MAX_S = 5.0
 
 
 def check_server_url(url: str) -> str:
@@ -50,6 +55,7 @@ class RemoteEnv(GuiEnv):
         timeout_s: per-request read timeout (an OSWorld step with its pause fits well inside).
         acquire_timeout_s: how long a reset waits for a free slot when every slot is busy.
         probe: check at construction that at least one server answers (a clear error early).
+        ca_file: PEM CA bundle that verifies https servers (default: the system CAs).
     """
 
     name = "remote"
@@ -62,6 +68,7 @@ class RemoteEnv(GuiEnv):
         timeout_s: float = 120.0,
         acquire_timeout_s: float = 120.0,
         probe: bool = True,
+        ca_file: str | None = None,
     ):
         import httpx
 
@@ -72,7 +79,13 @@ class RemoteEnv(GuiEnv):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # TCP_NODELAY: httpcore writes a request's headers and body separately; with Nagle on, the body waits
         # for the server's delayed ACK (up to 40 ms on Linux) on every POST.
-        transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        verify: ssl.SSLContext | bool = True
+        if ca_file:
+            try:
+                verify = ssl.create_default_context(cafile=os.path.expanduser(ca_file))
+            except (OSError, ssl.SSLError) as e:
+                raise ValueError(f"cannot load the env servers' CA file {ca_file!r}: {e}") from None
+        transport = httpx.HTTPTransport(verify=verify, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=5.0), transport=transport)
         self._transport_errors = (httpx.TransportError,)
         self.acquire_timeout_s = acquire_timeout_s
@@ -91,10 +104,17 @@ class RemoteEnv(GuiEnv):
     # ------------------------------------------------------------------ HTTP
     def _req(self, method: str, url: str, what: str, **kw) -> Any:
         """One request -> JSON; EnvError naming the server on a transport failure or an error status."""
-        try:
-            r = self._http.request(method, url, **kw)
-        except self._transport_errors as e:
-            raise _Unreachable(f"env server {_base(url)} unreachable during {what}: {type(e).__name__}: {e}") from e
+        for attempt in range(RATE_LIMIT_RETRIES + 1):
+            try:
+                r = self._http.request(method, url, **kw)
+            except self._transport_errors as e:
+                raise _Unreachable(f"env server {_base(url)} unreachable during {what}: {type(e).__name__}: {e}") from e
+            if r.status_code != 429 or attempt == RATE_LIMIT_RETRIES:
+                break
+            try:
+                time.sleep(min(RETRY_AFTER_MAX_S, max(0.1, float(r.headers.get("retry-after", 1)))))
+            except ValueError:
+                time.sleep(1.0)
         if r.status_code >= 400:
             try:
                 msg = r.json().get("error") or r.text

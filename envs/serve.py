@@ -26,6 +26,13 @@ def build_settings(
     health_interval: float,
     max_body_kb: int,
     call_timeout: float = 600.0,
+    max_body_total_mb: int = 64,
+    max_session: float = 3600.0,
+    rate_limit: float | None = None,
+    header_timeout: float = 5.0,
+    max_connections: int = 1000,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
     screenshot_scale: int,
     provider: str,
     path_to_vm: str | None,
@@ -34,6 +41,10 @@ def build_settings(
     tasks_dir: str | None,
 ) -> ServerSettings:
     """Server settings from command-line options; ValueError (one line) for a bad combination."""
+    if max_body_total_mb * 1024 < max_body_kb:
+        raise ValueError("--max-body-total-mb must hold at least one body of --max-body-kb")
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
     if env == "miniwob":
         kwargs: dict = {"screenshot_scale": screenshot_scale}
     elif env == "osworld":
@@ -58,7 +69,14 @@ def build_settings(
         idle_timeout_s=idle_timeout,
         health_interval_s=health_interval,
         max_body_bytes=max_body_kb * 1024,
+        max_body_total_bytes=max_body_total_mb << 20,
         call_timeout_s=call_timeout,
+        max_session_s=max_session,
+        rate_limit_per_s=rate_limit,
+        header_timeout_s=header_timeout,
+        max_connections=max_connections,
+        tls_cert=os.path.expanduser(tls_cert) if tls_cert else None,
+        tls_key=os.path.expanduser(tls_key) if tls_key else None,
     )
 
 
@@ -77,6 +95,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--call-timeout", type=float, default=600.0, help="seconds before an env call counts as stuck (slot restarts)"
     )
+    p.add_argument("--max-body-total-mb", type=int, default=64, help="request bodies held at once, all requests")
+    p.add_argument("--max-session", type=float, default=3600.0, help="seconds a session may live (0: no limit)")
+    p.add_argument("--rate-limit", type=float, default=None, help="requests/s per token (default 50 per slot; 0: off)")
+    p.add_argument("--header-timeout", type=float, default=5.0, help="seconds to send a request's headers")
+    p.add_argument("--max-connections", type=int, default=1000, help="open connections (past it: idle ones close)")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve https")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     p.add_argument("--screenshot-scale", type=int, default=1, help="miniwob: screenshot upscale")
     p.add_argument("--provider", default="docker", help="osworld: desktop-env provider")
     p.add_argument("--path-to-vm", default=None, help="osworld: VM image/path for the provider")
@@ -94,6 +119,13 @@ def main(argv: list[str] | None = None) -> None:
             health_interval=a.health_interval,
             max_body_kb=a.max_body_kb,
             call_timeout=a.call_timeout,
+            max_body_total_mb=a.max_body_total_mb,
+            max_session=a.max_session,
+            rate_limit=a.rate_limit,
+            header_timeout=a.header_timeout,
+            max_connections=a.max_connections,
+            tls_cert=a.tls_cert,
+            tls_key=a.tls_key,
             screenshot_scale=a.screenshot_scale,
             provider=a.provider,
             path_to_vm=a.path_to_vm,

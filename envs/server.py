@@ -4,7 +4,8 @@
     curl -H "Authorization: Bearer $FLYWHEEL_ENV_TOKEN" http://127.0.0.1:8100/v1/health
 
 Endpoints (JSON; every one needs `Authorization: Bearer <token>` when the server has a token):
-    GET    /v1/health                       per-slot state (starting/ready/busy/restarting/broken), free slots
+    GET    /v1/health                       per-slot state (starting/ready/busy/releasing/restarting/broken),
+                                            free slots, lease requests waiting
     POST   /v1/sessions[?wait_s=]           lease a ready slot -> {session_id, ...}; 503 when none frees in wait_s;
                                             with a reset body, also resets it (-> observation): one round trip
     POST   /v1/sessions/{id}/reset          {task_id, seed, task_config?} -> observation
@@ -13,10 +14,41 @@ Endpoints (JSON; every one needs `Authorization: Bearer <token>` when the server
     GET    /v1/sessions/{id}/screenshot     the last observation's PNG
     DELETE /v1/sessions/{id}                end the session, free the slot
 
-Safety: a session holds one slot and loses it after `idle_timeout_s` without a call; actions are data
-validated by `agents.actions.ACTION_ADAPTER` (422 otherwise), never code; the token is compared in
-constant time and never logged or echoed; request bodies are capped (413); the server binds to
-loopback unless told otherwise, and refuses a non-loopback address without a token.
+Status codes (every error is one JSON line `{"error": ...}`; nothing else is answered):
+    200/201  done (201: a session leased)
+    400      bad input the env refused (unknown task id, a task_config the env takes none of); also uvicorn's
+             plain-text answer to a malformed request (bad request line, headers or framing)
+    401      missing or wrong token
+    404      unknown session (closed, reclaimed idle, past its lifetime, lost to a slot failure) or path
+    405      wrong method for the path
+    409      not now: no episode yet (step, evaluate or screenshot before the session's first reset), or
+             another call of the same session still running (one at a time)
+    413      body over --max-body-kb (with or without Content-Length: counted while it is read)
+    422      invalid JSON, query or action (`agents.actions`)
+    429      over the token's --rate-limit; Retry-After says when to send it again (it did not run)
+    502      the slot's env failed during the call (`{"error", "status": "error"}`): the episode is lost and
+             the slot restarts
+    503      no free slot within wait_s; or bodies being read across all requests at --max-body-total-mb
+             (Retry-After: 1)
+A request refused before routing (401, 413, 429, 503 for bodies) also closes its connection.
+
+A lease starts clean: the session sees nothing of the env until its own reset (409 before), and a call still
+running when its session ends (closed, reclaimed, lifetime) finishes before the slot is ready again
+("releasing"): the next session never gets the last one's late observation. A lease request that waits
+(`wait_s`) holds no handler thread and leaves the queue when its client disconnects; a slot leased for a
+client that left meanwhile is given back at once.
+
+Limits: a session holds one slot and loses it after `--idle-timeout` s without a call or `--max-session` s
+after its lease; each token may send `--rate-limit` requests/s (bursts as large; default 50 per slot);
+request bodies are capped per request (`--max-body-kb`) and in total (`--max-body-total-mb`; plus transport
+buffers of < 0.3 MiB per open connection), and the heap is trimmed after a burst of them. Connections
+(envs/server_net.py): request headers, and TLS handshakes, must arrive within `--header-timeout` s; past
+`--max-connections` the longest idle connection is closed; such closes and malformed requests are counted in
+one log line a minute. `--tls-cert/--tls-key` serve https (RemoteEnv verifies with `ca_file`).
+
+Safety: actions are data validated by `agents.actions.ACTION_ADAPTER` (422 otherwise), never code; the token
+is compared in constant time and never logged or echoed; the server binds to loopback unless told otherwise,
+and refuses a non-loopback address without a token.
 Readiness is polled: slots start in background threads and `health` says when each is ready. A slot
 whose env raises an env failure (a call past --call-timeout included: envs/slot_process.py), or fails the
 periodic health check while idle, is restarted in the background; the episode it was running is answered
@@ -48,16 +80,23 @@ class SlotFailed(RuntimeError):
     """The slot's env broke during a call; the session's episode is lost (the slot restarts)."""
 
 
+class SessionConflict(RuntimeError):
+    """The call cannot run now: no episode yet (reset first), or another call of the session is running (409)."""
+
+
 @dataclass
 class Slot:
     idx: int
     env: GuiEnv | None = None
-    state: str = "starting"  # starting | ready | busy | restarting | broken
+    state: str = "starting"  # starting | ready | busy | releasing | restarting | broken
     session: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # one env call at a time
+    inflight: int = 0  # env calls running or queued on `lock` (guarded by the pool's mu)
+    episode: bool = False  # the session has reset the env: before that, nothing of the env is shown
     episodes: int = 0
     restarts: int = 0
     last_error: str | None = None
+    leased_at: float = 0.0
     last_used: float = field(default_factory=time.monotonic)
     last_check: float = field(default_factory=time.monotonic)
     last_png: bytes | None = None
@@ -69,7 +108,12 @@ def _one_line(e: BaseException) -> str:
 
 
 class SlotPool:
-    """N env slots, their sessions, the idle reaper and the health checker (threads; no asyncio here)."""
+    """N env slots, their sessions, the lease queue, the reaper and the health checker (threads; no asyncio here).
+
+    Leases are first come first served: `enqueue` a wake-up callback, `try_lease` whenever woken (it succeeds
+    only for the head of the queue with a ready slot), `dequeue` when done or given up. The callback runs under
+    the pool's lock and must only schedule the waiter (the HTTP layer's waiters are coroutines: no thread waits).
+    """
 
     def __init__(
         self,
@@ -78,16 +122,17 @@ class SlotPool:
         *,
         idle_timeout_s: float = 300.0,
         health_interval_s: float = 15.0,
+        max_session_s: float = 0.0,
     ):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.factory, self.idle_timeout_s, self.health_interval_s = factory, idle_timeout_s, health_interval_s
+        self.max_session_s = max_session_s  # 0: no limit
         self.slots = [Slot(i) for i in range(slots)]
         self.sessions: dict[str, Slot] = {}
         self.ended: OrderedDict[str, str] = OrderedDict()  # recently ended session -> why (clear 404s)
         self.mu = threading.Lock()  # guards slot states, the session table and the lease queue
-        self.freed = threading.Condition(self.mu)  # notified whenever a slot becomes ready
-        self._queue: list[int] = []  # lease requests waiting, first come first served
+        self._queue: OrderedDict[int, Callable[[], None]] = OrderedDict()  # ticket -> wake, first come first served
         self._tickets = 0
         self.stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="env-reaper", daemon=True)
@@ -118,7 +163,7 @@ class SlotPool:
                 env.close()
                 return
             s.env, s.state, s.last_check = env, "ready", time.monotonic()
-            self.freed.notify_all()
+            self._wake()
 
     def _restart(self, s: Slot, why: str) -> None:
         """Mark the slot restarting (under self.mu) and rebuild its env in the background."""
@@ -133,36 +178,47 @@ class SlotPool:
             for s in self.slots:
                 s.env, s.state = None, "closed"
             self.sessions.clear()
+            for wake in self._queue.values():  # waiters see the stop and give up
+                wake()
         for env in envs:
             try:
                 env.close()
             except Exception:  # noqa: BLE001
                 pass
 
-    # ------------------------------------------------------------------ sessions
-    def acquire(self, wait_s: float = 0.0) -> tuple[str, Slot] | None:
-        """Lease a ready slot, waiting up to wait_s for one; waiters are served first come first served
-        (a client that gives its slot back and asks again cannot starve one that was already waiting)."""
-        deadline = time.monotonic() + wait_s
-        with self.freed:
+    # ------------------------------------------------------------------ leases
+    def enqueue(self, wake: Callable[[], None]) -> int:
+        """Join the lease queue; `wake()` is called (under the pool's lock) when the waiter should try again."""
+        with self.mu:
             self._tickets += 1
-            ticket = self._tickets
-            self._queue.append(ticket)
-            try:
-                while True:
-                    free = [s for s in self.slots if s.state == "ready"] if self._queue[0] == ticket else []
-                    if free:
-                        s, sid = free[0], secrets.token_urlsafe(16)
-                        s.state, s.session, s.last_used, s.last_png = "busy", sid, time.monotonic(), None
-                        self.sessions[sid] = s
-                        return sid, s
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self.stop.is_set():
-                        return None
-                    self.freed.wait(left)
-            finally:
-                self._queue.remove(ticket)
-                self.freed.notify_all()  # the next in line may take a free slot now
+            self._queue[self._tickets] = wake
+            return self._tickets
+
+    def try_lease(self, ticket: int) -> tuple[str, Slot] | None:
+        """A new session on a ready slot if `ticket` heads the queue and a slot is ready; it leaves the queue then."""
+        with self.mu:
+            if self.stop.is_set() or next(iter(self._queue), None) != ticket:
+                return None
+            s = next((s for s in self.slots if s.state == "ready"), None)
+            if s is None:
+                return None
+            sid, now = secrets.token_urlsafe(16), time.monotonic()
+            s.state, s.session, s.episode, s.last_png, s.leased_at, s.last_used = "busy", sid, False, None, now, now
+            self.sessions[sid] = s
+            del self._queue[ticket]
+            self._wake()  # the next in line may take another ready slot
+            return sid, s
+
+    def dequeue(self, ticket: int) -> None:
+        """Leave the queue (timed out, or the client went away); the next in line is woken."""
+        with self.mu:
+            if self._queue.pop(ticket, None) is not None:
+                self._wake()
+
+    def _wake(self) -> None:
+        """Under self.mu: wake the head of the queue when a slot is ready (it leases it, then wakes the next)."""
+        if self._queue and any(s.state == "ready" for s in self.slots):
+            next(iter(self._queue.values()))()
 
     def _end(self, sid: str, why: str) -> None:
         self.sessions.pop(sid, None)
@@ -170,13 +226,19 @@ class SlotPool:
         while len(self.ended) > 4096:
             self.ended.popitem(last=False)
 
+    def _free(self, s: Slot) -> None:
+        """Under self.mu: the slot's session is over. A call still running on it finishes first (its result is
+        not kept), then the slot is ready: the next lease never meets the previous session's late work."""
+        s.session, s.state = None, ("releasing" if s.inflight else "ready")
+        if s.state == "ready":
+            self._wake()
+
     def release(self, sid: str) -> None:
         with self.mu:
             s = self._slot(sid)
             self._end(sid, "closed by the client")
             if s.state == "busy" and s.session == sid:
-                s.state, s.session = "ready", None
-                self.freed.notify_all()
+                self._free(s)
 
     def _slot(self, sid: str) -> Slot:
         s = self.sessions.get(sid)
@@ -185,39 +247,63 @@ class SlotPool:
             raise SessionGone(f"unknown env session ({why}); lease a new one with POST /v1/sessions")
         return s
 
+    # ------------------------------------------------------------------ env calls
     def call(self, sid: str, fn: Callable[[GuiEnv], Any], *, new_episode: bool = False) -> Any:
-        """Run fn(env) on the session's slot. ValueError passes through (bad input: 400); any other
-        failure restarts the slot and raises SlotFailed (the episode is lost: status error)."""
+        """Run fn(env) on the session's slot. ValueError passes through (bad input: 400); any other failure
+        restarts the slot and raises SlotFailed (the episode is lost: status error). Only a reset
+        (`new_episode`) may run before the session's first reset; one call of a session runs at a time."""
         with self.mu:
             s = self._slot(sid)
-            s.last_used = time.monotonic()
-        with s.lock:
-            if s.session != sid or s.env is None:  # reclaimed or restarted while we waited for the lock
-                with self.mu:
-                    self._slot(sid)
-                raise SessionGone("env session lost while waiting for its slot")
-            try:
-                out = fn(s.env)
-            except ValueError:
-                raise
-            except Exception as e:  # noqa: BLE001 - EnvError (browser/VM died) or a bug in the env
-                why = f"slot {s.idx} failed: {_one_line(e)}"
-                log.warning("%s; restarting it", why)
-                with self.mu:
-                    self._end(sid, f"lost: {why}")
-                    self._restart(s, why)
-                raise SlotFailed(f"{why}; the episode is lost and the slot is restarting") from e
-            finally:
+            if s.inflight:
+                raise SessionConflict("another call of this session is still running: one call at a time")
+            if not (new_episode or s.episode):
+                raise SessionConflict("no episode yet: reset the session first")
+            s.last_used, s.inflight = time.monotonic(), s.inflight + 1
+        try:
+            with s.lock:
+                return self._run(s, sid, fn, new_episode)
+        finally:
+            with self.mu:
+                s.inflight -= 1
                 s.last_used = time.monotonic()
-            png = getattr(getattr(out, "observation", out), "screenshot_png", None)
-            if png:
-                s.last_png = png
-            s.episodes += int(new_episode)
+                if s.state == "releasing" and not s.inflight:
+                    s.state = "ready"
+                    self._wake()
+
+    def _run(self, s: Slot, sid: str, fn: Callable[[GuiEnv], Any], new_episode: bool) -> Any:
+        with self.mu:
+            if s.session != sid or s.env is None:  # ended or restarted while we waited for the lock
+                self._slot(sid)
+                raise SessionGone("env session lost while waiting for its slot")
+            env = s.env
+        try:
+            out = fn(env)
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001 - EnvError (browser/VM died) or a bug in the env
+            why = f"slot {s.idx} failed: {_one_line(e)}"
+            log.warning("%s; restarting it", why)
+            with self.mu:
+                if s.session == sid:
+                    self._end(sid, f"lost: {why}")
+                if s.state in ("busy", "releasing"):
+                    self._restart(s, why)
+            raise SlotFailed(f"{why}; the episode is lost and the slot is restarting") from e
+        with self.mu:
+            if s.session == sid:  # still this session's slot: its observation is the latest
+                png = getattr(getattr(out, "observation", out), "screenshot_png", None)
+                if png:
+                    s.last_png = png
+                if new_episode:
+                    s.episode, s.episodes = True, s.episodes + 1
         return out
 
-    def screenshot(self, sid: str) -> bytes | None:
+    def screenshot(self, sid: str) -> bytes:
         with self.mu:
-            return self._slot(sid).last_png
+            s = self._slot(sid)
+            if not s.episode or s.last_png is None:
+                raise SessionConflict("no observation yet: reset the session first")
+            return s.last_png
 
     # ------------------------------------------------------------------ background
     def _reap_loop(self) -> None:
@@ -225,11 +311,14 @@ class SlotPool:
             now = time.monotonic()
             with self.mu:
                 for s in self.slots:
-                    if s.state == "busy" and now - s.last_used > self.idle_timeout_s and not s.lock.locked():
+                    if s.state == "busy" and self.max_session_s and now - s.leased_at > self.max_session_s:
+                        log.info("slot %d: session reached the %gs lifetime, ended", s.idx, self.max_session_s)
+                        self._end(s.session, f"ended after the {self.max_session_s:g}s session lifetime")
+                        self._free(s)
+                    elif s.state == "busy" and now - s.last_used > self.idle_timeout_s and not s.inflight:
                         log.info("slot %d: session idle for %.0fs, reclaimed", s.idx, now - s.last_used)
                         self._end(s.session, f"reclaimed after {self.idle_timeout_s:g}s idle")
-                        s.state, s.session = "ready", None
-                        self.freed.notify_all()
+                        self._free(s)
                     elif s.state == "broken" and now - s.last_check > self.health_interval_s:
                         s.last_check = now
                         self._restart(s, s.last_error or "broken")
@@ -260,7 +349,7 @@ class SlotPool:
                 {
                     "slot": s.idx,
                     "state": s.state,
-                    "in_call": s.lock.locked(),
+                    "in_call": s.inflight > 0,
                     "episodes": s.episodes,
                     "restarts": s.restarts,
                     "last_error": s.last_error,
@@ -268,9 +357,32 @@ class SlotPool:
                 }
                 for s in self.slots
             ]
+            waiting = len(self._queue)
         free = sum(1 for s in slots if s["state"] == "ready")
-        ready = all(s["state"] in ("ready", "busy") for s in slots)
-        return {"status": "ready" if ready else "degraded", "free": free, "slots": slots}
+        ready = all(s["state"] in ("ready", "busy", "releasing") for s in slots)
+        return {"status": "ready" if ready else "degraded", "free": free, "waiting": waiting, "slots": slots}
+
+
+class RateLimit:
+    """Token buckets: `rate` requests/s per key on average, bursts of up to `rate` (at least 1) at once.
+    Used from the event loop only (no lock); the oldest of more than `max_keys` buckets is forgotten."""
+
+    def __init__(self, rate: float, max_keys: int = 10_000):
+        if rate <= 0:
+            raise ValueError(f"rate must be > 0, got {rate}")
+        self.rate, self.burst, self.max_keys = rate, max(1.0, rate), max_keys
+        self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, when)
+
+    def take(self, key: str) -> float:
+        """0.0 when a request of `key` may go now (it is counted), else the seconds until one may."""
+        now = time.monotonic()
+        tokens, then = self.buckets.pop(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.rate)
+        wait = 0.0 if tokens >= 1 else (1 - tokens) / self.rate
+        self.buckets[key] = (tokens - 1 if not wait else tokens, now)
+        if len(self.buckets) > self.max_keys:
+            self.buckets.popitem(last=False)
+        return wait
 
 
 # ---------------------------------------------------------------------------------------- binding

@@ -97,7 +97,10 @@ def rollout_spec(
         key_env = env_kwargs
     else:  # remote: the screen is the server's; the token stays in the workers' environment
         env_kwargs.update(
-            servers=list(cfg.env.servers), token_env=cfg.env.token_env, acquire_timeout_s=cfg.env.acquire_timeout_s
+            servers=list(cfg.env.servers),
+            token_env=cfg.env.token_env,
+            acquire_timeout_s=cfg.env.acquire_timeout_s,
+            ca_file=cfg.env.ca_file,
         )
     payload = {
         "policy": asdict(policy),

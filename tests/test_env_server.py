@@ -40,14 +40,18 @@ FAST = (
 
 
 class Server:
-    """One `flywheel env serve` process in its own process group, ready when its slots are."""
+    """One `flywheel env serve` process in its own process group, ready when its slots are.
+    `verify`: what the test's client verifies an https server with (an ssl context holding its CA);
+    `max_files`: the server's open-file limit (soft and hard), to show what a connection flood does to it."""
 
-    def __init__(self, tmp: Path, slots: int = 2, *extra: str):
+    def __init__(self, tmp: Path, slots: int = 2, *extra: str, verify=True, max_files: int | None = None):
         self.log = tmp / f"server-{time.monotonic_ns()}.log"
         env = dict(os.environ, FLYWHEEL_ENV_TOKEN=TOKEN, OMP_NUM_THREADS="1")
+        limit = ["prlimit", f"--nofile={max_files}:{max_files}", "--"] if max_files else []
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(
                 [
+                    *limit,
                     sys.executable,
                     "-m",
                     "flywheel",
@@ -69,8 +73,12 @@ class Server:
                 start_new_session=True,
             )
         self.url = self._read_url(deadline=time.monotonic() + 60)
-        self.http = httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
-        self.wait_ready(slots)
+        self.http = httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30, verify=verify)
+        try:
+            self.wait_ready(slots)
+        except BaseException:  # no server outlives a failed start
+            self.stop()
+            raise
 
     def _read_url(self, deadline: float) -> str:
         sel = selectors.DefaultSelector()
@@ -78,7 +86,7 @@ class Server:
         while time.monotonic() < deadline:
             if sel.select(timeout=0.5):
                 line = self.proc.stdout.readline()
-                m = re.search(r"http://[0-9.]+:\d+", line)
+                m = re.search(r"https?://[0-9.]+:\d+", line)
                 if m:
                     return m.group(0)
             if self.proc.poll() is not None:
@@ -95,7 +103,7 @@ class Server:
         while time.monotonic() < deadline:
             try:
                 h = self.health()
-                if h["free"] >= free:
+                if h.get("free", -1) >= free:
                     return h
             except httpx.TransportError:
                 pass
@@ -107,6 +115,8 @@ class Server:
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:
+        if hasattr(self, "http"):
+            self.http.close()  # a TLS server waits for its clients' goodbye when it stops
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:

@@ -46,6 +46,23 @@ def serve_cmd(
     call_timeout: float = typer.Option(
         600.0, "--call-timeout", min=1.0, help="Seconds before an env call counts as stuck (the slot restarts)."
     ),
+    max_body_total_mb: int = typer.Option(
+        64, "--max-body-total-mb", min=1, help="Request bodies held at once across all requests (MiB; past it 503)."
+    ),
+    max_session: float = typer.Option(
+        3600.0, "--max-session", min=0.0, help="Seconds a session may live before its slot is freed (0: no limit)."
+    ),
+    rate_limit: Optional[float] = typer.Option(
+        None, "--rate-limit", min=0.0, show_default=False, help="Requests/s per token (default 50 per slot; 0: off)."
+    ),
+    header_timeout: float = typer.Option(
+        5.0, "--header-timeout", min=0.1, help="Seconds a connection has to send a request's headers (and TLS hello)."
+    ),
+    max_connections: int = typer.Option(
+        1000, "--max-connections", min=1, help="Open connections; past it the longest idle one is closed."
+    ),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="PEM certificate (chain): serve https."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert."),
     screenshot_scale: int = typer.Option(1, "--screenshot-scale", min=1, max=4, help="miniwob: screenshot upscale."),
     provider: str = typer.Option(
         "docker", "--provider", help="osworld: desktop-env provider (docker, vmware, aws, ...)."
@@ -73,6 +90,13 @@ def serve_cmd(
             health_interval=health_interval,
             max_body_kb=max_body_kb,
             call_timeout=call_timeout,
+            max_body_total_mb=max_body_total_mb,
+            max_session=max_session,
+            rate_limit=rate_limit,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
+            tls_cert=str(tls_cert) if tls_cert else None,
+            tls_key=str(tls_key) if tls_key else None,
             screenshot_scale=screenshot_scale,
             provider=provider,
             path_to_vm=path_to_vm,
