@@ -92,7 +92,8 @@ def test_waiters_hold_no_handler_thread_and_a_waiter_that_left_takes_no_slot(har
         for _ in range(3):  # remote clients give health 5 s; it used to wait for a handler thread (29 s)
             t0 = time.monotonic()
             h = hard.http.get(f"{hard.url}/v1/health", timeout=5).json()
-            assert time.monotonic() - t0 < 1.0 and h["free"] == 0 and h["waiting"] == 45
+            # blocked, it waited ~29 s; 4 s keeps a loaded CI box clear of the clients' 5 s timeout
+            assert time.monotonic() - t0 < 4.0 and h["free"] == 0 and h["waiting"] == 45
     finally:
         for s in waiters:  # the clients give up (a client-side timeout closes the connection the same way)
             s.close()
@@ -341,7 +342,7 @@ def test_tls_rate_limit_and_session_lifetime(tmp_path, monkeypatch):
         sid = srv.http.post(f"{srv.url}/v1/sessions").json()["session_id"]
         leased = time.monotonic()
         assert srv.wait_ready(1, timeout_s=15)["free"] == 1  # the lifetime ends the session, frees the slot
-        assert 4.0 < time.monotonic() - leased < 10.0
+        assert 4.0 < time.monotonic() - leased < 20.0
         r = srv.http.post(f"{srv.url}/v1/sessions/{sid}/reset", json={"task_id": "click-test"})
         assert r.status_code == 404 and "5s session lifetime" in r.json()["error"]
     finally:
