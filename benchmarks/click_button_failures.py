@@ -43,7 +43,7 @@ def _classify(ok: bool, want: str, ui: str, act: str | None, w: int, h: int) -> 
 
 
 def main() -> None:
-    con = connect(sys.argv[1], write_catalog_file=False)  # the lake's views (local or s3://)
+    con = connect(sys.argv[1])  # the lake's views (local or s3://)
     key = (
         sys.argv[2]
         if len(sys.argv) > 2

@@ -94,7 +94,7 @@ def query(lake: Path, sql: str, params: list | None = None) -> list[dict[str, An
     from storage.lake import open_lake
 
     lk = open_lake(lake, create=False)
-    con = connect(lk, write_catalog_file=False)
+    con = connect(lk)
     try:
         cur = con.execute(sql, params or [])
         cols = [d[0] for d in cur.description]

@@ -172,7 +172,7 @@ def main() -> None:
     stats = lake_stats(open_lake(root))
 
     t0 = time.perf_counter()
-    api_con = connect(root, write_catalog_file=False)  # opened once, like any database handle
+    api_con = connect(root)  # opened once, like any database handle
     connect_s = time.perf_counter() - t0
 
     def api():
@@ -189,7 +189,7 @@ def main() -> None:
         if a.s3:
             proc, endpoint, s3_info = start_s3(root)
             t0 = time.perf_counter()
-            s3_con = connect(open_lake("s3://bench/lake", endpoint=endpoint), write_catalog_file=False)
+            s3_con = connect(open_lake("s3://bench/lake", endpoint=endpoint))
             s3_info["s3_connect_s"] = round(time.perf_counter() - t0, 3)
             sides["s3"] = lambda: run_query(s3_con, curate_steps_sql()).num_rows
         for fn in sides.values():

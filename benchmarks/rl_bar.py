@@ -55,7 +55,7 @@ def _rounds(lake, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per round: episodes sampled, success overall and per task (from the lake's episodes of its rollout run)."""
     from storage.catalog import connect
 
-    con = connect(lake, write_catalog_file=False)
+    con = connect(lake)
     out, total = [], 0
     for h in history:
         rows = con.execute(

@@ -57,7 +57,7 @@ def main() -> None:
 
     lake, model, proc, enc = load_for_rl(a)
     params = [p for p in model.parameters() if p.requires_grad]
-    con = connect(lake, write_catalog_file=False)
+    con = connect(lake)
     gs, n_rows, first = [], {}, None
     for key in a.run_keys:
         rows = load_rl_rows(con, [key], arch=model_arch(model), opts=PromptOptions(), targets=a.targets, replay=True)

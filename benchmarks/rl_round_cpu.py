@@ -41,7 +41,7 @@ def _compare_loads(a, lake, model) -> tuple[list[dict], dict[str, list[float]]]:
     from training.rl_data import load_rl_rows, stored_index
 
     def load(with_lake: bool, index=None):
-        con = connect(lake, write_catalog_file=False)
+        con = connect(lake)
         return load_rl_rows(
             con,
             [a.run_key],
@@ -56,7 +56,7 @@ def _compare_loads(a, lake, model) -> tuple[list[dict], dict[str, list[float]]]:
     # the stage keeps one index of stored successes per run: built on its first round, then each later round
     # opens only the episode files added since (here: none), so the warm index is what rounds 1+ see
     index = stored_index(lake)
-    build, _ = _timed(lambda: index.rows(connect(lake, write_catalog_file=False)))
+    build, _ = _timed(lambda: index.rows(connect(lake)))
     loads: dict[str, list[float]] = {
         "views": [],
         "run_files": [],

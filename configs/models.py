@@ -58,6 +58,14 @@ class LakeConfig(_Cfg):
             "else ~/.cache/flywheel/lakes/..."
         ),
     )
+    catalog: str | None = Field(
+        None,
+        description=(
+            "The DuckLake catalog: a postgresql://user@host:5432/db URL (many machines on one lake; the password "
+            "from $PGPASSWORD or ~/.pgpass, never here) or a SQLite file; null = <root>/catalog.sqlite "
+            "(an s3:// root: <cache_dir>/catalog.sqlite, one machine)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_root(self) -> "LakeConfig":
@@ -72,6 +80,11 @@ class LakeConfig(_Cfg):
             raise ValueError(
                 f"lake.root {self.root!r}: only folders and s3:// (any S3-compatible endpoint) are supported"
             )
+        if self.catalog and "://" in self.catalog and not self.catalog.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"lake.catalog {self.catalog!r}: use a postgresql:// URL or a SQLite file path")
+        if self.catalog and self.catalog.startswith(("postgresql://", "postgres://")) and "@" in self.catalog:
+            if ":" in self.catalog.split("://", 1)[1].split("@", 1)[0]:
+                raise ValueError("lake.catalog holds a password: put it in $PGPASSWORD or ~/.pgpass instead")
         if self.s3_endpoint and not self.s3_endpoint.startswith(("http://", "https://")):
             raise ValueError(f"lake.s3_endpoint {self.s3_endpoint!r} must be an http:// or https:// URL")
         return self

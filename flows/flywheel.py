@@ -95,7 +95,7 @@ def next_iteration_of(lake) -> int:
     if not lake.has_data("evals"):
         return 0
     row = (
-        connect(lake, write_catalog_file=False)
+        connect(lake)
         .execute("SELECT max(iteration) FROM evals WHERE stage = 'evaluate'")
         .fetchone()
     )
@@ -112,7 +112,7 @@ def last_eval_success(cfg: FlywheelConfig, before: int) -> float | None:
     if not lake.has_data("evals"):
         return None
     row = (
-        connect(lake, write_catalog_file=False)
+        connect(lake)
         .execute(
             "SELECT success_rate FROM evals WHERE task_id = ? AND iteration < ? AND stage = 'evaluate' "
             "ORDER BY iteration DESC, created_at DESC LIMIT 1",

@@ -235,7 +235,7 @@ def plan_iteration(cfg: FlywheelConfig, lake: Lake, iteration: int, tasks: list[
     from flywheel.teacher_budget import episodes_by_task, limits, pool_left
     from storage.catalog import connect
 
-    con = connect(lake, write_catalog_file=False)
+    con = connect(lake)
     try:
         plan = Plan(
             iteration,
@@ -280,7 +280,7 @@ def load_plan(lake: Lake, iteration: int) -> Plan | None:
         return None
     from storage.catalog import connect
 
-    con = connect(lake, write_catalog_file=False)
+    con = connect(lake)
     try:
         cur = con.execute(
             "SELECT * EXCLUDE (created_at, run_key, git_sha, config_hash, iteration, stage) "

@@ -208,7 +208,7 @@ def base_checkpoint(cfg: FlywheelConfig) -> str:
     lake = lake_for(cfg)
     dataset_id = dataset_id_for(cfg, corpus_spec(cfg).run_key)
     rows = (
-        connect(lake, write_catalog_file=False)
+        connect(lake)
         .sql(
             "SELECT * FROM checkpoints WHERE method = ? AND dataset_id = ? ORDER BY created_at DESC LIMIT 1",
             params=[METHOD, dataset_id],

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import logging
 import time
 import typing
 from collections.abc import Iterator, Mapping
@@ -237,7 +238,20 @@ class Stage:
                 f"stage {self.name} returned {type(res).__name__}, not a StageResult: build it with "
                 "flywheel.pipeline.stage_result / episodes_result / trained_result / skipped_result"
             )
+        _compact(cfg, self.name)
         return res.timed(time.monotonic() - t0)
+
+
+def _compact(cfg: Any, stage: str) -> None:
+    """After a stage: the lake's inlined rows to Parquet and small files merged (no small files pile up)."""
+    if getattr(cfg, "lake", None) is None:
+        return
+    from storage.lake import LakeError, open_lake
+
+    try:
+        open_lake(cfg, create=False).compact()
+    except LakeError as e:  # the stage's rows are committed; compaction can run again later
+        logging.getLogger(__name__).warning("compaction after %s skipped: %s", stage, e)
 
 
 def _resolve(ref: Any) -> Any:

@@ -109,7 +109,7 @@ def plot_rl_metrics(lake: Lake, run_id: str, out: Path) -> Path | None:
     from storage.catalog import connect
 
     cols = ["loss", "entropy", "clip_frac", "approx_kl", "grad_norm", "adv_abs", "round_success"]
-    con = connect(lake, write_catalog_file=False)
+    con = connect(lake)
     rows = con.execute(
         f"SELECT global_step, {', '.join(cols)} FROM rl_metrics WHERE run_key = ? "
         "AND algo IS DISTINCT FROM 'clone' ORDER BY global_step",
@@ -146,7 +146,7 @@ def _stored_groups(lake: Lake, iteration: int) -> tuple[list[str], int]:
     from storage.catalog import connect
 
     rows = (
-        connect(lake, write_catalog_file=False)
+        connect(lake)
         .execute(
             "SELECT run_key, count(*) FROM episodes WHERE stage = 'rollouts' AND iteration = ? AND policy = 'student' "
             "AND group_id IS NOT NULL GROUP BY run_key ORDER BY run_key",
@@ -334,7 +334,7 @@ def _guide(
     if cfg.rl.guide == "failed":
         need += " AND bool_or(success) IS NOT TRUE"
     got = (
-        connect(lake, write_catalog_file=False)
+        connect(lake)
         .execute(
             f"SELECT task_id, seed FROM ({runs_sql(lake, 'episodes', [round_key])}) WHERE run_key = ? "
             f"AND task_reward IS NOT NULL GROUP BY task_id, seed "

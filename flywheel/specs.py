@@ -244,7 +244,7 @@ def latest_checkpoint(cfg: FlywheelConfig, before: int) -> str | None:
     from training.core import ITERATION_CHECKPOINTS, MERGED_DIR
 
     row = (
-        connect(lake, write_catalog_file=False)
+        connect(lake)
         .execute(
             f"SELECT checkpoint_id, path, adapter FROM checkpoints WHERE iteration < ? AND {ITERATION_CHECKPOINTS} "
             "ORDER BY iteration DESC, created_at DESC LIMIT 1",

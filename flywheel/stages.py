@@ -42,7 +42,7 @@ def _demo_seeds(cfg: FlywheelConfig, iteration: int, tasks: list[str]) -> dict[s
     elif cap is not None:
         from storage.catalog import connect
 
-        con = connect(lake, write_catalog_file=False) if lake.has_data("episodes") else None
+        con = connect(lake) if lake.has_data("episodes") else None
         spent = demos_spent(con, tasks) if con else {}
         teacher = episodes_by_task(con, tasks) if con else {}
         want = {t: (min(sel.seeds_per_task, max(0, cap - teacher.get(t, 0))), spent.get(t, 0)) for t in tasks}

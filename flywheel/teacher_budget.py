@@ -188,7 +188,7 @@ def cap_teacher_spec(cfg, spec, *, run_usd: float | None = None, what: str = "te
     if not lim.any:
         return (spec if run_usd is None else replace(spec, budget_usd=run_usd)), Cap(len(spec.jobs), 0, run_usd)
     lake = spec.lake()
-    con = connect(lake, write_catalog_file=False)
+    con = connect(lake)
     try:
         rows = (index or spend_index(lake)).rows(con)
     finally:

@@ -53,7 +53,7 @@ def main() -> None:
 
         from storage.catalog import connect
 
-        con = connect(lake, write_catalog_file=False)
+        con = connect(lake)
         ds = con.execute(
             "SELECT dataset_id FROM datasets WHERE iteration = ? ORDER BY created_at DESC LIMIT 1", [a.iteration]
         ).fetchone()
@@ -69,7 +69,7 @@ def main() -> None:
             timeout=a.timeout,
         )
         runs.append(fr)
-        con = connect(lake, write_catalog_file=False)
+        con = connect(lake)
         sft_ck = con.execute(
             "SELECT path FROM checkpoints WHERE stage = 'sft' AND iteration = ? ORDER BY created_at DESC LIMIT 1",
             [a.iteration],
@@ -102,7 +102,7 @@ def main() -> None:
                         "seconds": r.total_run_time.total_seconds(),
                     }
                 )
-        con = connect(lake, write_catalog_file=False)
+        con = connect(lake)
         rows = con.execute(
             "SELECT checkpoint_id, method, path, parent_checkpoint, metrics FROM checkpoints "
             "WHERE iteration = ? ORDER BY created_at",

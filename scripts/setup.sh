@@ -31,7 +31,8 @@ if [ "${FLYWHEEL_GPU:-0}" = "1" ]; then
   fi
   "${PIP[@]}" "setuptools>=68"
   "${PIP[@]}" --no-deps --no-build-isolation -e .
-  "${PIP[@]}" "prefect>=3.8,<4" "fastapi>=0.139,<0.151" "duckdb>=2.0" "transformers>=5.18" "liger-kernel>=0.8.5"
+  mapfile -t LAKE < <(.venv/bin/python -c 'import tomllib; print("\n".join(d for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"] if d.startswith(("duckdb", "pytz"))))')
+  "${PIP[@]}" "prefect>=3.8,<4" "fastapi>=0.139,<0.151" "${LAKE[@]}" "transformers>=5.18" "liger-kernel>=0.8.5"
   echo "setup (gpu): ok ($(.venv/bin/python -c 'import torch, transformers, duckdb, prefect; print(f"torch {torch.__version__} cuda {torch.cuda.is_available()}, transformers {transformers.__version__}, duckdb {duckdb.__version__}, prefect {prefect.__version__}")'))" >&2
   exit 0
 fi

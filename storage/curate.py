@@ -118,6 +118,7 @@ def record_dataset(
     stage: str,
     git_sha: str | None,
     config_hash: str | None,
+    lake_snapshot: int | None = None,
 ) -> dict[str, Any]:
     """Write a dataset's `datasets` row (the manifest: ids, query, mix, where its export lives); a rerun with the
     same id replaces it. Returns the row."""
@@ -134,6 +135,7 @@ def record_dataset(
         run_key=dataset_id,
         git_sha=git_sha,
         config_hash=config_hash,
+        lake_snapshot=lake_snapshot,
     )
     lake.replace_run("datasets", [[row]], iteration=iteration, stage=stage, run_key=dataset_id)
     return row

@@ -1,20 +1,19 @@
-"""Lake health: per-table stats from Parquet footers, and a verifier for bad files.
+"""Lake health: per-table stats from the catalog, and a verifier that reads every data file.
 
-stats = lake_stats(open_lake("lake"))      # rows, bytes, files, partitions per table (reads footers only)
-report = verify_lake(open_lake("lake"))    # unreadable / schema-mismatched files, by path
-for bad in report.bad: lake.quarantine(bad.path)   # moved aside, never deleted
+stats = lake_stats(open_lake("lake"))      # rows, bytes, data files, partitions per table
+report = verify_lake(open_lake("lake"))    # data files that do not read back, by path
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
+import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from storage.duck import quote
 from storage.lake import Lake
-from storage.schema import SCHEMA_VERSION, TABLES
+from storage.schema import TABLES
 
 
 @dataclass
@@ -30,20 +29,26 @@ class TableStats:
 def lake_stats(lake: Lake) -> dict[str, TableStats]:
     out = {t: TableStats(t) for t in TABLES}
     for f in lake.files():
-        s = out[f.table]
-        s.files += 1
-        s.bytes += f.size
-        s.partitions.add((f.iteration, f.stage))
-        try:
-            s.rows += lake.parquet_file(f.path).metadata.num_rows
-        except Exception:  # noqa: BLE001 - any unreadable footer is counted, verify names it
-            s.unreadable += 1
+        out[f.table].files += 1
+        out[f.table].bytes += f.size
+    cur = lake.cursor()
+    try:
+        for t, s in out.items():
+            try:
+                parts = cur.execute(f"SELECT iteration, stage, count(*) FROM {lake.ref(t)} GROUP BY ALL").fetchall()
+            except duckdb.Error:  # a data file does not read: count the bad ones (verify names them)
+                s.unreadable = sum(_problem(lake, f.path, t, False) is not None for f in lake.files(t))
+                continue
+            s.partitions = {(i, st) for i, st, _ in parts}
+            s.rows = sum(n for *_, n in parts)
+    finally:
+        cur.close()
     return out
 
 
 @dataclass
 class BadFile:
-    path: Path | str  # s3:// string in an object-store lake
+    path: str  # s3:// string in an object-store lake
     table: str
     problem: str
 
@@ -52,52 +57,35 @@ class BadFile:
 class VerifyReport:
     checked: int = 0
     bad: list[BadFile] = field(default_factory=list)
-    older_version: int = 0  # readable files missing newer nullable columns (fine, reported)
+    older_version: int = 0  # kept for the report's shape: DuckLake evolves the schema in its catalog
 
 
-def _schema_problem(table: str, got: pa.Schema) -> tuple[str | None, bool]:
-    """(problem, is_older_version) for a file's schema against the table's current schema."""
-    want = TABLES[table]
-    unknown = [n for n in got.names if n not in want.names]
-    if unknown:
-        return f"unknown columns {unknown}", False
-    for f in got:
-        wf = want.field(f.name)
-        if not f.type.equals(wf.type):
-            return f"column {f.name!r} is {f.type}, expected {wf.type}", False
-    missing = [f for f in want if f.name not in got.names]
-    required = [f.name for f in missing if not f.nullable]
-    if required:
-        return f"missing required columns {required}", False
-    return None, bool(missing)
-
-
-def verify_file(
-    path: Path | str, table: str, *, full: bool = True, lake: Lake | None = None
-) -> tuple[str | None, bool]:
+def _problem(lake: Lake, path: str, table: str, full: bool) -> str | None:
     try:
-        pf = lake.parquet_file(path) if lake else pq.ParquetFile(path)
-        problem, older = _schema_problem(table, pf.schema_arrow)
-        if problem:
-            return problem, False
-        version = (pf.schema_arrow.metadata or {}).get(b"flywheel.schema_version")
-        if version is not None and int(version) > SCHEMA_VERSION:
-            return f"written by a newer schema version {int(version)} (this code knows {SCHEMA_VERSION})", False
+        pf = lake.parquet_file(path)
         if full:  # decode every page: catches corrupt data, not just a bad footer
             for i in range(pf.num_row_groups):
                 pf.read_row_group(i)
-        return None, older
-    except Exception as e:  # noqa: BLE001 - every failure mode of a bad file ends here, named
-        return f"unreadable: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}", False
+        return None
+    except (OSError, pa.ArrowException, ValueError) as e:
+        return f"unreadable: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
 
 
 def verify_lake(lake: Lake, *, full: bool = True) -> VerifyReport:
+    """Every data file of every table, read back; then every table scanned through DuckLake."""
     rep = VerifyReport()
     for f in lake.files():
         rep.checked += 1
-        problem, older = verify_file(f.path, f.table, full=full, lake=lake)
+        problem = _problem(lake, f.path, f.table, full)
         if problem:
             rep.bad.append(BadFile(f.path, f.table, problem))
-        elif older:
-            rep.older_version += 1
+    cur = lake.cursor()
+    try:
+        for t in TABLES:
+            try:
+                cur.execute(f"SELECT count(*) FROM {lake.ref(t)}").fetchone()
+            except Exception as e:  # noqa: BLE001 - any catalog failure is named
+                rep.bad.append(BadFile(quote(t), t, f"the table does not scan: {str(e).splitlines()[0][:200]}"))
+    finally:
+        cur.close()
     return rep

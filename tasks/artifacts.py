@@ -63,7 +63,7 @@ def stage_stats(cfg: FlywheelConfig, stage: str, result: StageResult) -> list[di
         from flywheel.specs import lake_for
         from storage.catalog import connect
 
-        con = connect(lake_for(cfg), write_catalog_file=False)
+        con = connect(lake_for(cfg))
         cur = con.execute(_STATS_SQL, [result["run_key"]])
         names = [d[0] for d in cur.description]
         rows = [dict(zip(names, r)) for r in cur.fetchall()]
@@ -84,13 +84,11 @@ def lake_links(cfg: FlywheelConfig, stage: str, iteration: int, result: StageRes
     if result.skipped:
         return []
     lake, table, links = lake_for(cfg), get_stage(stage).table, []
-    if table:
+    if table and lake._sqlite is not None:  # the catalog file: `flywheel query` or the DuckDB CLI opens it
         links.append(
             (
-                f"lake: {table}/iteration={iteration}/stage={stage}",
-                lake.partition_dir(table, iteration, stage)
-                if lake.remote
-                else (lake.root / table / f"iteration={iteration}" / f"stage={stage}").as_uri(),
+                f"lake: {table} WHERE iteration = {iteration} AND stage = '{stage}' (snapshot {lake.snapshot()})",
+                lake._sqlite.as_uri(),
             )
         )
     if result.checkpoint:
@@ -238,7 +236,7 @@ def flywheel_markdown(cfg: FlywheelConfig, iteration: int) -> str:
     from storage.catalog import connect
     from storage.reports import iteration_table
 
-    con = connect(lake_for(cfg), write_catalog_file=False)
+    con = connect(lake_for(cfg))
     try:
         table, spend = iteration_table(con, iteration=iteration), teacher_spend(con)
     finally:

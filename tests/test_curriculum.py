@@ -112,19 +112,19 @@ def test_entropulse_runs_sft_on_collapse_or_plateau_only(tmp_path):
         )
 
     metrics(0.30)
-    con = connect(lake, write_catalog_file=False)
+    con = connect(lake)
     assert sft_decision(con, 0, cfg).decision == "sft"  # the first iteration trains on the demos
     d = sft_decision(con, 2, cfg)
     assert d.decision == "skip_sft" and "entropy 0.300 >= floor 0.05" in d.reason
     metrics(0.01)  # the last round's entropy collapsed
-    d = sft_decision(connect(lake, write_catalog_file=False), 2, cfg)
+    d = sft_decision(connect(lake), 2, cfg)
     assert d.decision == "sft" and "entropy 0.010 < floor 0.05" in d.reason
     metrics(0.30)
     _evals(lake, 1, {"__all__": 0.41})  # 40% -> 41%: a plateau
-    d = sft_decision(connect(lake, write_catalog_file=False), 2, cfg)
+    d = sft_decision(connect(lake), 2, cfg)
     assert d.decision == "sft" and "plateaued" in d.reason
     every = cfg_with(tmp_path)  # the default: SFT every iteration
-    assert sft_decision(connect(lake, write_catalog_file=False), 2, every).decision == "sft"
+    assert sft_decision(connect(lake), 2, every).decision == "sft"
 
 
 def test_plan_is_written_once_and_the_stages_follow_it(tmp_path):
@@ -151,7 +151,7 @@ def test_plan_is_written_once_and_the_stages_follow_it(tmp_path):
     assert by["click-test"].decision == "teacher" and by["click-test"].teacher_demos == 2  # 5 - 3 spent
     assert by["focus-text"].decision == "train" and plan.rl_tasks == ["focus-text"] and plan.run_sft
     rows = (
-        connect(lake, write_catalog_file=False)
+        connect(lake)
         .execute("SELECT task_id, decision, demos_spent FROM curriculum WHERE iteration = 1 ORDER BY task_id")
         .fetchall()
     )

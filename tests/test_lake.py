@@ -1,20 +1,25 @@
-"""The lake: atomic idempotent writes, concurrent writers, DuckDB views, catalog, bad input."""
+"""The lake (DuckLake): transactional idempotent writes, concurrent writers, snapshots, compaction, migration,
+the lease lock, the plain DuckDB CLI, bad input."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage.catalog import CATALOG_FILE, QueryError, connect, export_query, run_query
+from storage.catalog import QueryError, connect, export_query, run_query
+from storage.duck import extension_path
 from storage.inspect import lake_stats, verify_lake
-from storage.lake import Lake, LakeError
+from storage.lake import CATALOG_FILE, Lake, LakeError
 from storage.schema import STEPS
 from storage.synthetic import png_pool, synthetic_episodes
 
@@ -56,7 +61,6 @@ def test_runs_sql_reads_only_the_named_runs(tmp_path):
     _fill(lake, iteration=1, run_key="r1", seed=2)  # a run key's files in two partitions
     _fill(lake, run_key="r1-x", seed=1)  # its file names start with "r1-" too: the run_key filter drops them
     _fill(lake, run_key="r2", seed=3)
-    assert [f.name for f in lake.files_of_runs("episodes", ["r2"])] == ["r2-00000.parquet"]
     con = connect(lake)
     got = con.execute(
         f"SELECT run_key, iteration, count(*) FROM ({runs_sql(lake, 'episodes', ['r1'])}) GROUP BY ALL ORDER BY ALL"
@@ -64,7 +68,7 @@ def test_runs_sql_reads_only_the_named_runs(tmp_path):
     assert got == [("r1", 0, 20), ("r1", 1, 20)]
     same = con.execute("SELECT * FROM episodes WHERE run_key = 'r2' ORDER BY episode_id").fetchall()
     assert con.execute(f"SELECT * FROM ({runs_sql(lake, 'episodes', ['r2'])}) ORDER BY episode_id").fetchall() == same
-    none = con.execute(f"SELECT * FROM ({runs_sql(lake, 'steps', ['nope'])})")  # no files: the typed empty view
+    none = con.execute(f"SELECT * FROM ({runs_sql(lake, 'steps', ['nope'])})")  # no rows: the same columns
     assert none.fetchall() == [] and [d[0] for d in none.description] == [
         d[0] for d in con.execute("SELECT * FROM steps LIMIT 0").description
     ]
@@ -80,7 +84,6 @@ def test_rerun_replaces_instead_of_duplicating(tmp_path):
     lake.replace_run("episodes", [eps[:10], eps[10:20], eps[20:]], iteration=0, stage="curate", run_key="c")
     lake.replace_run("episodes", [eps[:10]], iteration=0, stage="curate", run_key="c")
     assert connect(lake).execute("SELECT count(*) FROM episodes WHERE stage='curate'").fetchone()[0] == 10
-    assert not list(lake.root.rglob("*.tmp"))
 
 
 def test_bad_rows_rejected_with_clear_error(tmp_path):
@@ -103,15 +106,35 @@ def test_bad_rows_rejected_with_clear_error(tmp_path):
         )
     with pytest.raises(LakeError, match="invalid run_key"):
         lake.write("episodes", [], iteration=0, stage="s", run_key="../escape")
-    assert not list(lake.root.rglob("*.parquet"))
+    assert _count(lake, "episodes") == 0
+
+
+def test_a_write_is_one_transaction(tmp_path, monkeypatch):
+    """An episode and its steps commit together: a failure between the two tables leaves neither."""
+    lake = Lake(tmp_path / "lake")
+    eps, st = synthetic_episodes(1, 3, seed=1)
+    real = Lake._insert
+
+    def fail_on_episodes(self, cur, table, rows, **kw):
+        if table == "episodes":
+            raise duckdb.IOException("disk full (injected)")
+        return real(self, cur, table, rows, **kw)
+
+    monkeypatch.setattr(Lake, "_insert", fail_on_episodes)
+    with pytest.raises(LakeError, match="disk full"):
+        lake.write_many([("steps", st), ("episodes", eps)], iteration=0, stage="rollouts", run_key="r", part="e0")
+    assert (_count(lake, "steps"), _count(lake, "episodes")) == (0, 0)
+    monkeypatch.setattr(Lake, "_insert", real)
+    lake.write_many([("steps", st), ("episodes", eps)], iteration=0, stage="rollouts", run_key="r", part="e0")
+    assert (_count(lake, "steps"), _count(lake, "episodes")) == (3, 1)
 
 
 def _writer(root: str, worker: int, n: int) -> None:
     lake = Lake(root)
-    for i in range(n):  # one small file per episode, like rollout workers do
+    for i in range(n):  # one transaction per episode, like rollout workers do
         eps, st = synthetic_episodes(1, 2, seed=worker * 1000 + i, id_prefix=f"w{worker}-{i}")
-        lake.write("steps", st, iteration=0, stage="rollouts", run_key="conc", part=f"w{worker}-e{i}")
-        lake.write("episodes", eps, iteration=0, stage="rollouts", run_key="conc", part=f"w{worker}-e{i}")
+        rows = [("steps", st), ("episodes", eps)]
+        lake.write_many(rows, iteration=0, stage="rollouts", run_key="conc", part=f"w{worker}-e{i}")
 
 
 def test_concurrent_writers_lose_nothing(tmp_path):
@@ -121,11 +144,12 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     procs = [ctx.Process(target=_writer, args=(root, w, 15)) for w in range(4)]
     for p in procs:
         p.start()
-    # read while they write: every file a reader sees is complete
-    seen = 0
+    # read while they write: a reader sees whole episodes only (every episode row has its 2 steps)
     while any(p.is_alive() for p in procs):
-        if Lake(root).has_data("episodes"):
-            seen = max(seen, connect(root).execute("SELECT count(*) FROM episodes").fetchone()[0])
+        n_ep, n_st = (
+            connect(root).execute("SELECT (SELECT count(*) FROM episodes), (SELECT count(*) FROM steps)").fetchone()
+        )
+        assert n_st >= 2 * n_ep
     for p in procs:
         p.join()
         assert p.exitcode == 0
@@ -135,40 +159,132 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     assert verify_lake(Lake(root)).bad == []
 
 
-def test_catalog_file_opens_in_plain_duckdb(tmp_path):
+def test_plain_duckdb_opens_the_lake(tmp_path):
     lake = Lake(tmp_path / "lake")
     _fill(lake)
-    connect(lake)
-    cat = lake.root / CATALOG_FILE
-    assert cat.exists()
-    # a separate process with nothing but duckdb, like `cd lake && duckdb -readonly catalog.duckdb`
+    # a separate process with nothing but duckdb, as docs/SCHEMA.md tells a DuckDB CLI user
     assert _plain_duckdb_counts(lake.root, "episodes", "evals") == ["20", "0"]
 
 
 def _plain_duckdb_counts(cwd, *tables: str) -> list[str]:
-    """Row counts of `tables` through `catalog.duckdb`, opened read-only by a separate Python process that imports
-    nothing but duckdb, from the folder `cwd` (as a user of the DuckDB CLI would)."""
+    """Row counts of `tables` through the DuckLake catalog, attached read-only by a separate Python process that
+    imports nothing but duckdb, from the folder `cwd` (as a user of the DuckDB CLI would)."""
     counts = ", ".join(f"c.execute('SELECT count(*) FROM {t}').fetchone()[0]" for t in tables)
-    code = f"import duckdb; c = duckdb.connect({CATALOG_FILE!r}, read_only=True); print({counts})"
+    code = (
+        f"import duckdb; c = duckdb.connect(); c.execute(\"LOAD '{extension_path('ducklake')}'\"); "
+        f"c.execute(\"LOAD '{extension_path('sqlite')}'\"); "
+        f"c.execute(\"ATTACH 'ducklake:sqlite:{CATALOG_FILE}' AS lake (DATA_PATH 'data/', OVERRIDE_DATA_PATH true, "
+        f"READ_ONLY)\"); c.execute('USE lake'); print({counts})"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
 
 
-def test_catalog_of_a_moved_lake_still_works(tmp_path):
-    """The catalog file holds paths relative to the lake root: a copied lake whose original is gone still
-    opens, and reading it through the project does not rewrite it."""
+def test_a_moved_lake_still_opens(tmp_path):
+    """The catalog's data path follows the folder: a copied lake whose original is gone still opens, before and
+    after compaction (which writes Parquet files under data/)."""
     lake = Lake(tmp_path / "lake")
     _fill(lake, n=7, steps=2)
-    connect(lake)  # writes catalog.duckdb
+    lake.compact()
+    _fill(lake, n=3, steps=2, run_key="r2", seed=4)  # some rows still inlined in the catalog
     moved = tmp_path / "elsewhere" / "lake"
     shutil.copytree(lake.root, moved)
     lake.root.rename(tmp_path / "gone")  # nothing may still point at the original folder
-    assert _plain_duckdb_counts(moved, "episodes", "steps", "evals") == ["7", "14", "0"]
-    cat = moved / CATALOG_FILE
-    before = (cat.stat().st_mtime_ns, cat.stat().st_ino)
-    assert _count(Lake(moved), "steps") == 14
-    assert (cat.stat().st_mtime_ns, cat.stat().st_ino) == before  # the move alone needs no rewrite
+    assert _plain_duckdb_counts(moved, "episodes", "steps", "evals") == ["10", "20", "0"]
+    assert _count(Lake(moved), "steps") == 20
+
+
+def test_snapshots_time_travel_and_the_cli_at(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    _fill(lake)
+    s1 = lake.snapshot()
+    _fill(lake, run_key="r2", seed=3)
+    assert lake.snapshot() > s1
+    assert connect(lake, at=s1).execute("SELECT count(*) FROM episodes").fetchone()[0] == 20
+    assert _count(lake, "episodes") == 40
+    with pytest.raises(LakeError, match="no snapshot 999"):
+        connect(lake, at=999)
+    lake.replace_run("datasets", [[{"dataset_id": "d1", "run_key": "d1"}]], iteration=0, stage="curate", run_key="d1")
+    rec = connect(lake).execute("SELECT lake_snapshot FROM datasets").fetchone()[0]
+    assert rec == lake.snapshot() - 1  # the snapshot before its own commit: what the stage read
+    env = {**os.environ, "FLYWHEEL_LAKE": str(lake.root)}
+    for at, want in ((str(s1), "20"), ("d1", "40")):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "flywheel",
+                "query",
+                "--at",
+                at,
+                "--format",
+                "csv",
+                "SELECT count(*) AS n FROM episodes",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        assert [c.strip("\"") for c in r.stdout.split()] == ["n", want]
+
+
+def test_compaction_leaves_few_files_and_the_same_rows(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    for i in range(30):  # per-episode writes, as rollouts make them
+        eps, st = synthetic_episodes(1, 2, seed=i, id_prefix=f"e{i}")
+        lake.write_many([("steps", st), ("episodes", eps)], iteration=0, stage="rollouts", run_key="r", part=f"e{i}")
+    before = connect(lake).execute("SELECT sum(hash(episode_id, success)) FROM episodes").fetchone()[0]
+    got = lake.compact()
+    assert got["files_after"] <= 2  # one file each for episodes and steps
+    assert {f.table for f in lake.files()} == {"episodes", "steps"}
+    assert connect(lake).execute("SELECT sum(hash(episode_id, success)) FROM episodes").fetchone()[0] == before
+    assert (_count(lake, "episodes"), _count(lake, "steps")) == (30, 60)
+
+
+def _hold_lock(root: str, ready, lease: float) -> None:
+    from storage.lock import parent_lock
+
+    with parent_lock(Lake(root), "flywheel run (holder)", lease_s=lease):
+        ready.set()
+        time.sleep(600)
+
+
+def test_lock_lives_in_the_catalog_and_a_killed_holder_is_taken_over(tmp_path):
+    """Two processes that share nothing but the lake: the second gets the one-line error while the first holds the
+    lease, and takes the lock over once a SIGKILLed holder's lease has expired."""
+    from storage.lock import LakeBusy, holder, parent_lock
+
+    root = str(tmp_path / "lake")
+    Lake(root)
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_hold_lock, args=(root, ready, 3.0))
+    p.start()
+    try:
+        assert ready.wait(60)
+        with pytest.raises(LakeBusy, match=r"another flywheel run \(holder\) is running .*pid \d+"):
+            with parent_lock(Lake(root)):
+                pass
+        time.sleep(3.5)  # the holder's heartbeat renews its lease: still busy
+        with pytest.raises(LakeBusy):
+            with parent_lock(Lake(root)):
+                pass
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        deadline = time.monotonic() + 10
+        while holder(Lake(root)) is not None:
+            assert time.monotonic() < deadline, "the killed holder's lease never expired"
+            time.sleep(0.2)
+        with parent_lock(Lake(root), "flywheel run (second)"):
+            assert holder(Lake(root))["what"] == "flywheel run (second)"
+        assert holder(Lake(root)) is None  # released on exit
+    finally:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(5)
 
 
 def _corrupt_column_chunk(path, column: str) -> None:
@@ -186,7 +302,8 @@ def _corrupt_column_chunk(path, column: str) -> None:
 def test_queries_that_skip_screenshot_never_read_it(tmp_path):
     lake = Lake(tmp_path / "lake")
     _fill(lake)
-    f = next(p for p in lake.root.glob("steps/*/*/*.parquet"))
+    lake.compact()
+    f = next(f.path for f in lake.files("steps"))
     _corrupt_column_chunk(f, "screenshot")
     con = connect(lake)
     # curate-style query without the screenshot works: its bytes are never touched
@@ -199,40 +316,101 @@ def test_queries_that_skip_screenshot_never_read_it(tmp_path):
         run_query(con, "SELECT sum(length(screenshot)) FROM steps", lake)
 
 
-def test_corrupt_file_is_named_and_quarantine_restores_queries(tmp_path):
+def test_a_corrupt_data_file_is_named(tmp_path):
     lake = Lake(tmp_path / "lake")
     _fill(lake, run_key="good")
-    _fill(lake, run_key="bad", seed=5)
-    bad = lake.file_path("episodes", iteration=0, stage="rollouts", run_key="bad")
-    bad.write_bytes(bad.read_bytes()[:200] + b"garbage")  # truncated file
-    with pytest.raises((QueryError, LakeError), match="bad-00000.parquet"):
-        run_query(connect(lake), "SELECT count(*) FROM episodes", lake)
+    lake.compact()
+    bad = next(f.path for f in lake.files("episodes"))
+    data = open(bad, "rb").read()
+    with open(bad, "wb") as fh:
+        fh.write(data[:200] + b"garbage")  # truncated
+    with pytest.raises((QueryError, LakeError), match=os.path.basename(bad)):
+        run_query(connect(lake), "SELECT * FROM episodes", lake)
     rep = verify_lake(lake)
-    assert [b.path for b in rep.bad] == [bad] and rep.checked == 4
-    lake.quarantine(bad)
-    assert _count(lake, "episodes") == 20  # the rest stays queryable
-    assert (lake.root / "_quarantine" / bad.relative_to(lake.root)).exists()  # kept, not lost
-    assert lake_stats(lake)["episodes"].rows == 20
+    assert [(b.table, b.path) for b in rep.bad if b.path == bad] == [("episodes", bad)]
+    assert rep.checked == 2
+    assert lake_stats(lake)["steps"].rows == 60  # the rest is intact
 
 
-def test_older_schema_files_stay_readable(tmp_path):
+def test_a_newer_schema_adds_its_columns_to_an_older_lake(tmp_path):
     lake = Lake(tmp_path / "lake")
-    _, st = _fill(lake)
-    # a file from an "older version": no logprobs/feedback/token columns
-    old_cols = [f for f in STEPS if f.name not in ("logprobs", "token_ids", "feedback")]
-    old = pa.Table.from_pylist([{k: v for k, v in r.items()} for r in st[:3]], schema=pa.schema(old_cols))
-    path = lake.partition_dir("steps", 0, "old") / "old-00000.parquet"
-    path.parent.mkdir(parents=True)
-    pq.write_table(old, path)
-    con = connect(lake)
-    assert con.execute("SELECT count(*), count(logprobs) FROM steps WHERE stage='old'").fetchone() == (3, 0)
-    rep = verify_lake(lake)
-    assert rep.bad == [] and rep.older_version == 1
-    # a type mismatch is not "older", it is bad
-    wrong = pa.table({"episode_id": ["x"], "step_idx": ["zero"], "is_final": [False], "run_key": ["r"]})
-    wpath = lake.partition_dir("steps", 0, "old") / "wrong-00000.parquet"
-    pq.write_table(wrong, wpath)
-    assert [b.path for b in verify_lake(lake).bad] == [wpath]
+    _fill(lake)
+    cur = lake.cursor()
+    cur.execute(f"ALTER TABLE {lake.ref('steps')} DROP COLUMN feedback")  # as a lake of an older version
+    assert "feedback" not in [d[0] for d in connect(lake).execute("SELECT * FROM steps LIMIT 0").description]
+    lake._retry(lambda c: lake._create_tables(c, lake.alias), "upgrade")  # what opening it in a new process does
+    assert connect(lake).execute("SELECT count(*), count(feedback) FROM steps").fetchone() == (60, 0)
+
+
+def _old_layout_lake(root, *, bad: bool = True) -> dict[str, int]:
+    """A lake as the code before DuckLake wrote it: one Parquet file per write under
+    <table>/iteration=<n>/stage=<stage>/<run_key>-<part>.parquet, one file from an older schema, one corrupt file."""
+    from storage.lake import write_parquet, to_table
+
+    counts = {"episodes": 0, "steps": 0, "datasets": 0}
+    for it, key in ((0, "boot"), (1, "roll")):
+        for k in range(3):
+            eps, st = synthetic_episodes(2, 2, seed=it * 10 + k, run_key=key, id_prefix=f"{key}{k}")
+            for table, rows in (("episodes", eps), ("steps", st)):
+                d = root / table / f"iteration={it}" / "stage=rollouts"
+                d.mkdir(parents=True, exist_ok=True)
+                write_parquet(to_table(table, rows), d / f"{key}-ep{k}.parquet", table)
+                counts[table] += len(rows)
+    old = [f for f in STEPS if f.name not in ("logprobs", "token_ids", "feedback")]
+    _, st = synthetic_episodes(1, 3, seed=99, run_key="old", id_prefix="old")
+    d = root / "steps" / "iteration=0" / "stage=import"
+    d.mkdir(parents=True)
+    pq.write_table(
+        pa.Table.from_pylist([{k: r.get(k) for k in pa.schema(old).names} for r in st], schema=pa.schema(old)),
+        d / "old-00000.parquet",
+    )
+    counts["steps"] += 3
+    d = root / "datasets" / "iteration=1" / "stage=curate"
+    d.mkdir(parents=True)
+    write_parquet(
+        to_table("datasets", [{"dataset_id": "d", "path": "_datasets/d", "run_key": "d"}]),
+        d / "d-00000.parquet",
+        "datasets",
+    )
+    counts["datasets"] = 1
+    (root / "_datasets" / "d").mkdir(parents=True)
+    (root / "_datasets" / "d" / "train.parquet").write_bytes(b"export")
+    if bad:
+        (root / "episodes" / "iteration=1" / "stage=rollouts" / "junk-00000.parquet").write_bytes(b"not parquet")
+    return counts
+
+
+def test_migrate_an_old_layout_lake(tmp_path):
+    old = tmp_path / "old"
+    counts = _old_layout_lake(old)
+    with pytest.raises(LakeError, match="old one-file-per-write layout.*lake migrate"):
+        Lake(old)
+    env = {**os.environ}
+    env.pop("FLYWHEEL_LAKE", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "flywheel", "lake", "migrate", str(old), str(tmp_path / "new")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "junk-00000.parquet: unreadable" in r.stderr  # the bad file rejects only itself, by name
+    new = Lake(tmp_path / "new", create=False)
+    con = connect(new)
+    for table, n in counts.items():
+        assert con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == n, table
+    assert con.execute("SELECT count(*) FROM steps WHERE run_key = 'old' AND feedback IS NULL").fetchone()[0] == 3
+    assert con.execute("SELECT DISTINCT iteration, stage FROM episodes ORDER BY 1").fetchall() == [
+        (0, "rollouts"),
+        (1, "rollouts"),
+    ]
+    assert (new.root / "_datasets" / "d" / "train.parquet").read_bytes() == b"export"  # the side folders came too
+    # a rerun replaces what it copied: the same counts
+    from storage.migrate import migrate
+
+    migrate(old, new, log=lambda s: None)
+    assert connect(new).execute("SELECT count(*) FROM steps").fetchone()[0] == counts["steps"]
 
 
 def test_bad_sql_and_missing_lake(tmp_path):
@@ -295,7 +473,7 @@ def test_open_lake_passes_an_object_store_its_endpoint_and_cache(tmp_path, monke
     open_lake(cfg.lake, root="s3://bucket/other", create=False)
     open_lake("s3://bucket/lake", endpoint="http://spec:9000")
     assert seen == [
-        dict(root="s3://bucket/lake", create=True, endpoint="http://cfg:9000", cache_dir=cache),
-        dict(root="s3://bucket/other", create=False, endpoint="http://env:9000", cache_dir=cache),
+        dict(root="s3://bucket/lake", create=True, endpoint="http://cfg:9000", cache_dir=cache, catalog=None),
+        dict(root="s3://bucket/other", create=False, endpoint="http://env:9000", cache_dir=cache, catalog=None),
         dict(root="s3://bucket/lake", create=True, endpoint="http://spec:9000"),
     ]

@@ -952,7 +952,7 @@ def test_clone_hard_draws_a_share_of_the_focus_batch_from_the_instances_the_stud
         clone_warmup=0,
     )
     trainer = RLTrainer(model, proc, s)
-    got = clone_round(trainer, connect(lake, write_catalog_file=False), lake, round_idx=0)  # as train_round's
+    got = clone_round(trainer, connect(lake), lake, round_idx=0)  # as train_round's
     assert len(got) == 1 and got[0]["loss"] == pytest.approx(want, rel=1e-4)
 
 

@@ -105,7 +105,7 @@ def test_spend_per_stage_and_task_is_what_the_rows_say(tmp_path):
     # a rerun of a run key replaces its rows: the same episodes count once
     episodes(lake, iteration=0, stage="rl", run_key="guide0", task="click-test", n=4, policy="claude", cost=1.0)
 
-    spend = teacher_spend(connect(lake, write_catalog_file=False))
+    spend = teacher_spend(connect(lake))
     assert spend.by_stage() == {"bootstrap": Spent(6, 6, 2.5), "rl": Spent(7, 5, 6.5)}
     assert spend.by_task() == {
         "click-test": Spent(10, 8, 8.0),
@@ -122,7 +122,7 @@ def test_spend_per_stage_and_task_is_what_the_rows_say(tmp_path):
         (0, "rl", "click-test"): (6, 4, 6.0),
         (1, "rl", "synth/type"): (1, 1, 0.5),
     }
-    assert teacher_spend(connect(lake, write_catalog_file=False), iteration=1).total == Spent(2, 2, 1.0)
+    assert teacher_spend(connect(lake), iteration=1).total == Spent(2, 2, 1.0)
 
 
 def test_config_one_budget_and_the_old_name_still_loads(tmp_path):
@@ -224,7 +224,7 @@ def test_rl_clone_fresh_gets_only_what_the_per_task_budget_left(tmp_path, lake_e
         "focus-text": fresh,
     }  # 10 - 6 left for click-test, 10 - 3 >= 6 for focus-text
     assert pool is not None and spec.stage == "rl" and spec.policy.kind == "scripted"
-    spend = teacher_spend(connect(lake_env, write_catalog_file=False))
+    spend = teacher_spend(connect(lake_env))
     assert spend.by_task()["click-test"].episodes == 10 and spend.by_stage()["rl"].episodes == 10
     # the next round: click-test's budget is spent, focus-text has 1 left
     _teach_fresh(cfg, 0, 1, TASKS, pool, progress=False, spend=index)
@@ -232,7 +232,7 @@ def test_rl_clone_fresh_gets_only_what_the_per_task_budget_left(tmp_path, lake_e
     # every budget spent: no teacher run at all, not an error
     _teach_fresh(cfg, 0, 2, TASKS, pool, progress=False, spend=index)
     assert len(fake_runner.specs) == 2
-    assert teacher_spend(connect(lake_env, write_catalog_file=False)).by_task() == {
+    assert teacher_spend(connect(lake_env)).by_task() == {
         "click-test": Spent(10, 10, 0.0),
         "focus-text": Spent(10, 10, 0.0),
     }
@@ -281,7 +281,7 @@ def test_rl_guide_spent_budget_gives_no_guide_episodes(tmp_path, lake_env, fake_
     caplog.set_level(logging.WARNING, logger="flywheel.teacher_budget")
     keys, _ = _guide(cfg, 0, "round0", lake_env, pool, progress=False)  # a rerun of the round: the same episodes
     assert keys == [spec.run_key] and fake_runner.specs[1].jobs == spec.jobs
-    assert teacher_spend(connect(lake_env, write_catalog_file=False)).total.episodes == 5
+    assert teacher_spend(connect(lake_env)).total.episodes == 5
     # another round's failures once the budget is spent: no guide episodes, no run key, a log line
     lake_env.replace_run(
         "episodes",
@@ -357,7 +357,7 @@ def test_dollars_left_cap_the_teacher_run_and_a_resumed_run_counts_once(tmp_path
     )
     capped, cap = cap_teacher_spec(cfg, spec, what="rl.clone_fresh")
     assert capped.jobs == ran and capped.budget_usd == pytest.approx(2.0) and cap.dropped == 4
-    spend = teacher_spend(connect(lake_env, write_catalog_file=False))
+    spend = teacher_spend(connect(lake_env))
     assert spend.total == Spent(4, 4, 3.4)  # counted once: 2 x 0.5 + 2 x 1.2
 
 
@@ -636,7 +636,7 @@ def test_iteration_table_on_a_small_lake(tmp_path):
     from storage.reports import iteration_table
 
     lake = report_lake(tmp_path / "lake")
-    rows = iteration_table(connect(lake, write_catalog_file=False))
+    rows = iteration_table(connect(lake))
     got = {
         (r["iteration"], r["task_id"]): (
             r["attempts"],
@@ -658,10 +658,10 @@ def test_iteration_table_on_a_small_lake(tmp_path):
     )
     assert by[(1, "click-test")]["heldout_n"] == 10
     assert [r["task_id"] for r in rows] == ["click-test", "focus-text", "__all__"] * 2  # the total row last
-    only = iteration_table(connect(lake, write_catalog_file=False), iteration=1)
+    only = iteration_table(connect(lake), iteration=1)
     assert {(r["iteration"], r["task_id"]) for r in only} == {k for k in EXPECTED if k[0] == 1}
     # an empty lake: no rows, no error
-    assert iteration_table(connect(Lake(tmp_path / "empty"), write_catalog_file=False)) == []
+    assert iteration_table(connect(Lake(tmp_path / "empty"))) == []
 
 
 def test_prefect_artifact_and_viewer_show_the_same_rows(tmp_path, monkeypatch):
@@ -711,13 +711,13 @@ def test_rl_teacher_run_in_chromium_stops_at_the_budget(tmp_path, lake_env):
     episodes(lake_env, iteration=0, stage="bootstrap", run_key="boot", task="click-test", n=2)
     pool = _teach_fresh(cfg, 0, 0, ["click-test"], None, progress=False)
     try:
-        con = connect(lake_env, write_catalog_file=False)
+        con = connect(lake_env)
         rl = con.execute("SELECT count(*), count(*) FILTER (success) FROM episodes WHERE stage = 'rl'").fetchone()
         assert rl == (1, 1)
         assert teacher_spend(con).by_task() == {"click-test": Spent(3, 3, 0.0)}
         assert _teach_fresh(cfg, 0, 1, ["click-test"], pool, progress=False) is pool  # spent: nothing runs
         assert (
-            connect(lake_env, write_catalog_file=False)
+            connect(lake_env)
             .execute("SELECT count(*) FROM episodes WHERE stage = 'rl'")
             .fetchone()[0]
             == 1

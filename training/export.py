@@ -125,11 +125,19 @@ def export_sft(
 
 
 def curate(
-    cfg: Any, iteration: int, lake: Lake | None = None, *, held_out: list[str] | None = None, git_sha: str | None = None
+    cfg: Any,
+    iteration: int,
+    lake: Lake | None = None,
+    *,
+    held_out: list[str] | None = None,
+    git_sha: str | None = None,
+    at: int | None = None,
 ) -> dict[str, Any]:
     """Select, export and record iteration N's SFT dataset; returns its id, export folder and counts.
 
-    held_out: task ids never to train on (default: the registry's held-out tasks)."""
+    held_out: task ids never to train on (default: the registry's held-out tasks).
+    at: read the lake as of this snapshot (default: the current one); the dataset row records it, and curate
+    at a dataset's `lake_snapshot` writes the same export, byte for byte."""
     if iteration < 0:
         raise CurateError(f"iteration must be >= 0, got {iteration}")
     if held_out is None:
@@ -140,7 +148,8 @@ def curate(
     if not lake.has_data("episodes"):
         raise CurateError(f"no episodes in the lake at {lake.location}: run the bootstrap (teacher demos) first")
     sql = curate_sql(cfg.curate, iteration, held_out)
-    con = connect(lake)
+    snapshot = lake.snapshot() if at is None else int(at)
+    con = connect(lake, at=snapshot)
     episodes = con.sql(sql).to_arrow_table().to_pylist()
     if not episodes:
         raise CurateError(
@@ -158,6 +167,7 @@ def curate(
         stage="curate",
         name=f"sft it{iteration}",
         git_sha=git_sha,
+        lake_snapshot=snapshot,
     )
 
 
@@ -173,6 +183,7 @@ def write_dataset(
     stage: str,
     name: str,
     git_sha: str | None,
+    lake_snapshot: int | None = None,
 ) -> dict[str, Any]:
     """Export the chosen episodes' SFT samples and write their `datasets` row (the manifest: ids, query, mix)."""
     folder = lake.root / EXPORT_DIR / dataset_id
@@ -204,6 +215,7 @@ def write_dataset(
         stage=stage,
         git_sha=git_sha,
         config_hash=cfg.config_hash("curate"),
+        lake_snapshot=lake_snapshot,
     )
     return {
         "dataset_id": dataset_id,
@@ -212,4 +224,5 @@ def write_dataset(
         "n_episodes": len(ids),
         "n_steps": n_steps,
         "source_counts": counts,
+        "lake_snapshot": lake_snapshot,
     }

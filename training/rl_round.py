@@ -35,7 +35,7 @@ def train_round(
     s = trainer.s
     if trainer._stored is None or trainer._stored.lake is not lake:
         trainer._stored = stored_index(lake)  # kept across rounds: each opens only the new episode files
-    con = connect(lake, write_catalog_file=False)
+    con = connect(lake)
     rows = load_rl_rows(
         con,
         run_keys,
@@ -63,8 +63,13 @@ def train_round(
     )
     part = f"r{round_idx:03d}"
     if trainer.ctx.main:  # under DDP every rank holds the same records; rank 0 writes them
-        lake.write("rl_metrics", metrics, iteration=iteration, stage="rl", run_key=run_key, part=part)
-        lake.write("rl_rows", row_rows, iteration=iteration, stage="rl", run_key=run_key, part=part)
+        lake.write_many(
+            [("rl_metrics", metrics), ("rl_rows", row_rows)],
+            iteration=iteration,
+            stage="rl",
+            run_key=run_key,
+            part=part,
+        )
     return {
         "round_success": stats["round_success"],
         "summary": res["summary"],

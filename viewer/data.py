@@ -1,15 +1,14 @@
 """What the trajectory viewer reads from the lake: DuckDB queries that never scan screenshots.
 
-    v = ViewerData("lake")             # LakeError when there is no lake; corrupt files are named and skipped
+    v = ViewerData("lake")             # LakeError when there is no lake
     idx = v.index()                    # every episode, columnar, no screenshot bytes
     ep = v.episode(eid)                # episode row + steps (+ RL rows) without screenshots
     png = v.screenshot(eid, 0)         # one PNG, read by key
     pairs = v.pairs(Side.parse("stage=bootstrap"), Side.parse("sft-it0"))   # same task + seed, two policies
     rep = v.report()                   # success per task/iteration, teacher spend, data volumes, lineage, RL
 
-A lake file DuckDB cannot read is named, left out of its table's view and the query rerun
-(`skipped`), so one truncated Parquet file costs its own rows, never the page. Opening costs no
-file reads: a healthy lake is globbed exactly like `flywheel query` does.
+It reads the lake through the same connection as `flywheel query` (storage.catalog.connect): the episode and RL
+rows (small, no screenshots) once into memory, and a page's steps by episode id.
 """
 
 from __future__ import annotations
@@ -22,12 +21,11 @@ from typing import Any
 
 import duckdb
 
-from storage.catalog import _FILE_RE, explain_duckdb_error
-from storage.inspect import BadFile, verify_file
+from storage.catalog import connect, explain_duckdb_error
 from storage.lake import Lake, LakeError
 from storage.lake import open_lake as open_lake_at
 from storage.reports import iteration_table, teacher_spend_rows
-from storage.schema import PARTITION_COLUMNS, TABLES, duckdb_type
+from storage.schema import TABLES
 
 # index columns; the categorical ones travel dictionary-encoded (values + codes) to keep the JSON small
 INDEX_COLUMNS = (
@@ -131,84 +129,30 @@ class Side:
 class ViewerData:
     def __init__(self, root: str | Path | Lake):
         self.lake = open_lake_at(root, create=False)
-        self.skipped: list[BadFile] = []
-        self.con = duckdb.connect(":memory:")
-        self.con.execute("SET parquet_metadata_cache = true")  # a server asks the same files many times
-        self._stale = set(TABLES)  # views to (re)build before the next query
+        self.snapshot = self.lake.snapshot()
+        self.con = connect(self.lake)
+        self.skipped: list[str] = []  # the page's notices (none: DuckLake reads no file outside its catalog)
         self._retrying(self._materialize)
 
     def _materialize(self) -> None:
-        """Episodes and RL rows (small, no screenshots) into memory, plus where each episode's steps live:
-        a page then reads the one or two step files holding its episode, not every file of the lake."""
+        """Episodes and RL rows (small, no screenshots) into memory."""
         self.con.execute("CREATE OR REPLACE TEMP TABLE ep AS SELECT * FROM episodes")
         self.con.execute(f"CREATE OR REPLACE TEMP TABLE rl AS SELECT episode_id, {_RL_COLUMNS} FROM rl_rows")
-        self.con.execute("CREATE OR REPLACE TEMP TABLE loc AS SELECT DISTINCT episode_id, filename AS file FROM steps")
 
     def _step_rows(self, episode_ids: list[str], cols: str, extra: str = "") -> list[dict[str, Any]]:
-        """Step rows of these episodes, read from the files that hold them (unreadable ones skipped)."""
-
-        def run():
-            bad = {str(b.path) for b in self.skipped}
-            files = [
-                r[0]
-                for r in self.con.execute(
-                    "SELECT DISTINCT file FROM loc WHERE list_contains(?, episode_id)", [episode_ids]
-                ).fetchall()
-                if r[0] not in bad
-            ]
-            if not files:
-                return []
-            cur = self.con.execute(
-                f"SELECT episode_id, {cols} FROM read_parquet([{', '.join(_q(f) for f in files)}], "
-                f"union_by_name=true) WHERE list_contains(?, episode_id) {extra} "
-                "ORDER BY episode_id, step_idx",
-                [episode_ids],
-            )
-            names = [d[0] for d in cur.description]
-            return [dict(zip(names, r)) for r in cur.fetchall()]
-
-        return self._retrying(run)
-
-    def _create_view(self, table: str) -> None:
-        bad = {str(b.path) for b in self.skipped}
-        files = [str(f.path) for f in self.lake.files(table)]
-        if bad.isdisjoint(files):
-            src = _q(str(self.lake.root / table / "*" / "*" / "*.parquet")) if files else None
-        else:
-            files = [f for f in files if f not in bad]
-            src = f"[{', '.join(_q(f) for f in files)}]" if files else None
-        if src:
-            hive = ", ".join(f"'{k}': '{v}'" for k, v in PARTITION_COLUMNS.items())
-            fname = ", filename=true" if table == "steps" else ""
-            sql = (
-                f"SELECT * FROM read_parquet({src}, hive_partitioning=true, union_by_name=true, "
-                f"hive_types={{{hive}}}{fname})"
-            )
-        else:
-            cols = [f'NULL::{duckdb_type(f.type)} AS "{f.name}"' for f in TABLES[table]]
-            cols += [f"NULL::{t} AS {k}" for k, t in PARTITION_COLUMNS.items()]
-            cols += ["NULL::VARCHAR AS filename"] if table == "steps" else []
-            sql = f"SELECT {', '.join(cols)} WHERE false"
-        self.con.execute(f'CREATE OR REPLACE VIEW "{table}" AS {sql}')
+        """Step rows of these episodes."""
+        return self._rows(
+            f"SELECT episode_id, {cols} FROM steps WHERE list_contains(?, episode_id) {extra} "
+            "ORDER BY episode_id, step_idx",
+            [episode_ids],
+        )
 
     def _retrying(self, fn):
-        """Run a query; a lake file DuckDB cannot read is named, left out of its view, and the query rerun."""
-        for _ in range(64):
-            try:
-                for table in sorted(self._stale):
-                    self._create_view(table)
-                    self._stale.discard(table)
-                return fn()
-            except duckdb.Error as e:
-                m = _FILE_RE.search(str(e))
-                path = Path(m.group(1)) if m else None
-                lf = next((f for f in self.lake.files() if path and f.path == path), None)
-                if lf is None or any(b.path == path for b in self.skipped):
-                    raise LakeError(explain_duckdb_error(e, self.lake)) from None
-                problem, _ = verify_file(path, lf.table, full=False)
-                self.skipped.append(BadFile(path, lf.table, problem or str(e).splitlines()[0][:200]))
-                self._stale.add(lf.table)
-        raise LakeError(f"too many unreadable files in {self.lake.root} (run `flywheel lake verify`)")
+        """Run a query, a DuckDB error as one LakeError line."""
+        try:
+            return fn()
+        except duckdb.Error as e:
+            raise LakeError(explain_duckdb_error(e, self.lake)) from None
 
     def _rows(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
         def run():
@@ -219,7 +163,7 @@ class ViewerData:
         return self._retrying(run)
 
     def skipped_lines(self) -> list[str]:
-        return [f"skipped {b.path}: {b.problem}" for b in self.skipped]
+        return list(self.skipped)
 
     # ------------------------------------------------------------------ index
     def index(self) -> dict[str, Any]:

@@ -118,9 +118,9 @@ def _episode_pages(v: ViewerData, out: Path, ids: list[str], progress: bool) -> 
 
 # ---------------------------------------------------------------------- serve
 class _Live:
-    """The server's ViewerData, reopened when the lake's file list changes (a stage wrote more)."""
+    """The server's ViewerData, reopened when the lake has a new snapshot (a stage wrote more)."""
 
-    CHECK_EVERY_S = 2.0  # listing a lake of many files on every request would cost more than the page
+    CHECK_EVERY_S = 2.0
 
     def __init__(self, root: str | Path):
         self.root = root
@@ -129,8 +129,8 @@ class _Live:
         self.sig, self.checked = self._sig(), time.monotonic()
         self.index_cache: str | None = None
 
-    def _sig(self) -> tuple:
-        return tuple((str(f.path), f.path.stat().st_size) for f in self.v.lake.files())
+    def _sig(self) -> int:
+        return self.v.lake.snapshot()
 
     def get(self) -> ViewerData:
         if time.monotonic() - self.checked < self.CHECK_EVERY_S:

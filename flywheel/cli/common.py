@@ -54,12 +54,13 @@ def use_lake(lake: Optional[str]) -> None:
 
 def open_lake(lake: Optional[str], config: Optional[Path] = None, *, create: bool = False):
     """The Lake of a command that reads it (see lake_root); an s3:// one takes its endpoint from
-    $FLYWHEEL_S3_ENDPOINT, else the config's lake.s3_endpoint (storage.lake.open_lake)."""
+    $FLYWHEEL_S3_ENDPOINT, else the config's lake.s3_endpoint, and a --config's lake its lake.catalog
+    (storage.lake.open_lake)."""
     from storage.lake import open_lake as open_lake_at
     from storage.objstore import is_object_uri
 
     root = lake_root(lake, config)
-    if not is_object_uri(root):
+    if not is_object_uri(root) and config is None:
         return open_lake_at(root, create=create)
     return open_lake_at(load_cfg(config).lake, root=root, create=create)
 

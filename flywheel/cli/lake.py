@@ -1,7 +1,8 @@
 """`flywheel query` and `flywheel lake ...`: SQL over the lake, and inspecting and repairing it.
 
 flywheel query "SELECT task_id, avg(success::INT) FROM episodes GROUP BY 1" [--format csv --out f.csv]
-flywheel lake stats | flywheel lake verify [--quarantine] | flywheel lake schema
+flywheel query --at 12 "SELECT count(*) FROM episodes"      # the lake as of snapshot 12 (or a dataset id)
+flywheel lake stats | verify | compact | snapshots | schema | migrate OLD NEW
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def query(
         None, "--out", "-o", help="Write the result to this file (required for parquet)."
     ),
     max_rows: int = typer.Option(50, "--max-rows", help="Rows shown in table format."),
+    at: Optional[str] = typer.Option(
+        None, "--at", help="Query the lake as it was: a snapshot id, or a dataset/checkpoint/eval id (its snapshot)."
+    ),
     lake: Optional[str] = LAKE_OPT,
     config: Optional[Path] = CONFIG_OPT,
 ):
@@ -34,7 +38,7 @@ def query(
     from storage.catalog import connect, export_query, run_query
 
     lk = open_lake(lake, config)
-    con = connect(lk)
+    con = connect(lk, at=_snapshot_of(lk, at))
     if fmt not in ("table", "csv", "json", "parquet"):
         raise UserError(f"unknown --format {fmt!r}; use table, csv, json or parquet")
     if out is not None:
@@ -59,6 +63,19 @@ def query(
             {k: (cell_text(v) if isinstance(v, (bytes, bytearray)) else v) for k, v in r.items()} for r in t.to_pylist()
         ]
         sys.stdout.write(json.dumps(rows, default=str, indent=1) + "\n")
+
+
+def _snapshot_of(lk, at: Optional[str]) -> Optional[int]:
+    """--at: a snapshot id as is; a dataset, checkpoint or eval id: the snapshot its row recorded."""
+    if at is None or at.strip().isdigit():
+        return None if at is None else int(at)
+    from storage.duck import quote
+
+    for table, key in (("datasets", "dataset_id"), ("checkpoints", "checkpoint_id"), ("evals", "eval_id")):
+        rows = lk.rows(table, f"{key} = {quote(at)} AND lake_snapshot IS NOT NULL", "lake_snapshot")
+        if rows:
+            return int(rows[0]["lake_snapshot"])
+    raise UserError(f"--at {at!r}: not a snapshot id, nor a dataset, checkpoint or eval id with a recorded snapshot")
 
 
 def _csv_ready(t):
@@ -135,26 +152,65 @@ def lake_stats_cmd(
 def lake_verify_cmd(
     lake: Optional[str] = LAKE_OPT,
     config: Optional[Path] = CONFIG_OPT,
-    quarantine: bool = typer.Option(
-        False, "--quarantine", help="Move bad files to <lake>/_quarantine (kept, not deleted)."
-    ),
-    quick: bool = typer.Option(False, "--quick", help="Check footers and schemas only, not every data page."),
+    quick: bool = typer.Option(False, "--quick", help="Check footers only, not every data page."),
 ):
-    """Find unreadable or schema-mismatched files and name them; exit 1 if any."""
+    """Read back every data file and scan every table; name what fails, exit 1 if anything does."""
     from storage.inspect import verify_lake
 
     lk = open_lake(lake, config)
     rep = verify_lake(lk, full=not quick)
     for b in rep.bad:
-        rel = b.path if lk.remote else lk.key(b.path)  # an object by its full s3:// URI
-        moved = ""
-        if quarantine:
-            dest = lk.quarantine(b.path)
-            moved = f" -> moved to {dest if lk.remote else lk.key(dest)}"
-        err_console.print(f"[red]BAD[/red] {rel}: {b.problem}{moved}")
-    older = f", {rep.older_version} from an older schema version (readable)" if rep.older_version else ""
-    console.print(f"checked {rep.checked} file(s): {len(rep.bad)} bad{older}")
+        err_console.print(f"[red]BAD[/red] {b.table}: {b.path}: {b.problem}")
+    console.print(f"checked {rep.checked} data file(s): {len(rep.bad)} bad")
     if rep.bad:
+        raise typer.Exit(1)
+
+
+@lake_app.command("compact")
+def lake_compact_cmd(lake: Optional[str] = LAKE_OPT, config: Optional[Path] = CONFIG_OPT):
+    """Flush rows inlined in the catalog to Parquet and merge small files (every stage does it when it ends)."""
+    lk = open_lake(lake, config)
+    got = lk.compact()
+    console.print(f"compacted {lk.location}: {got['files_before']} -> {got['files_after']} data file(s)")
+
+
+@lake_app.command("snapshots")
+def lake_snapshots_cmd(
+    lake: Optional[str] = LAKE_OPT, config: Optional[Path] = CONFIG_OPT, last: int = typer.Option(20, "--last")
+):
+    """The lake's latest snapshots (every commit is one): id, time, what changed."""
+    lk = open_lake(lake, config)
+    cur = lk.cursor()
+    try:
+        rows = cur.execute(
+            f"SELECT snapshot_id, snapshot_time, changes FROM {lk.alias}.snapshots() ORDER BY 1 DESC LIMIT ?",
+            [int(last)],
+        ).fetchall()
+    finally:
+        cur.close()
+    table = Table(title=f"snapshots of {lk.location}", header_style="bold cyan")
+    for c in ("snapshot", "time", "changes"):
+        table.add_column(c)
+    for sid, when, changes in rows:
+        table.add_row(str(sid), str(when)[:19], cell_text(json.dumps(changes, default=str))[:120])
+    console.print(table)
+
+
+@lake_app.command("migrate")
+def lake_migrate_cmd(
+    old: Path = typer.Argument(..., help="A lake in the old one-Parquet-file-per-write layout."),
+    new: str = typer.Argument(..., help="The new lake's root (a folder, or s3://...)."),
+    config: Optional[Path] = CONFIG_OPT,
+):
+    """Copy an old-layout lake into a new DuckLake lake; row counts must match per table."""
+    from storage.migrate import migrate
+
+    lk = open_lake(new, config, create=True)
+    got = migrate(old, lk, log=lambda s: err_console.print(s))
+    for t, n in got.items():
+        console.print(f"{t}: {n['old']:,} -> {n['new']:,} rows")
+    if any(n["old"] != n["new"] for n in got.values()):
+        err_console.print("[red]row counts differ[/red]")
         raise typer.Exit(1)
 
 

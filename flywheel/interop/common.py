@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from storage.duck import quote
 from storage.lake import Lake
 
 STAGE = "import"
@@ -56,14 +57,15 @@ def read_records(path: Path) -> list[tuple[int, Any]]:
 
 
 def write_episode(lake: Lake, res: ImportResult, ep: dict, steps: list[dict], *, iteration: int, run_key: str) -> None:
-    """One episode and its steps into the lake (one file each, named by the episode id); counted as skipped when
-    that file is already there. Steps go first: an episode row never exists without its steps."""
-    target = lake.file_path("episodes", iteration=iteration, stage=STAGE, run_key=run_key, part=ep["episode_id"])
-    if lake.exists(target):
+    """One episode and its steps into the lake, in one transaction (part: the episode id); counted as skipped when
+    the lake already has that episode of this run."""
+    where = f"run_key = {quote(run_key)} AND episode_id = {quote(ep['episode_id'])}"
+    if lake.rows("episodes", where, "1 AS x"):
         res.skipped += 1
         return
-    lake.write("steps", steps, iteration=iteration, stage=STAGE, run_key=run_key, part=ep["episode_id"])
-    lake.write("episodes", [ep], iteration=iteration, stage=STAGE, run_key=run_key, part=ep["episode_id"])
+    lake.write_many(
+        [("steps", steps), ("episodes", [ep])], iteration=iteration, stage=STAGE, run_key=run_key, part=ep["episode_id"]
+    )
     res.episodes += 1
     res.steps += ep["n_steps"]
     res.unparsed_steps += ep["n_parse_errors"]

@@ -68,14 +68,11 @@ def kill_group(pid: int | None) -> None:
 def existing_episodes(lake: Lake, spec: RolloutSpec, costs: dict[str, float] | None = None) -> dict[str, str]:
     """episode_id -> status of the episodes this run key already wrote (their cost into `costs` if given)."""
     out: dict[str, str] = {}
-    for f in lake.run_files("episodes", iteration=spec.iteration, stage=spec.stage, run_key=spec.run_key):
-        try:
-            t = lake.read_table(f, columns=["episode_id", "status", "cost"])
-        except Exception:  # noqa: BLE001 - an unreadable file counts as missing (rewritten by the rerun)
-            continue
-        out.update(zip(t["episode_id"].to_pylist(), t["status"].to_pylist()))
+    where = lake.where(spec.iteration, spec.stage, spec.run_key)
+    for r in lake.rows("episodes", where, "episode_id, status, cost"):
+        out[r["episode_id"]] = r["status"]
         if costs is not None:
-            costs.update(zip(t["episode_id"].to_pylist(), [c or 0.0 for c in t["cost"].to_pylist()]))
+            costs[r["episode_id"]] = r["cost"] or 0.0
     return out
 
 

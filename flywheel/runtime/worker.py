@@ -198,9 +198,13 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
             clock.lap("env")
             part = ep["episode_id"]
             key = ep["run_key"]  # the job's own run key: a pooled worker serves several runs (RL rounds)
-            if steps:
-                lake.write("steps", steps, iteration=spec.iteration, stage=spec.stage, run_key=key, part=part)
-            lake.write("episodes", [ep], iteration=spec.iteration, stage=spec.stage, run_key=key, part=part)
+            lake.write_many(  # one transaction: an episode row never exists without its steps
+                [("steps", steps), ("episodes", [ep])],
+                iteration=spec.iteration,
+                stage=spec.stage,
+                run_key=key,
+                part=part,
+            )
             clock.lap("lake")
             conn.send(
                 (

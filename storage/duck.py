@@ -1,0 +1,93 @@
+"""The DuckDB engine under the lake: one in-memory database per process with DuckLake loaded, offline.
+
+    db = database()                      # extensions loaded once per process; cursors share them
+    cur = db.cursor()
+
+DuckDB installs extensions from its online repository by default, which no offline machine reaches. The lake uses
+the extension builds that PyPI ships as packages (`duckdb-extension-<name>`, pinned with `duckdb` itself in
+pyproject.toml: the packages exist for the 1.5 line only) and loads each by its file path. SQLite's package ships
+`sqlite.duckdb_extension` whose entry point is `sqlite_scanner`: DuckDB derives the entry point from the file
+name, so it is loaded from a copy named `sqlite_scanner.duckdb_extension` in a cache folder.
+
+One database per process: loading the two extensions costs ~0.4 s, and every `storage.catalog.connect()` would pay
+it. A lake is attached to that database once (`storage.lake.Lake.attach`), and each caller gets its own cursor.
+After a fork, the child builds its own database (a DuckDB instance must not cross a fork).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import duckdb
+
+from storage.errors import LakeError
+
+# Package name -> file name the entry point needs.
+_EXTENSIONS = {"ducklake": "ducklake", "sqlite": "sqlite_scanner", "postgres": "postgres_scanner", "httpfs": "httpfs"}
+_LOCK = threading.RLock()
+_DB: dict[int, duckdb.DuckDBPyConnection] = {}  # pid -> database
+_LOADED: dict[int, set[str]] = {}
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "flywheel" / "duckdb-extensions" / duckdb.__version__
+
+
+def extension_path(name: str) -> str:
+    """The file of extension `name` (ducklake, sqlite, postgres, httpfs) from its PyPI package, loadable offline."""
+    pkg = f"duckdb_extension_{name}"
+    spec = importlib.util.find_spec(pkg)
+    found = []
+    if spec and spec.submodule_search_locations:
+        root = Path(next(iter(spec.submodule_search_locations)))
+        found = sorted(root.glob(f"extensions/v{duckdb.__version__}/*.duckdb_extension"))
+    if not found:
+        raise LakeError(
+            f"the DuckDB extension {name!r} for duckdb {duckdb.__version__} is not installed: "
+            f"pip install 'duckdb-extension-{name}=={duckdb.__version__}' (./scripts/setup.sh installs the pinned set)"
+        )
+    entry = _EXTENSIONS[name]
+    if found[0].stem == entry:
+        return str(found[0])
+    copy = _cache_dir() / f"{entry}.duckdb_extension"
+    if not copy.exists() or copy.stat().st_size != found[0].stat().st_size:
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        tmp = copy.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copyfile(found[0], tmp)
+        os.replace(tmp, copy)
+    return str(copy)
+
+
+def database() -> duckdb.DuckDBPyConnection:
+    """This process's in-memory database, with DuckLake and SQLite loaded."""
+    pid = os.getpid()
+    with _LOCK:
+        db = _DB.get(pid)
+        if db is None:
+            db = duckdb.connect(":memory:")
+            _DB.clear()
+            _LOADED.clear()
+            _DB[pid] = db
+            _LOADED[pid] = set()
+            load(db, "ducklake", "sqlite")
+        return db
+
+
+def load(db: duckdb.DuckDBPyConnection, *names: str) -> None:
+    """Load extensions into the process database (once each)."""
+    with _LOCK:
+        loaded = _LOADED.setdefault(os.getpid(), set())
+        for name in names:
+            if name not in loaded:
+                db.execute(f"LOAD '{extension_path(name)}'")
+                loaded.add(name)
+
+
+def quote(s: str) -> str:
+    """A SQL string literal."""
+    return "'" + str(s).replace("'", "''") + "'"
