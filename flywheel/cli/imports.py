@@ -25,8 +25,12 @@ import_app = typer.Typer(help="Import existing demonstrations into the lake.", n
 def _report(res, source: str) -> None:
     typer.echo(
         f"{source}: imported {res.episodes} episodes ({res.steps} steps, {res.unparsed_steps} kept "
-        f"unparsed with a reason), {res.skipped} already in the lake, {len(res.rejected)} rejected"
+        f"unparsed with a reason), {res.skipped} already in the lake, "
+        + (f"{len(res.passed_over)} passed over (no episode in them), " if res.passed_over else "")
+        + f"{len(res.rejected)} rejected"
     )
+    for line in res.passed_over:
+        typer.echo(f"passed over {line}")
     for line in res.rejected:
         err_console.print(f"[red]rejected[/red] {line}", highlight=False)
     if res.rejected:
