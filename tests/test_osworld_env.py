@@ -80,7 +80,7 @@ def sleeps(monkeypatch):
 def _env(**kw) -> OSWorldEnv:
     return OSWorldEnv(
         desktop_env_cls=FakeDesktopEnv,
-        tasks_dir=str(FIXTURES),
+        tasks_dir=kw.pop("tasks_dir", str(FIXTURES)),
         screen_size=(1920, 1080),
         settle_timeout_s=kw.pop("settle_timeout_s", 1e9),
         **kw,
@@ -184,11 +184,51 @@ def test_task_loader_keeps_domain_snapshot_config_evaluator_and_skips_drive_and_
     bad = tmp_path / "examples" / "os"
     bad.mkdir(parents=True)
     (bad / "x.json").write_text(json.dumps({"id": "x", "instruction": "hi"}))
-    with pytest.raises(ValueError, match="missing config, evaluator"):
-        load_tasks(tmp_path)
+    assert load_tasks(tmp_path) == ([], [("os/x.json", "not an OSWorld task: missing evaluator")])
     (bad / "x.json").write_text("{not json")
-    with pytest.raises(ValueError, match="not readable JSON"):
-        load_tasks(tmp_path)
+    assert "not readable JSON" in load_tasks(tmp_path)[1][0][1]
+    with pytest.raises(ValueError, match="no task files"):
+        load_tasks(tmp_path / "nothing")
+
+
+SHAPES = Path(__file__).parent / "fixtures" / "osworld_shapes"  # the shapes upstream's examples folder holds
+
+
+def test_task_loader_takes_every_real_shape_and_names_what_it_leaves():
+    from envs.osworld_tasks import scan_tasks
+
+    scan = scan_tasks(SHAPES)
+    calc, noconf, shared = (f"a0000000-0000-4000-8000-00000000000{i}" for i in (1, 2, 5))
+    # `config` is optional (desktop_env defaults it to []); one id in chrome/ and thunderbird/ names two tasks
+    assert sorted(t.task_id for t in scan.tasks) == sorted([calc, noconf, f"chrome/{shared}", f"thunderbird/{shared}"])
+    assert json.loads(task_rows([t for t in scan.tasks if t.task_id == noconf])[0]["config"])["config"] == []
+    skipped = dict(scan.skipped)  # the Windows variants: a -win file whose id is the Ubuntu task's, Windows/<app>/
+    assert set(skipped) == {f"libreoffice_calc/{calc}-win", f"Windows/excel/{calc}"}
+    assert all("Windows VM" in why for why in skipped.values())
+    rejected = dict(scan.rejected)
+    assert set(rejected) == {
+        "template.json",
+        "gimp/broken.json",
+        "vlc/a0000000-0000-4000-8000-000000000003.json",
+        "vlc/a0000000-0000-4000-8000-000000000004.json",
+    }
+    assert "'evaluation_dir', not an evaluator object" in rejected["vlc/a0000000-0000-4000-8000-000000000003.json"]
+    assert "names no metric" in rejected["vlc/a0000000-0000-4000-8000-000000000004.json"]
+    assert "template" in rejected["template.json"] and "not readable JSON" in rejected["gimp/broken.json"]
+    with_windows = scan_tasks(SHAPES, include_excluded=True)
+    assert len(with_windows.tasks) == 6 and with_windows.skipped == []
+    assert find_task(SHAPES, f"thunderbird/{shared}")["snapshot"] == "thunderbird"
+    assert find_task(SHAPES, f"libreoffice_calc/{calc}-win")["config"][0]["parameters"]["path"].startswith("C:")
+
+
+def test_a_domain_qualified_task_resets_with_its_own_json(sleeps):
+    shared = "a0000000-0000-4000-8000-000000000005"
+    env = _env(tasks_dir=str(SHAPES))
+    env.reset(f"thunderbird/{shared}", 0)
+    assert FakeDesktopEnv.instances[-1].task["snapshot"] == "thunderbird"
+    env.reset(f"chrome/{shared}", 0, task_config=find_task(SHAPES, f"chrome/{shared}"))
+    with pytest.raises(ValueError, match="not 'chrome/other'"):
+        env.reset("chrome/other", 0, task_config=find_task(SHAPES, f"chrome/{shared}"))
 
 
 def test_env_server_hosts_osworld_over_http(sleeps):
