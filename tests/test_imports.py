@@ -373,3 +373,50 @@ def test_a_pretty_printed_agentnetbench_record_imports_and_a_broken_one_is_one_e
     broken = fw("import", "agentnet", str(BENCH / "broken_pretty.json"), "--lake", str(lake))
     assert broken.returncode == 2 and len(broken.stderr.strip().splitlines()) == 1
     assert "neither JSON Lines (one record per line) nor one JSON document" in broken.stderr
+
+
+def test_imported_demos_reach_the_sft_dataset_unchanged(tmp_path):
+    """OSWorld results and AgentNet records, imported, curated: every fit step of the successful imports becomes
+    one SFT row whose text is the step's thought and action line and whose tool call, read back by the student's
+    parser, is the imported action (only the 0..1000 model space in between)."""
+    import pyarrow.parquet as pq
+
+    from agents.coords import CoordTransform
+    from agents.parsing import parse_response
+    from configs.models import load_config
+    from flywheel.interop.agentnet import import_agentnet
+    from flywheel.interop.osworld import import_osworld
+    from storage.lake import Lake
+    from training.export import curate
+
+    root = tmp_path / "lake"
+    import_osworld(FIXTURES, Lake(root))
+    import_agentnet(AGENTNET, Lake(root))
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", {"lake.root": str(root)})
+    ds = curate(cfg, iteration=0, held_out=[])
+    assert ds["source_counts"]["by_policy_iteration"] == {"agentnet-import/it0": 1, "osworld-import/it0": 1}
+    lake_steps = {
+        (r[0], r[1]): r[2:]
+        for r in connect(root)
+        .execute(
+            """SELECT s.episode_id, s.step_idx, s.action, s.thought, s.action_desc, s.screen_w, s.screen_h
+               FROM steps s JOIN episodes e USING (episode_id) WHERE e.success AND s.parse_ok AND NOT s.is_final"""
+        )
+        .fetchall()
+    }
+    rows = pq.read_table(ds["data_files"]).to_pylist()
+    assert {(r["episode_id"], int(r["step_idx"])) for r in rows} == set(lake_steps) and len(rows) == 11
+    for r in rows:
+        action, thought, desc, w, h = lake_steps[(r["episode_id"], int(r["step_idx"]))]
+        text = r["messages"][-1]["content"][0]["text"]
+        assert desc in text and (thought is None or thought in text)
+        got = parse_response(text, CoordTransform.for_qwen3(w, h)).action
+        want = json.loads(action)
+        assert got is not None and got.action == want["action"]
+        for k in ("x", "y", "x1", "y1", "x2", "y2"):  # the 0..1000 grid rounds a point to within one cell
+            if k in want:
+                cell = (w if k.startswith("x") else h) / 1000
+                assert abs(getattr(got, k) - want[k]) <= cell, (k, got, want)
+        assert {k: v for k, v in got.model_dump().items() if k not in ("x", "y", "x1", "y1", "x2", "y2")} == {
+            k: v for k, v in want.items() if k not in ("x", "y", "x1", "y1", "x2", "y2")
+        }
