@@ -5,6 +5,9 @@ server hosting it over HTTP."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -278,3 +281,79 @@ def test_import_osworld_tasks_command_fills_the_tasks_table(tmp_path):
         timeout=120,
     )
     assert bad.returncode == 2 and "no task files" in bad.stderr and "Traceback" not in bad.stderr
+
+
+class _InProcess:
+    """RemoteEnv's HTTP client, answered by a TestClient (which takes no per-request timeout)."""
+
+    def __init__(self, http):
+        import httpx
+
+        self.http, self.timeout = http, httpx.Timeout(5.0)
+
+    def request(self, method, url, timeout=None, **kw):
+        return self.http.request(method, url, **kw)
+
+    def get(self, url, timeout=None, **kw):
+        return self.http.get(url, **kw)
+
+    def delete(self, url, timeout=None, **kw):
+        return self.http.delete(url, **kw)
+
+    def close(self):
+        pass
+
+
+def test_a_task_imported_by_osworld_tasks_is_selected_from_the_lake_and_reset_without_a_tasks_dir(tmp_path, sleeps):
+    """`flywheel import osworld-tasks` -> the lake's `tasks` table -> a stage on a remote env selects the task by
+    id and every reset sends its task JSON, so the env server (here OSWorld over HTTP on the desktop-env stand-in,
+    no tasks dir) runs it; without env.name remote the id is unknown, with a hint."""
+    from starlette.testclient import TestClient
+
+    from configs.models import load_config
+    from envs.remote import RemoteEnv
+    from envs.server import SlotPool
+    from envs.server_http import ServerSettings, create_app
+    from flywheel.errors import UserError
+    from flywheel.runtime.spec import PolicySpec
+    from flywheel.specs import resolve_tasks, rollout_spec
+
+    root = Path(__file__).resolve().parents[1]
+    lake = tmp_path / "lake"
+    out = subprocess.run(
+        [sys.executable, "-m", "flywheel", "import", "osworld-tasks", str(FIXTURES), "--lake", str(lake)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        env={**os.environ, "FLYWHEEL_LAKE": ""},
+    )
+    assert out.returncode == 0, out.stderr
+    over = {"lake.root": str(lake), "env.name": "remote", "env.servers": ["http://testserver"]}
+    cfg = load_config(root / "configs" / "tiny.yaml", over)
+    assert resolve_tasks([CALC], for_training=True, cfg=cfg) == [CALC]
+    with pytest.raises(UserError, match="need env.name: remote"):
+        resolve_tasks(
+            [CALC], for_training=True, cfg=load_config(root / "configs" / "tiny.yaml", {"lake.root": str(lake)})
+        )
+    spec = rollout_spec(
+        cfg, iteration=0, stage="bootstrap", policy=PolicySpec("scripted"), tasks=[CALC], seeds=[0], split="train"
+    )
+    task_json = spec.env["task_configs"][CALC]
+    assert task_json == json.loads((FIXTURES / "examples" / "libreoffice_calc" / f"{CALC}.json").read_text())
+    again = rollout_spec(
+        cfg, iteration=0, stage="bootstrap", policy=PolicySpec("scripted"), tasks=[CALC], seeds=[0], split="train"
+    )
+    assert again.run_key == spec.run_key  # the task JSON rides along, outside the run key
+
+    pool = SlotPool(lambda: _env(tasks_dir=None), 1)
+    with TestClient(create_app(ServerSettings(env="osworld", slots=1, token=None), pool)) as http:
+        for _ in range(100):
+            if http.get("/v1/health").json()["free"] == 1:
+                break
+        env_kwargs = {k: v for k, v in spec.env.items() if k != "name"}
+        remote = RemoteEnv(**{**env_kwargs, "probe": False})
+        remote._http = _InProcess(http)  # the server in-process: its HTTP API, no socket
+        obs = remote.reset(CALC, 0)
+        assert obs.width == 1920 and FakeDesktopEnv.instances[-1].task["evaluator"]["func"] == "compare_table"
+        remote.close()
