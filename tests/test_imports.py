@@ -420,3 +420,26 @@ def test_imported_demos_reach_the_sft_dataset_unchanged(tmp_path):
         assert {k: v for k, v in got.model_dump().items() if k not in ("x", "y", "x1", "y1", "x2", "y2")} == {
             k: v for k, v in want.items() if k not in ("x", "y", "x1", "y1", "x2", "y2")
         }
+
+
+def test_agentnet_annotations_are_kept_with_each_step(tmp_path):
+    """AgentNet's CoT annotations (data/cot-generate/README.md): the thought is the step's thought, the action
+    line its action_desc, and observation / reflection / last_step_* plus the record's judge scores ride in the
+    step's prompt_context; task_completed is the reward."""
+    from flywheel.interop.agentnet import import_agentnet
+    from storage.lake import Lake
+
+    import_agentnet(AGENTNET, Lake(tmp_path / "lake"))
+    ctx, thought, reward = (
+        connect(tmp_path / "lake")
+        .execute(
+            """SELECT s.prompt_context, s.thought, e.task_reward FROM steps s JOIN episodes e USING (episode_id)
+               WHERE e.task_id = '20240927_a1b2c3' AND s.step_idx = 0"""
+        )
+        .fetchone()
+    )
+    ctx = json.loads(ctx)
+    assert thought == "I need to select report.txt first." and reward == 1.0
+    assert ctx["observation"] == "The desktop shows report.txt." and ctx["last_step_correct"] is True
+    assert ctx["last_step_redundant"] is False and ctx["record"]["alignment_score"] == 9
+    assert ctx["record"]["actual_task"] == "Rename report.txt to final_report.txt"
