@@ -2,22 +2,32 @@
 
     actions, error = parse_pyautogui("pyautogui.click(960, 540)", 1920, 1080)   # ([Click(x=960, y=540)], None)
     parse_pyautogui("WAIT", 1920, 1080)                                       # ([Wait(seconds=1)], None)
+    p = read_pyautogui(code, 1920, 1080, pointer)      # ParsedCode: actions, error, thought, notes, flag
 
 OSWorld's `pyautogui` action space (desktop_env) runs each action string on the VM as Python, plus the special
 strings WAIT / DONE / FAIL. We never run it: the text is parsed with `ast`, and only a whitelist of statement
 shapes is accepted, each argument a literal (`ast.literal_eval`): `import pyautogui` / `import time` (ignored),
 `time.sleep(s)`, and calls `pyautogui.<fn>(...)` of click, doubleClick, tripleClick, rightClick, middleClick,
-moveTo, dragTo, scroll, hscroll, write/typewrite, press, hotkey, and OpenCUA's `computer.wait()` /
-`computer.terminate(status=...)`. Anything else (variables, loops, other
-modules, mouseDown/keyDown, expressions) makes the whole string an error with a short reason; the importer keeps
-such steps with that reason. Coordinates are screen pixels of the VM (pyautogui's space); a click without
-coordinates uses the pointer left by an earlier moveTo/click of the same episode (`Pointer`).
+moveTo, dragTo, scroll, hscroll, write/typewrite, press, hotkey (positional keys, or OpenCUA's `keys=[...]`), and
+OpenCUA's `computer.wait()`, `computer.terminate(status=...)` and `computer.triple_click(x, y)`. A bare string
+statement is the step's thought, not an action (UI-TARS in OSWorld's mm_agents writes an
+"Observation ... Thought ..." string before its calls). Anything else (variables, loops, other modules,
+mouseDown/keyDown, expressions) makes the whole string an error with a short reason; the importer keeps such
+steps with that reason. Coordinates are screen pixels of the VM (pyautogui's space); a click without coordinates
+uses the pointer left by an earlier moveTo/click of the same episode (`Pointer`).
+
+What the schema cannot hold exactly is said, never guessed silently:
+- `ParsedCode.notes`: a scroll beyond our +-50 wheel clicks is saturated at 50; the note keeps the source magnitude
+  and its unit (pyautogui `clicks`), and the importers record it with the step.
+- `ParsedCode.flag`: a scroll before any pointer position is known (pyautogui scrolls wherever the mouse is) is
+  placed at the screen centre and flagged; the importers keep the step, its action and the flag as its reason,
+  with parse_ok false, so it stays out of SFT.
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,6 +36,8 @@ from agents.actions import Action, Click, Done, DoubleClick, Drag, Fail, Key, Mo
 from agents.compile import UnsupportedAction, normalize_keys
 
 MAX_CODE_CHARS = 5000
+MAX_SCROLL = 50  # agents.actions.Scroll bounds dx/dy (wheel clicks) to +-50
+SCROLL_UNIT = "pyautogui clicks"
 SPECIAL = {"WAIT": Wait(seconds=1.0), "DONE": Done(), "FAIL": Fail()}
 # pyautogui's signatures, as far as we read them: positional parameter names per function
 _SIGS: dict[str, tuple[str, ...]] = {
@@ -41,7 +53,7 @@ _SIGS: dict[str, tuple[str, ...]] = {
     "write": ("message", "interval"),
     "typewrite": ("message", "interval"),
     "press": ("keys", "presses", "interval"),
-    "hotkey": (),  # *keys
+    "hotkey": (),  # *keys, or keys=[...] (OpenCUA)
 }
 _IGNORED_KW = {"interval", "duration", "tween", "_pause", "logScreenshot"}
 
@@ -58,6 +70,28 @@ class Pointer:
     y: float | None = None
 
 
+@dataclass
+class ParsedCode:
+    """One action string read: its actions (screen pixels) or the reason it was refused (`error`); the thought its
+    string statements carry; `notes` on what the schema holds inexactly; `flag`, set with actions, for a step that
+    is kept but is not fit for SFT."""
+
+    actions: list[Action] = field(default_factory=list)
+    error: str | None = None
+    thought: str | None = None
+    notes: list[dict[str, Any]] = field(default_factory=list)
+    flag: str | None = None
+
+
+@dataclass
+class _Ctx:
+    ptr: Pointer
+    w: float
+    h: float
+    notes: list[dict[str, Any]] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+
+
 def _literal(node: ast.AST) -> Any:
     try:
         return ast.literal_eval(node)
@@ -65,11 +99,21 @@ def _literal(node: ast.AST) -> Any:
         raise PyAutoGUIError(f"argument is not a literal: {ast.unparse(node)[:40]!r}") from None
 
 
-def _bind(fn: str, call: ast.Call) -> dict[str, Any]:
+def _no_star(name: str, call: ast.Call) -> None:
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-        raise PyAutoGUIError(f"{fn}: *args/**kwargs are not supported")
+        raise PyAutoGUIError(f"{name}: *args/**kwargs are not supported")
+
+
+def _bind(fn: str, call: ast.Call) -> dict[str, Any]:
+    _no_star(fn, call)
     if fn == "hotkey":
-        return {"keys": [_literal(a) for a in call.args]}
+        kw = {k.arg: _literal(k.value) for k in call.keywords}
+        extra = set(kw) - {"keys"} - _IGNORED_KW
+        if extra:
+            raise PyAutoGUIError(f"hotkey: unsupported argument {sorted(extra)[0]!r}")
+        if "keys" in kw and call.args:
+            raise PyAutoGUIError("hotkey: keys given both as arguments and as keys=")
+        return {"keys": kw["keys"] if "keys" in kw else [_literal(a) for a in call.args]}
     names = _SIGS[fn]
     if len(call.args) > len(names):
         raise PyAutoGUIError(f"{fn}: too many arguments")
@@ -108,7 +152,27 @@ def _keys(v: Any) -> list[str]:
         raise PyAutoGUIError(str(e)) from None
 
 
-def _action(fn: str, a: dict, ptr: Pointer) -> list[Action]:
+def _scroll(fn: str, a: dict, ctx: _Ctx) -> list[Action]:
+    clicks = a.get("clicks")
+    if not isinstance(clicks, int) or isinstance(clicks, bool):
+        raise PyAutoGUIError(f"{fn}: clicks must be an integer")
+    if a.get("x") is None and a.get("y") is None and ctx.ptr.x is None:
+        x, y = ctx.w / 2, ctx.h / 2
+        ctx.flags.append(
+            f"{fn} before any pointer position is known (pyautogui scrolls wherever the mouse is): "
+            "kept at the screen centre, not fit for SFT"
+        )
+    else:
+        x, y = _xy(fn, a, ctx.ptr)
+    n = max(-MAX_SCROLL, min(MAX_SCROLL, clicks))
+    if n != clicks:
+        ctx.notes.append({"note": "scroll saturated", "source": clicks, "unit": SCROLL_UNIT, "mapped": n})
+    # pyautogui: positive scroll = up, positive hscroll = right; ours: dy positive = down
+    return [Scroll(x=x, y=y, dy=-n) if fn == "scroll" else Scroll(x=x, y=y, dx=n)]
+
+
+def _action(fn: str, a: dict, ctx: _Ctx) -> list[Action]:
+    ptr = ctx.ptr
     extra = set(a) - set(_SIGS[fn]) - _IGNORED_KW - ({"keys"} if fn == "hotkey" else set())
     if extra:
         raise PyAutoGUIError(f"{fn}: unsupported argument {sorted(extra)[0]!r}")
@@ -128,12 +192,7 @@ def _action(fn: str, a: dict, ptr: Pointer) -> list[Action]:
     if fn == "hotkey":
         return [Key(keys=_keys(a["keys"]))]
     if fn in ("scroll", "hscroll"):
-        clicks = a.get("clicks")
-        if not isinstance(clicks, int) or isinstance(clicks, bool):
-            raise PyAutoGUIError(f"{fn}: clicks must be an integer")
-        x, y = _xy(fn, a, ptr)
-        # pyautogui: positive scroll = up, positive hscroll = right; ours: dy positive = down
-        return [Scroll(x=x, y=y, dy=-clicks) if fn == "scroll" else Scroll(x=x, y=y, dx=clicks)]
+        return _scroll(fn, a, ctx)
     if fn == "dragTo":
         if ptr.x is None:
             raise PyAutoGUIError("dragTo without a known start point (no earlier moveTo/click)")
@@ -154,7 +213,25 @@ def _action(fn: str, a: dict, ptr: Pointer) -> list[Action]:
     return [Click(x=x, y=y, button=button, clicks=a.get("clicks", 1))]
 
 
-def _statement(st: ast.stmt, ptr: Pointer) -> list[Action]:
+def _computer(fn: str, call: ast.Call) -> list[Action]:
+    """OpenCUA's own functions (its action list: wait, terminate, triple_click)."""
+    _no_star(f"computer.{fn}", call)
+    kw = {k.arg: _literal(k.value) for k in call.keywords}
+    if fn == "wait":
+        return [Wait(seconds=1.0)]
+    if fn == "triple_click":
+        pos = dict(zip(("x", "y"), (_literal(a) for a in call.args)))
+        if len(call.args) > 2 or set(pos) & set(kw) or set(kw) - {"x", "y"} or len({**pos, **kw}) != 2:
+            raise PyAutoGUIError("computer.triple_click takes x and y")
+        x, y = _xy("computer.triple_click", {**pos, **kw}, Pointer())
+        return [Click(x=x, y=y, clicks=3)]
+    status = kw.get("status", _literal(call.args[0]) if call.args else None)
+    if status not in ("success", "failure"):
+        raise PyAutoGUIError("computer.terminate: status must be 'success' or 'failure'")
+    return [Done() if status == "success" else Fail()]
+
+
+def _statement(st: ast.stmt, ctx: _Ctx) -> list[Action]:
     if isinstance(st, ast.Import):
         if all(a.name in ("pyautogui", "time") and a.asname is None for a in st.names):
             return []
@@ -173,56 +250,68 @@ def _statement(st: ast.stmt, ptr: Pointer) -> list[Action]:
         if not isinstance(s, (int, float)) or isinstance(s, bool):
             raise PyAutoGUIError("time.sleep: seconds must be a number")
         return [Wait(seconds=float(s))]
-    if mod == "computer" and fn in ("wait", "terminate"):  # OpenCUA's two extra calls
-        kw = {k.arg: _literal(k.value) for k in call.keywords if k.arg}
-        if fn == "wait":
-            return [Wait(seconds=1.0)]
-        status = kw.get("status", _literal(call.args[0]) if call.args else None)
-        if status not in ("success", "failure"):
-            raise PyAutoGUIError("computer.terminate: status must be 'success' or 'failure'")
-        return [Done() if status == "success" else Fail()]
-    if mod != "pyautogui" or fn not in _SIGS:
+    if mod == "computer" and fn in ("wait", "terminate", "triple_click"):
+        actions = _computer(fn, call)
+    elif mod != "pyautogui" or fn not in _SIGS:
         raise PyAutoGUIError(f"unsupported function {mod}.{fn}")
-    actions = _action(fn, _bind(fn, call), ptr)
+    else:
+        actions = _action(fn, _bind(fn, call), ctx)
     for act in actions:
         if hasattr(act, "x"):
-            ptr.x, ptr.y = act.x, act.y  # type: ignore[attr-defined]
+            ctx.ptr.x, ctx.ptr.y = act.x, act.y  # type: ignore[attr-defined]
         elif isinstance(act, Drag):
-            ptr.x, ptr.y = act.x2, act.y2
+            ctx.ptr.x, ctx.ptr.y = act.x2, act.y2
     return actions
 
 
-def parse_pyautogui(
-    code: Any, screen_w: int, screen_h: int, pointer: Pointer | None = None
-) -> tuple[list[Action], str | None]:
-    """OSWorld action text -> (actions in screen pixels, None) or ([], reason). Never raises, never executes."""
+def _is_string(st: ast.stmt) -> bool:
+    return isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str)
+
+
+def read_pyautogui(code: Any, screen_w: float, screen_h: float, pointer: Pointer | None = None) -> ParsedCode:
+    """OSWorld action text -> ParsedCode (actions in screen pixels, or the reason). Never raises, never executes."""
     ptr = pointer if pointer is not None else Pointer()
     if not isinstance(code, str):
-        return [], f"action is not a string ({type(code).__name__})"
+        return ParsedCode(error=f"action is not a string ({type(code).__name__})")
     text = code.strip()
     if text in SPECIAL:
-        return [SPECIAL[text]], None
+        return ParsedCode(actions=[SPECIAL[text]])
     if not text:
-        return [], "empty action"
+        return ParsedCode(error="empty action")
     if len(text) > MAX_CODE_CHARS:
-        return [], f"action too long ({len(text)} chars)"
+        return ParsedCode(error=f"action too long ({len(text)} chars)")
     saved = (ptr.x, ptr.y)
+    thought = None
     try:
         tree = ast.parse(text, mode="exec")
-        actions = [a for st in tree.body for a in _statement(st, ptr)]
+        strings = [st.value.value.strip() for st in tree.body if _is_string(st)]  # type: ignore[attr-defined]
+        thought = "\n\n".join(s for s in strings if s) or None
+        ctx = _Ctx(ptr, screen_w, screen_h)
+        actions = [a for st in tree.body if not _is_string(st) for a in _statement(st, ctx)]
         if not actions:
-            raise PyAutoGUIError("no pyautogui action")
+            raise PyAutoGUIError("no pyautogui action" + (" (only a string)" if strings else ""))
         for a in actions:
             for fx, fy in (("x", "y"), ("x1", "y1"), ("x2", "y2")):
                 if hasattr(a, fx) and not (0 <= getattr(a, fx) < screen_w and 0 <= getattr(a, fy) < screen_h):
                     raise PyAutoGUIError(
-                        f"point ({getattr(a, fx):g}, {getattr(a, fy):g}) is off the {screen_w}x{screen_h} screen"
+                        f"point ({getattr(a, fx):g}, {getattr(a, fy):g}) is off the {screen_w:g}x{screen_h:g} screen"
                     )
-        return actions, None
+        return ParsedCode(actions=actions, thought=thought, notes=ctx.notes, flag="; ".join(ctx.flags) or None)
     except SyntaxError as e:
         ptr.x, ptr.y = saved
-        return [], f"not Python: {e.msg} (line {e.lineno})"
+        return ParsedCode(error=f"not Python: {e.msg} (line {e.lineno})")
     except (PyAutoGUIError, ValidationError, RecursionError, MemoryError) as e:
         ptr.x, ptr.y = saved
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return [], msg[:200]
+        return ParsedCode(error=msg[:200], thought=thought)
+
+
+def parse_pyautogui(
+    code: Any, screen_w: float, screen_h: float, pointer: Pointer | None = None
+) -> tuple[list[Action], str | None]:
+    """OSWorld action text -> (actions in screen pixels, None) or ([], reason); a flagged step (see
+    `read_pyautogui`) comes back as ([], the flag). Never raises, never executes."""
+    p = read_pyautogui(code, screen_w, screen_h, pointer)
+    if p.error or p.flag:
+        return [], p.error or p.flag
+    return p.actions, None

@@ -102,8 +102,11 @@ class OSWorldEnv(GuiEnv):
             from envs.osworld_tasks import find_task
 
             task_config = find_task(self.tasks_dir, task_id)
-        elif task_config.get("id", task_id) != task_id:
-            raise ValueError(f"task_config is for {task_config.get('id')!r}, not {task_id!r}")
+        else:
+            from envs.osworld_tasks import same_task
+
+            if not same_task(task_id, task_config):
+                raise ValueError(f"task_config is for {task_config.get('id')!r}, not {task_id!r}")
         self._task, self._ended = task_config, None
         raw = self._call("reset", lambda: self._desk.reset(task_config=task_config, seed=seed))
         obs = self._settle(self._obs(raw))

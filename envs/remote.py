@@ -69,6 +69,7 @@ class RemoteEnv(GuiEnv):
         acquire_timeout_s: float = 120.0,
         probe: bool = True,
         ca_file: str | None = None,
+        task_configs: dict[str, dict[str, Any]] | None = None,
     ):
         import httpx
 
@@ -95,6 +96,7 @@ class RemoteEnv(GuiEnv):
         self._url: str | None = None
         self._sid: str | None = None
         self.env_version: str | None = None
+        self.task_configs = dict(task_configs or {})  # task id -> task JSON sent with its reset (OSWorld, the lake)
         if probe:
             self._probe()
 
@@ -198,6 +200,8 @@ class RemoteEnv(GuiEnv):
     # ------------------------------------------------------------------ GuiEnv
     def reset(self, task_id: str, seed: int, task_config: dict | None = None) -> Observation:
         body: dict[str, Any] = {"task_id": task_id, "seed": int(seed)}
+        if task_config is None:
+            task_config = self.task_configs.get(task_id)
         if task_config is not None:
             body["task_config"] = task_config
         last: Exception | None = None

@@ -169,7 +169,7 @@ def evaluate_checkpoint(
 
     sel = selection or cfg.evaluate.selection
     with_held_out = cfg.evaluate.held_out_tasks if held_out_tasks is None else held_out_tasks
-    tasks = resolve_tasks(sel.tasks, for_training=False)
+    tasks = resolve_tasks(sel.tasks, for_training=False, cfg=cfg)
     held_out = {t.task_id for t in registry.TASKS if t.held_out and t.teacher_supported}
     extra = [t for t in sorted(held_out) if t not in tasks] if with_held_out else []
     tasks += extra

@@ -27,9 +27,11 @@ def lake_for(cfg: FlywheelConfig) -> Lake:
     return open_lake(cfg)
 
 
-def resolve_tasks(tasks: list[str], *, for_training: bool) -> list[str]:
+def resolve_tasks(tasks: list[str], *, for_training: bool, cfg: FlywheelConfig | None = None) -> list[str]:
     """Task ids from a selection; 'all' = every teacher-supported task (held-out ones only for eval).
 
+    With `cfg` on a remote env, ids the registry does not know are looked up in the lake's `tasks` table too: the
+    OSWorld tasks `flywheel import osworld-tasks` put there (split 'both', so training and evaluation may use them).
     Raises UserError for unknown ids, and for held-out tasks in a training-side stage."""
     from envs import registry
 
@@ -37,12 +39,49 @@ def resolve_tasks(tasks: list[str], *, for_training: bool) -> list[str]:
     if tasks == ["all"]:
         return registry.teacher_tasks(include_held_out=not for_training)
     unknown = [t for t in tasks if t not in known]
+    if unknown and cfg is not None and cfg.env.name == "remote":
+        in_lake = lake_task_configs(cfg, unknown)
+        unknown = [t for t in unknown if t not in in_lake]
     if unknown:
-        raise UserError(f"unknown task ids {unknown}; known: {', '.join(sorted(known))}")
-    held = [t for t in tasks if known[t].held_out]
+        hint = "" if cfg is None or cfg.env.name == "remote" else " (OSWorld tasks from the lake need env.name: remote)"
+        raise UserError(f"unknown task ids {unknown}{hint}; known: {', '.join(sorted(known))}")
+    held = [t for t in tasks if t in known and known[t].held_out]
     if for_training and held:
         raise UserError(f"tasks {held} are held out for evaluation; remove them from training-side stages")
     return list(tasks)
+
+
+def lake_task_configs(cfg: FlywheelConfig, task_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The task JSON (what OSWorld's DesktopEnv.reset takes) of those ids that the lake's `tasks` table holds as
+    OSWorld tasks (`flywheel import osworld-tasks`); ids it does not hold are left out."""
+    import json
+
+    lake = lake_for(cfg)
+    if not task_ids or not lake.has_data("tasks"):
+        return {}
+    from storage.catalog import connect
+
+    rows = (
+        connect(lake)
+        .execute(
+            "SELECT task_id, config, instruction FROM tasks WHERE env = 'osworld' AND list_contains($1, task_id)",
+            [list(task_ids)],
+        )
+        .fetchall()
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for task_id, config, instruction in rows:
+        c = json.loads(config or "{}")
+        out[task_id] = c.get("task_json") or {  # rows written before the task JSON was kept whole
+            "id": task_id.rsplit("/", 1)[-1],
+            "instruction": instruction,
+            "snapshot": c.get("snapshot"),
+            "config": c.get("config", []),
+            "evaluator": c.get("evaluator"),
+            "related_apps": c.get("related_apps", []),
+            "proxy": c.get("proxy", False),
+        }
+    return out
 
 
 def run_key_for(stage: str, iteration: int, payload: dict[str, Any]) -> str:
@@ -102,6 +141,10 @@ def rollout_spec(
             acquire_timeout_s=cfg.env.acquire_timeout_s,
             ca_file=cfg.env.ca_file,
         )
+        known = {t.task_id for t in registry.TASKS}
+        configs = lake_task_configs(cfg, [t for t in dict.fromkeys([*tasks, *(task_seeds or {})]) if t not in known])
+        if configs:  # OSWorld tasks from the lake: each reset sends its task JSON, so no server needs --tasks-dir
+            env_kwargs["task_configs"] = configs
     payload = {
         "policy": asdict(policy),
         "tasks": tasks,

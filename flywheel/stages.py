@@ -62,7 +62,7 @@ def bootstrap(
     from envs import registry
 
     sel = cfg.bootstrap.selection
-    tasks = resolve_tasks(sel.tasks, for_training=True)
+    tasks = resolve_tasks(sel.tasks, for_training=True, cfg=cfg)
     seeds = registry.seeds("train", sel.seeds_per_task, offset=sel.seed_offset)
     task_seeds = _demo_seeds(cfg, iteration, tasks)
     if task_seeds is not None and not task_seeds:
@@ -112,7 +112,7 @@ def student_rollouts(
     # seeds after the bootstrap's, so student rollouts see task instances the teacher did not demo
     offset = cfg.bootstrap.selection.seed_offset + cfg.bootstrap.selection.seeds_per_task + sel.seed_offset
     seeds = registry.seeds("train", sel.seeds_per_task, offset=offset + iteration * sel.seeds_per_task)
-    tasks, max_seeds = resolve_tasks(sel.tasks, for_training=True), None
+    tasks, max_seeds = resolve_tasks(sel.tasks, for_training=True, cfg=cfg), None
     if cfg.curriculum.enabled:  # parked tasks get none, solved ones a small check
         from flywheel.curriculum import plan_for
 
@@ -245,7 +245,7 @@ def expected_episodes(cfg: FlywheelConfig, stage: str) -> int:
         sel, group = cfg.rollouts.selection, cfg.rollout_attempts()
     else:
         sel, group = cfg.evaluate.selection, 1
-    tasks = set(resolve_tasks(sel.tasks, for_training=stage != "evaluate"))
+    tasks = set(resolve_tasks(sel.tasks, for_training=stage != "evaluate", cfg=cfg))
     if stage == "evaluate" and cfg.evaluate.held_out_tasks:
         tasks |= {t.task_id for t in registry.TASKS if t.held_out and t.teacher_supported}
     return len(tasks) * sel.seeds_per_task * group

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agents.actions import Click, Done, DoubleClick, Drag, Fail, Key, Move, RightClick, Scroll, Type, Wait
-from agents.pyautogui_parse import Pointer, parse_pyautogui
+from agents.pyautogui_parse import Pointer, parse_pyautogui, read_pyautogui
 from storage.catalog import connect
 
 FIXTURES = Path(__file__).parent / "fixtures" / "osworld_results"
@@ -269,3 +269,177 @@ def test_import_slime_maps_declared_screen_coordinates_onto_the_image(tmp_path):
     bad = fw("import", "slime", str(SLIME), "--coords", "huge", "--lake", str(lake))
     assert bad.returncode == 2 and "use 'image', 'relative1000' or a screen size WxH" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+# ---- the shapes real data has (issue 31) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "code, want, thought",
+    [  # UI-TARS (OSWorld's mm_agents) writes an "Observation ... Thought ..." string before its calls
+        (
+            "import pyautogui\n'''\nObservation:\nA dialog.\n\nThought:\nClose it.\n'''\npyautogui.click(5, 6)",
+            [Click(x=5, y=6)],
+            "Observation:\nA dialog.\n\nThought:\nClose it.",
+        ),
+        ("pyautogui.hotkey(keys=['ctrl', 'F'])", [Key(keys=["ctrl", "f"])], None),  # OpenCUA's keyword form
+        ("pyautogui.press(keys=['enter'])", [Key(keys=["enter"])], None),
+        ("computer.triple_click(x=10, y=20)", [Click(x=10, y=20, clicks=3)], None),  # OpenCUA's action list
+        ("computer.triple_click(10, 20)", [Click(x=10, y=20, clicks=3)], None),
+    ],
+)
+def test_real_agent_code_shapes(code, want, thought):
+    p = read_pyautogui(code, 1920, 1080)
+    assert p.error is None and p.flag is None and p.actions == want and p.thought == thought
+
+
+def test_scrolls_beyond_the_schema_are_saturated_and_noted_and_a_pointerless_scroll_is_flagged():
+    ptr = Pointer()
+    p = read_pyautogui("pyautogui.scroll(-800)", 1920, 1080, ptr)  # before any pointer position is known
+    assert p.actions == [Scroll(x=960, y=540, dy=50)] and p.error is None
+    assert p.flag and "before any pointer position is known" in p.flag
+    assert p.notes == [{"note": "scroll saturated", "source": -800, "unit": "pyautogui clicks", "mapped": -50}]
+    assert parse_pyautogui("pyautogui.scroll(-54)", 1920, 1080)[1] == p.flag.replace("-800", "-54")
+    p = read_pyautogui("pyautogui.moveTo(100, 200)\npyautogui.scroll(-54)", 1920, 1080)
+    assert p.flag is None and p.actions[1] == Scroll(x=100, y=200, dy=50) and p.notes[0]["source"] == -54
+    assert read_pyautogui("pyautogui.scroll(3, x=5, y=6)", 1920, 1080).notes == []
+    for bad, why in [
+        ("pyautogui.hotkey('ctrl', keys=['c'])", "both as arguments and as keys="),
+        ("computer.triple_click(x=1)", "takes x and y"),
+        ("'''only a thought'''", "no pyautogui action (only a string)"),
+    ]:
+        assert why in read_pyautogui(bad, 1920, 1080).error
+
+
+SHAPES = Path(__file__).parent / "fixtures" / "osworld_results_shapes"
+
+
+def test_a_timed_out_run_keeps_its_steps_with_status_error_and_an_empty_run_is_named(tmp_path):
+    lake = tmp_path / "lake"
+    r = fw("import", "osworld-results", str(SHAPES), "--lake", str(lake))
+    assert r.returncode == 0, r.stderr  # nothing rejected: the empty run is passed over, named
+    assert (
+        "imported 1 episodes (4 steps, 1 kept unparsed with a reason), 0 already in the lake, "
+        "1 passed over (no episode in them), 0 rejected" in r.stdout
+    )
+    assert "b0000000-0000-4000-8000-00000000000b/traj.jsonl: no steps to import" in r.stdout
+    assert "a bytes-like object is required" in r.stdout
+    con = connect(lake)
+    ep = con.execute("SELECT status, error, task_reward, success, n_steps FROM episodes").fetchone()
+    assert ep[0] == "error" and "traj.jsonl:5: Time limit exceeded in chrome/" in ep[1] and ep[2:] == (None, False, 4)
+    steps = con.execute(
+        "SELECT action, parse_ok, parse_error, thought, prompt_context FROM steps WHERE NOT is_final ORDER BY step_idx"
+    ).fetchall()
+    acts = [json.loads(s[0]) for s in steps]
+    assert [a["action"] for a in acts] == ["scroll", "click", "key", "scroll"]
+    # the first scroll comes before any pointer position: kept, with its action, out of SFT with the reason
+    assert steps[0][1] is False and "before any pointer position is known" in steps[0][2]
+    assert steps[0][3].startswith("Observation:\nA long article") and steps[1][3].endswith("at the bottom left.")
+    assert all(s[1] for s in steps[1:]) and acts[2]["keys"] == ["ctrl", "f"]
+    assert acts[3]["dy"] == 50 and json.loads(steps[3][4])["notes"][0] == {
+        "note": "scroll saturated",
+        "source": -800,
+        "unit": "pyautogui clicks",
+        "mapped": -50,
+    }
+    again = fw("import", "osworld-results", str(SHAPES), "--lake", str(lake))
+    assert again.returncode == 0 and "imported 0 episodes" in again.stdout and "1 already in the lake" in again.stdout
+
+
+BENCH = Path(__file__).parent / "fixtures" / "agentnet_shapes"
+
+
+def test_a_pretty_printed_agentnetbench_record_imports_and_a_broken_one_is_one_error(tmp_path):
+    lake = tmp_path / "lake"
+    r = fw("import", "agentnet", str(BENCH / "bench_fixture_1.json"), "--lake", str(lake))
+    assert r.returncode == 0, r.stderr
+    assert "imported 1 episodes (7 steps, 0 kept unparsed with a reason)" in r.stdout
+    con = connect(lake)
+    ep = con.execute("SELECT task_id, instruction, env_version, task_reward FROM episodes").fetchone()
+    assert ep == ("bench_fixture_1", "Find the budget line and select it.", "agentnetbench", None)
+    steps = con.execute("SELECT action, thought, action_desc, prompt_context FROM steps ORDER BY step_idx").fetchall()
+    acts = [json.loads(s[0]) for s in steps]
+    assert [a["action"] for a in acts] == ["key", "type", "key", "move", "scroll", "click", "done"]
+    assert acts[0]["keys"] == ["ctrl", "f"] and acts[5] == {
+        "action": "click",
+        "x": 20.0,
+        "y": 25.0,
+        "button": "left",
+        "clicks": 3,
+    }
+    assert acts[4]["dy"] == 50 and json.loads(steps[4][3])["notes"][0]["source"] == -54
+    assert steps[0][1] == "Search for the word first." and steps[0][2] == "Open the find bar."
+    assert json.loads(steps[0][3])["observation"] == "Screen 1."
+    broken = fw("import", "agentnet", str(BENCH / "broken_pretty.json"), "--lake", str(lake))
+    assert broken.returncode == 2 and len(broken.stderr.strip().splitlines()) == 1
+    assert "neither JSON Lines (one record per line) nor one JSON document" in broken.stderr
+
+
+def test_imported_demos_reach_the_sft_dataset_unchanged(tmp_path):
+    """OSWorld results and AgentNet records, imported, curated: every fit step of the successful imports becomes
+    one SFT row whose text is the step's thought and action line and whose tool call, read back by the student's
+    parser, is the imported action (only the 0..1000 model space in between)."""
+    import pyarrow.parquet as pq
+
+    from agents.coords import CoordTransform
+    from agents.parsing import parse_response
+    from configs.models import load_config
+    from flywheel.interop.agentnet import import_agentnet
+    from flywheel.interop.osworld import import_osworld
+    from storage.lake import Lake
+    from training.export import curate
+
+    root = tmp_path / "lake"
+    import_osworld(FIXTURES, Lake(root))
+    import_agentnet(AGENTNET, Lake(root))
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", {"lake.root": str(root)})
+    ds = curate(cfg, iteration=0, held_out=[])
+    assert ds["source_counts"]["by_policy_iteration"] == {"agentnet-import/it0": 1, "osworld-import/it0": 1}
+    lake_steps = {
+        (r[0], r[1]): r[2:]
+        for r in connect(root)
+        .execute(
+            """SELECT s.episode_id, s.step_idx, s.action, s.thought, s.action_desc, s.screen_w, s.screen_h
+               FROM steps s JOIN episodes e USING (episode_id) WHERE e.success AND s.parse_ok AND NOT s.is_final"""
+        )
+        .fetchall()
+    }
+    rows = pq.read_table(ds["data_files"]).to_pylist()
+    assert {(r["episode_id"], int(r["step_idx"])) for r in rows} == set(lake_steps) and len(rows) == 11
+    for r in rows:
+        action, thought, desc, w, h = lake_steps[(r["episode_id"], int(r["step_idx"]))]
+        text = r["messages"][-1]["content"][0]["text"]
+        assert desc in text and (thought is None or thought in text)
+        got = parse_response(text, CoordTransform.for_qwen3(w, h)).action
+        want = json.loads(action)
+        assert got is not None and got.action == want["action"]
+        for k in ("x", "y", "x1", "y1", "x2", "y2"):  # the 0..1000 grid rounds a point to within one cell
+            if k in want:
+                cell = (w if k.startswith("x") else h) / 1000
+                assert abs(getattr(got, k) - want[k]) <= cell, (k, got, want)
+        assert {k: v for k, v in got.model_dump().items() if k not in ("x", "y", "x1", "y1", "x2", "y2")} == {
+            k: v for k, v in want.items() if k not in ("x", "y", "x1", "y1", "x2", "y2")
+        }
+
+
+def test_agentnet_annotations_are_kept_with_each_step(tmp_path):
+    """AgentNet's CoT annotations (data/cot-generate/README.md): the thought is the step's thought, the action
+    line its action_desc, and observation / reflection / last_step_* plus the record's judge scores ride in the
+    step's prompt_context; task_completed is the reward."""
+    from flywheel.interop.agentnet import import_agentnet
+    from storage.lake import Lake
+
+    import_agentnet(AGENTNET, Lake(tmp_path / "lake"))
+    ctx, thought, reward = (
+        connect(tmp_path / "lake")
+        .execute(
+            """SELECT s.prompt_context, s.thought, e.task_reward FROM steps s JOIN episodes e USING (episode_id)
+               WHERE e.task_id = '20240927_a1b2c3' AND s.step_idx = 0"""
+        )
+        .fetchone()
+    )
+    ctx = json.loads(ctx)
+    assert thought == "I need to select report.txt first." and reward == 1.0
+    assert ctx["observation"] == "The desktop shows report.txt." and ctx["last_step_correct"] is True
+    assert ctx["last_step_redundant"] is False and ctx["record"]["alignment_score"] == 9
+    assert ctx["record"]["actual_task"] == "Rename report.txt to final_report.txt"

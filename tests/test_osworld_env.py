@@ -5,6 +5,9 @@ server hosting it over HTTP."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,7 +83,7 @@ def sleeps(monkeypatch):
 def _env(**kw) -> OSWorldEnv:
     return OSWorldEnv(
         desktop_env_cls=FakeDesktopEnv,
-        tasks_dir=str(FIXTURES),
+        tasks_dir=kw.pop("tasks_dir", str(FIXTURES)),
         screen_size=(1920, 1080),
         settle_timeout_s=kw.pop("settle_timeout_s", 1e9),
         **kw,
@@ -184,11 +187,51 @@ def test_task_loader_keeps_domain_snapshot_config_evaluator_and_skips_drive_and_
     bad = tmp_path / "examples" / "os"
     bad.mkdir(parents=True)
     (bad / "x.json").write_text(json.dumps({"id": "x", "instruction": "hi"}))
-    with pytest.raises(ValueError, match="missing config, evaluator"):
-        load_tasks(tmp_path)
+    assert load_tasks(tmp_path) == ([], [("os/x.json", "not an OSWorld task: missing evaluator")])
     (bad / "x.json").write_text("{not json")
-    with pytest.raises(ValueError, match="not readable JSON"):
-        load_tasks(tmp_path)
+    assert "not readable JSON" in load_tasks(tmp_path)[1][0][1]
+    with pytest.raises(ValueError, match="no task files"):
+        load_tasks(tmp_path / "nothing")
+
+
+SHAPES = Path(__file__).parent / "fixtures" / "osworld_shapes"  # the shapes upstream's examples folder holds
+
+
+def test_task_loader_takes_every_real_shape_and_names_what_it_leaves():
+    from envs.osworld_tasks import scan_tasks
+
+    scan = scan_tasks(SHAPES)
+    calc, noconf, shared = (f"a0000000-0000-4000-8000-00000000000{i}" for i in (1, 2, 5))
+    # `config` is optional (desktop_env defaults it to []); one id in chrome/ and thunderbird/ names two tasks
+    assert sorted(t.task_id for t in scan.tasks) == sorted([calc, noconf, f"chrome/{shared}", f"thunderbird/{shared}"])
+    assert json.loads(task_rows([t for t in scan.tasks if t.task_id == noconf])[0]["config"])["config"] == []
+    skipped = dict(scan.skipped)  # the Windows variants: a -win file whose id is the Ubuntu task's, Windows/<app>/
+    assert set(skipped) == {f"libreoffice_calc/{calc}-win", f"Windows/excel/{calc}"}
+    assert all("Windows VM" in why for why in skipped.values())
+    rejected = dict(scan.rejected)
+    assert set(rejected) == {
+        "template.json",
+        "gimp/broken.json",
+        "vlc/a0000000-0000-4000-8000-000000000003.json",
+        "vlc/a0000000-0000-4000-8000-000000000004.json",
+    }
+    assert "'evaluation_dir', not an evaluator object" in rejected["vlc/a0000000-0000-4000-8000-000000000003.json"]
+    assert "names no metric" in rejected["vlc/a0000000-0000-4000-8000-000000000004.json"]
+    assert "template" in rejected["template.json"] and "not readable JSON" in rejected["gimp/broken.json"]
+    with_windows = scan_tasks(SHAPES, include_excluded=True)
+    assert len(with_windows.tasks) == 6 and with_windows.skipped == []
+    assert find_task(SHAPES, f"thunderbird/{shared}")["snapshot"] == "thunderbird"
+    assert find_task(SHAPES, f"libreoffice_calc/{calc}-win")["config"][0]["parameters"]["path"].startswith("C:")
+
+
+def test_a_domain_qualified_task_resets_with_its_own_json(sleeps):
+    shared = "a0000000-0000-4000-8000-000000000005"
+    env = _env(tasks_dir=str(SHAPES))
+    env.reset(f"thunderbird/{shared}", 0)
+    assert FakeDesktopEnv.instances[-1].task["snapshot"] == "thunderbird"
+    env.reset(f"chrome/{shared}", 0, task_config=find_task(SHAPES, f"chrome/{shared}"))
+    with pytest.raises(ValueError, match="not 'chrome/other'"):
+        env.reset("chrome/other", 0, task_config=find_task(SHAPES, f"chrome/{shared}"))
 
 
 def test_env_server_hosts_osworld_over_http(sleeps):
@@ -238,3 +281,79 @@ def test_import_osworld_tasks_command_fills_the_tasks_table(tmp_path):
         timeout=120,
     )
     assert bad.returncode == 2 and "no task files" in bad.stderr and "Traceback" not in bad.stderr
+
+
+class _InProcess:
+    """RemoteEnv's HTTP client, answered by a TestClient (which takes no per-request timeout)."""
+
+    def __init__(self, http):
+        import httpx
+
+        self.http, self.timeout = http, httpx.Timeout(5.0)
+
+    def request(self, method, url, timeout=None, **kw):
+        return self.http.request(method, url, **kw)
+
+    def get(self, url, timeout=None, **kw):
+        return self.http.get(url, **kw)
+
+    def delete(self, url, timeout=None, **kw):
+        return self.http.delete(url, **kw)
+
+    def close(self):
+        pass
+
+
+def test_a_task_imported_by_osworld_tasks_is_selected_from_the_lake_and_reset_without_a_tasks_dir(tmp_path, sleeps):
+    """`flywheel import osworld-tasks` -> the lake's `tasks` table -> a stage on a remote env selects the task by
+    id and every reset sends its task JSON, so the env server (here OSWorld over HTTP on the desktop-env stand-in,
+    no tasks dir) runs it; without env.name remote the id is unknown, with a hint."""
+    from starlette.testclient import TestClient
+
+    from configs.models import load_config
+    from envs.remote import RemoteEnv
+    from envs.server import SlotPool
+    from envs.server_http import ServerSettings, create_app
+    from flywheel.errors import UserError
+    from flywheel.runtime.spec import PolicySpec
+    from flywheel.specs import resolve_tasks, rollout_spec
+
+    root = Path(__file__).resolve().parents[1]
+    lake = tmp_path / "lake"
+    out = subprocess.run(
+        [sys.executable, "-m", "flywheel", "import", "osworld-tasks", str(FIXTURES), "--lake", str(lake)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        env={**os.environ, "FLYWHEEL_LAKE": ""},
+    )
+    assert out.returncode == 0, out.stderr
+    over = {"lake.root": str(lake), "env.name": "remote", "env.servers": ["http://testserver"]}
+    cfg = load_config(root / "configs" / "tiny.yaml", over)
+    assert resolve_tasks([CALC], for_training=True, cfg=cfg) == [CALC]
+    with pytest.raises(UserError, match="need env.name: remote"):
+        resolve_tasks(
+            [CALC], for_training=True, cfg=load_config(root / "configs" / "tiny.yaml", {"lake.root": str(lake)})
+        )
+    spec = rollout_spec(
+        cfg, iteration=0, stage="bootstrap", policy=PolicySpec("scripted"), tasks=[CALC], seeds=[0], split="train"
+    )
+    task_json = spec.env["task_configs"][CALC]
+    assert task_json == json.loads((FIXTURES / "examples" / "libreoffice_calc" / f"{CALC}.json").read_text())
+    again = rollout_spec(
+        cfg, iteration=0, stage="bootstrap", policy=PolicySpec("scripted"), tasks=[CALC], seeds=[0], split="train"
+    )
+    assert again.run_key == spec.run_key  # the task JSON rides along, outside the run key
+
+    pool = SlotPool(lambda: _env(tasks_dir=None), 1)
+    with TestClient(create_app(ServerSettings(env="osworld", slots=1, token=None), pool)) as http:
+        for _ in range(100):
+            if http.get("/v1/health").json()["free"] == 1:
+                break
+        env_kwargs = {k: v for k, v in spec.env.items() if k != "name"}
+        remote = RemoteEnv(**{**env_kwargs, "probe": False})
+        remote._http = _InProcess(http)  # the server in-process: its HTTP API, no socket
+        obs = remote.reset(CALC, 0)
+        assert obs.width == 1920 and FakeDesktopEnv.instances[-1].task["evaluator"]["func"] == "compare_table"
+        remote.close()

@@ -107,7 +107,9 @@ def rollout(
     if len(splits) != 1:
         raise UserError(f"--seeds mixes splits {sorted(splits)}: train and eval seeds must not be mixed")
     split = splits.pop()
-    task_list = resolve_tasks([t.strip() for t in tasks.split(",") if t.strip()], for_training=stage != "evaluate")
+    task_list = resolve_tasks(
+        [t.strip() for t in tasks.split(",") if t.strip()], for_training=stage != "evaluate", cfg=cfg
+    )
     if policy == "scripted":
         spec_p = PolicySpec("scripted")
     elif policy == "student":

@@ -25,8 +25,12 @@ import_app = typer.Typer(help="Import existing demonstrations into the lake.", n
 def _report(res, source: str) -> None:
     typer.echo(
         f"{source}: imported {res.episodes} episodes ({res.steps} steps, {res.unparsed_steps} kept "
-        f"unparsed with a reason), {res.skipped} already in the lake, {len(res.rejected)} rejected"
+        f"unparsed with a reason), {res.skipped} already in the lake, "
+        + (f"{len(res.passed_over)} passed over (no episode in them), " if res.passed_over else "")
+        + f"{len(res.rejected)} rejected"
     )
+    for line in res.passed_over:
+        typer.echo(f"passed over {line}")
     for line in res.rejected:
         err_console.print(f"[red]rejected[/red] {line}", highlight=False)
     if res.rejected:
@@ -122,19 +126,29 @@ def import_osworld_tasks(
     ),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)."),
 ):
-    """Load OSWorld task JSON files into the `tasks` table (env 'osworld'); a rerun replaces them."""
-    from envs.osworld_tasks import EXCLUDED, load_tasks, task_rows
+    """Load OSWorld task JSON files into the `tasks` table (env 'osworld'); a rerun replaces them. Every file is
+    loaded, skipped (named, with the reason) or rejected (named, with the reason; exit code 1)."""
+    from envs.osworld_tasks import scan_tasks, task_rows
     from flywheel.runtime.rollout import git_sha
     from storage.lake import open_lake
 
     try:
-        tasks, skipped = load_tasks(folder, include_excluded=include_excluded)
+        scan = scan_tasks(folder, include_excluded=include_excluded)
     except ValueError as e:
         raise UserError(str(e)) from None
-    rows = [dict(r, run_key="osworld", git_sha=git_sha(), config_hash=None) for r in task_rows(tasks)]
-    open_lake(lake_root(lake, config)).replace_run("tasks", [rows], iteration=0, stage="registry", run_key="osworld")
-    console.print(f"[green]ok[/green] {len(rows)} OSWorld tasks into `tasks`; skipped {len(skipped)}")
-    for why in EXCLUDED.values():
-        ids = [i for i, r in skipped if r == why]
-        if ids:
-            console.print(f"  skipped {len(ids)}: {why}")
+    rows = [dict(r, run_key="osworld", git_sha=git_sha(), config_hash=None) for r in task_rows(scan.tasks)]
+    if rows:
+        open_lake(lake_root(lake, config)).replace_run(
+            "tasks", [rows], iteration=0, stage="registry", run_key="osworld"
+        )
+    console.print(
+        f"[green]ok[/green] {len(rows)} OSWorld tasks into `tasks`; skipped {len(scan.skipped)}, "
+        f"rejected {len(scan.rejected)}",
+        highlight=False,
+    )
+    for task_id, why in scan.skipped:
+        console.print(f"  skipped {task_id}: {why}", highlight=False, soft_wrap=True)
+    for name, why in scan.rejected:
+        err_console.print(f"[red]rejected[/red] {name}: {why}", highlight=False, soft_wrap=True)
+    if scan.rejected:
+        raise typer.Exit(1)

@@ -22,6 +22,11 @@ class ImportError_(ValueError):
     """One malformed input row: the message names the file and the row."""
 
 
+class PassOver(ImportError_):
+    """An input that holds no episode to import (e.g. an OSWorld run that crashed before its first step): named in
+    the summary with the reason, not an error."""
+
+
 @dataclass
 class ImportResult:
     episodes: int = 0
@@ -29,6 +34,7 @@ class ImportResult:
     skipped: int = 0  # already in the lake (a rerun)
     unparsed_steps: int = 0  # kept, with parse_ok false and the reason
     rejected: list[str] = field(default_factory=list)  # "file:line: reason"
+    passed_over: list[str] = field(default_factory=list)  # "file:line: reason": not an episode, named, not an error
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -38,22 +44,43 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 def read_records(path: Path) -> list[tuple[int, Any]]:
-    """(line number, record) for a JSON Lines file, or (index, record) for a JSON list; a line that is not JSON
-    comes back as an ImportError_ in its slot, so one bad line rejects only itself."""
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
+    """(line number, record) for a JSON Lines file, or (index, record) for a JSON document (a list of records, or
+    one record, pretty-printed or not); a line that is not JSON comes back as an ImportError_ in its slot, so one
+    bad line rejects only itself. A file that is neither raises one ImportError_ naming it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ImportError_(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise ImportError_(f"{path}: empty file")
+    stripped = text.lstrip()
+    if stripped.startswith("[") or (stripped.startswith("{") and not _is_json(lines[0][1])):
         try:
-            return list(enumerate(json.loads(text), 1))
+            doc = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ImportError_(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
+            # JSON Lines whose first line is broken still reads line by line; anything else is one error
+            if stripped.startswith("[") or not any(_is_json(line) for _, line in lines[1:]):
+                raise ImportError_(
+                    f"{path}:{e.lineno}: neither JSON Lines (one record per line) nor one JSON document ({e.msg})"
+                ) from None
+        else:
+            return list(enumerate(doc, 1)) if isinstance(doc, list) else [(1, doc)]
     out: list[tuple[int, Any]] = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                out.append((i, json.loads(line)))
-            except json.JSONDecodeError as e:
-                out.append((i, ImportError_(f"{path}:{i}: not JSON ({e.msg})")))
+    for i, line in lines:
+        try:
+            out.append((i, json.loads(line)))
+        except json.JSONDecodeError as e:
+            out.append((i, ImportError_(f"{path}:{i}: not JSON ({e.msg})")))
     return out
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def write_episode(lake: Lake, res: ImportResult, ep: dict, steps: list[dict], *, iteration: int, run_key: str) -> None:
@@ -102,9 +129,13 @@ def import_one(
     iteration: int,
     run_key: str,
 ) -> None:
-    """Build one episode's rows and write them; a bad input becomes one rejected line naming `where`."""
+    """Build one episode's rows and write them; a bad input becomes one rejected line naming `where`, an input
+    that holds no episode (PassOver) one named line in `passed_over`."""
     try:
         ep, steps = rows()
+    except PassOver as e:
+        res.passed_over.append(str(e))
+        return
     except ImportError_ as e:
         res.rejected.append(str(e))
         return

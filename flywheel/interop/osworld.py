@@ -16,9 +16,12 @@ The format (OSWorld's run.py / lib_run_single.py; docs/IMPORTS.md cites the file
 Each traj line becomes one step per action its code holds (parsed by agents.pyautogui_parse, never run; a line
 with code we cannot read is kept with parse_ok false and the reason). The screen a step saw is the previous
 line's screenshot (``step_0.png`` for the first step); the last screenshot is the episode's final row. The
-reward is ``result.txt``; success means a score of 1. Episode ids hash the folder path below DIR, and every
-episode is one lake file named by its id, so importing the same folder again adds nothing. A malformed line
-rejects its whole episode with a message naming the file and line.
+reward is ``result.txt``; success means a score of 1. A final ``{"Error": ...}`` line (run.py appends
+``Time limit exceeded in <domain>/<id>`` on a timeout) ends the run: its steps are kept and the episode's status is
+``error`` with that line as the error; a run whose only line is an Error holds no step and is passed over, named.
+A leading string in the code (UI-TARS's "Observation ... Thought ...") is the step's thought. Episode ids hash the
+folder path below DIR, and every episode is one lake file named by its id, so importing the same folder again adds
+nothing. A malformed line rejects its whole episode with a message naming the file and line.
 """
 
 from __future__ import annotations
@@ -29,8 +32,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from agents.pyautogui_parse import Pointer, parse_pyautogui
-from flywheel.interop.common import STAGE, ImportError_, ImportResult, import_one, png_size, write_episode  # noqa: F401
+from agents.pyautogui_parse import Pointer, read_pyautogui
+from flywheel.interop.common import (  # noqa: F401
+    STAGE,
+    ImportError_,
+    ImportResult,
+    PassOver,
+    import_one,
+    png_size,
+    write_episode,
+)
 from storage.lake import Lake
 
 RUN_KEY = "import-osworld"
@@ -42,8 +53,11 @@ def task_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("traj.jsonl"))
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
-    rows = []
+def _read_lines(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The action lines of a traj.jsonl, and the run's error: run.py / lib_run_single.py append
+    ``{"Error": "Time limit exceeded in <domain>/<id>"}`` (or the exception) when a run is cut off; that line ends
+    the run, and the steps before it are kept."""
+    rows, error = [], None
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -51,18 +65,25 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ImportError_(f"{path}:{i}: not JSON ({e.msg})") from None
+        if isinstance(row, dict) and "action" not in row and set(row) <= {"Error", "error"}:
+            error = f"{path.name}:{i}: {str(row.get('Error') or row.get('error'))[:300]}"
+            continue
         if not isinstance(row, dict) or "action" not in row:
             raise ImportError_(
                 f"{path}:{i}: no 'action' field (an OSWorld traj.jsonl line has step_num, action, "
                 "response, reward, done, info, screenshot_file)"
             )
+        if error is not None:
+            raise ImportError_(f"{path}:{i}: an action line after the run's Error line ({error})")
         if row.get("screenshot_file") is not None and not isinstance(row["screenshot_file"], str):
             raise ImportError_(f"{path}:{i}: screenshot_file must be a file name")
         row["_line"] = i
         rows.append(row)
     if not rows:
+        if error is not None:
+            raise PassOver(f"{path}: no steps to import: the run stopped before its first action ({error})")
         raise ImportError_(f"{path}:1: empty trajectory")
-    return rows
+    return rows, error
 
 
 def _image(folder: Path, name: str | None, where: str) -> bytes | None:
@@ -105,7 +126,7 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
     model = parts[-3] if len(parts) >= 3 else "unknown"
     eid = hashlib.sha1(f"osworld|{rel}".encode()).hexdigest()[:16]
     traj = folder / "traj.jsonl"
-    lines = _read_lines(traj)
+    lines, run_error = _read_lines(traj)
     before = _image(folder, "step_0.png", f"{traj}:1") if (folder / "step_0.png").is_file() else None
     size = png_size(before) if before else None
     instr_p = folder / "instruction.txt"
@@ -119,7 +140,8 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
         if size is None and after is not None:
             size = png_size(after)
         w, h = size or (1920, 1080)  # OSWorld's default screen when no screenshot says otherwise
-        actions, err = parse_pyautogui(row["action"], w, h, ptr)
+        parsed = read_pyautogui(row["action"], w, h, ptr)
+        actions, err = parsed.actions, parsed.error or parsed.flag
         if before is None and not err:
             err = "no screenshot of the screen before this step (the run saved no step_0.png)"
         code = row["action"] if isinstance(row["action"], str) else json.dumps(row["action"])
@@ -137,10 +159,16 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
                     screen_w=w if before else None,
                     screen_h=h if before else None,
                     prompt_context=json.dumps(
-                        {"source": "osworld", "traj_line": row["_line"], "part": k + 1, "parts": len(actions) or 1}
+                        {
+                            "source": "osworld",
+                            "traj_line": row["_line"],
+                            "part": k + 1,
+                            "parts": len(actions) or 1,
+                            **({"notes": parsed.notes} if parsed.notes else {}),
+                        }
                     ),
                     response_text=text,
-                    thought=None,
+                    thought=parsed.thought,
                     action_desc=desc,
                     raw_action=json.dumps({"code": code}),
                     action=act.model_dump_json() if act is not None else None,
@@ -182,8 +210,12 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
         success=score is not None and score >= 1.0,
         n_steps=len(steps) - 1,
         n_parse_errors=n_unparsed,
-        status="ok" if score is not None else "error",
-        error=None if score is not None else "no result.txt: the run did not finish",
+        status="ok" if score is not None and run_error is None else "error",
+        error=run_error
+        if run_error is not None
+        else None
+        if score is not None
+        else "no result.txt: the run did not finish",
         started_at=now,
         ended_at=now,
         duration_s=None,
