@@ -94,11 +94,7 @@ def next_iteration_of(lake) -> int:
 
     if not lake.has_data("evals"):
         return 0
-    row = (
-        connect(lake)
-        .execute("SELECT max(iteration) FROM evals WHERE stage = 'evaluate'")
-        .fetchone()
-    )
+    row = connect(lake).execute("SELECT max(iteration) FROM evals WHERE stage = 'evaluate'").fetchone()
     return 0 if row is None or row[0] is None else int(row[0]) + 1
 
 

@@ -180,6 +180,7 @@ def rollout_spec(
         stage=stage,
         lake_root=lake.uri,
         lake_endpoint=lake.endpoint,
+        lake_catalog=lake.catalog_setting,
         jobs=jobs,
         policy=policy,
         env=env_kwargs,

@@ -30,8 +30,8 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import sqlite3
 import re
+import sqlite3
 import threading
 import time
 import urllib.parse
@@ -164,6 +164,7 @@ class Lake:
         raw = root if root is not None else (os.environ.get("FLYWHEEL_LAKE") or "lake")
         self.store: ObjectStore | None = None
         catalog = catalog or os.environ.get("FLYWHEEL_LAKE_CATALOG") or None
+        self.catalog_setting = catalog  # as configured (None: the default file), for a worker opening the same lake
         if is_object_uri(raw):
             self.store = ObjectStore(str(raw), endpoint=endpoint)  # checks the bucket: one line if it can't
             self.root = (
@@ -519,6 +520,7 @@ def open_lake(
     root: str | os.PathLike | None = None,
     endpoint: str | None = None,
     create: bool = True,
+    catalog: str | None = None,
 ) -> Lake:
     """The one way to open a lake: every stage, command, worker and report opens it here.
 
@@ -537,7 +539,7 @@ def open_lake(
         return source
     section = getattr(source, "lake", source)  # duck-typed: storage imports no config model
     if not hasattr(section, "root") or isinstance(section, (str, os.PathLike)):  # a Path has a .root too
-        return Lake(source, create=create, endpoint=endpoint)
+        return Lake(source, create=create, endpoint=endpoint, catalog=catalog)
     where = root or os.environ.get("FLYWHEEL_LAKE") or section.root
     return Lake(
         where,

@@ -30,6 +30,7 @@ from storage.lake import Lake, LakeError
 log = logging.getLogger(__name__)
 LEASE_S = float(os.environ.get("FLYWHEEL_LOCK_LEASE_S", "60"))
 _NAME = "parent"
+_ATTACH = threading.Lock()
 _TABLE = "flywheel_lock"
 _CREATE = (
     f"CREATE TABLE IF NOT EXISTS {_TABLE} (name TEXT PRIMARY KEY, holder TEXT NOT NULL, info TEXT, "
@@ -54,8 +55,16 @@ class _Meta:
             db = database()
             load(db, "postgres")
             self.pg = f"flylock_{lake.id}"
-            if not db.execute("SELECT 1 FROM duckdb_databases() WHERE database_name = ?", [self.pg]).fetchone():
-                db.execute(f"ATTACH {quote(lake.catalog.removeprefix('postgres:'))} AS {self.pg} (TYPE postgres)")
+            with _ATTACH:
+                cur = db.cursor()
+                try:
+                    if not cur.execute(
+                        "SELECT 1 FROM duckdb_databases() WHERE database_name = ?", [self.pg]
+                    ).fetchone():
+                        spec = quote(lake.catalog.removeprefix("postgres:"))
+                        cur.execute(f"ATTACH {spec} AS {self.pg} (TYPE postgres)")
+                finally:
+                    cur.close()
         self.run(_CREATE)
 
     def run(self, sql: str, params: tuple = ()) -> None:

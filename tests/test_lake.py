@@ -228,7 +228,7 @@ def test_snapshots_time_travel_and_the_cli_at(tmp_path):
             timeout=120,
         )
         assert r.returncode == 0, r.stderr
-        assert [c.strip("\"") for c in r.stdout.split()] == ["n", want]
+        assert [c.strip('"') for c in r.stdout.split()] == ["n", want]
 
 
 def test_compaction_leaves_few_files_and_the_same_rows(tmp_path):
@@ -345,7 +345,7 @@ def test_a_newer_schema_adds_its_columns_to_an_older_lake(tmp_path):
 def _old_layout_lake(root, *, bad: bool = True) -> dict[str, int]:
     """A lake as the code before DuckLake wrote it: one Parquet file per write under
     <table>/iteration=<n>/stage=<stage>/<run_key>-<part>.parquet, one file from an older schema, one corrupt file."""
-    from storage.lake import write_parquet, to_table
+    from storage.lake import to_table, write_parquet
 
     counts = {"episodes": 0, "steps": 0, "datasets": 0}
     for it, key in ((0, "boot"), (1, "roll")):

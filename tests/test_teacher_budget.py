@@ -716,11 +716,6 @@ def test_rl_teacher_run_in_chromium_stops_at_the_budget(tmp_path, lake_env):
         assert rl == (1, 1)
         assert teacher_spend(con).by_task() == {"click-test": Spent(3, 3, 0.0)}
         assert _teach_fresh(cfg, 0, 1, ["click-test"], pool, progress=False) is pool  # spent: nothing runs
-        assert (
-            connect(lake_env)
-            .execute("SELECT count(*) FROM episodes WHERE stage = 'rl'")
-            .fetchone()[0]
-            == 1
-        )
+        assert connect(lake_env).execute("SELECT count(*) FROM episodes WHERE stage = 'rl'").fetchone()[0] == 1
     finally:
         pool.close()

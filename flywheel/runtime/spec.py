@@ -82,9 +82,10 @@ class RolloutSpec:
     budget_usd: float | None = None
     # S3-compatible endpoint of an object-store lake_root (None: $FLYWHEEL_S3_ENDPOINT, else AWS's)
     lake_endpoint: str | None = None
+    lake_catalog: str | None = None  # lake.catalog (a postgresql:// URL names no password: $PGPASSWORD carries it)
 
     def lake(self) -> Lake:
-        return open_lake(self.lake_root, endpoint=self.lake_endpoint)
+        return open_lake(self.lake_root, endpoint=self.lake_endpoint, catalog=self.lake_catalog)
 
     # Rerun an episode that ended in status 'error' up to this many times before its error row stands (remote
     # envs: a dead server's episodes go to another server). Each retry replaces the same lake files.
