@@ -37,12 +37,21 @@ if [ "${FLYWHEEL_GPU:-0}" = "1" ]; then
   exit 0
 fi
 
+# Debian packages: chromium + chromium-driver (MiniWoB's browser), postgresql (the server the tests start for a
+# many-machine lake catalog: 19 MB download, ~63 MB installed; the tests run their own cluster in a temp folder).
+APT=()
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  APT+=(chromium chromium-driver)
+fi
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  APT+=(postgresql)
+fi
+if [ "${#APT[@]}" -gt 0 ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-  echo "setup: installing chromium + chromium-driver (Debian packages)" >&2
+  echo "setup: installing ${APT[*]} (Debian packages)" >&2
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${APT[@]}" >/dev/null
 fi
 
 PY="${PYTHON:-}"

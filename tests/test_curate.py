@@ -220,6 +220,34 @@ def test_manifest_row_and_rerun_is_idempotent(lake):
     assert not list(Path(a["path"]).glob(".*tmp"))  # the export was renamed into place
 
 
+def test_curate_at_a_datasets_snapshot_reproduces_it_byte_for_byte(lake, tmp_path):
+    """The dataset row records the lake snapshot curate read; after the lake grows, curate at that snapshot writes
+    the same export, byte for byte (on a copy of the lake: a moved lake opens as it is)."""
+    import shutil
+
+    root = tmp_path / "lake"
+    shutil.copytree(lake["root"], root)
+    cfg = _cfg(root)
+    first = curate(cfg, iteration=1)
+    before = Path(first["data_files"]).read_bytes()
+    snap = connect(root).execute("SELECT lake_snapshot FROM datasets WHERE dataset_id = ?", [first["dataset_id"]])
+    snap = snap.fetchone()[0]
+    assert snap == first["lake_snapshot"] is not None
+    con = connect(root)
+    ep = con.sql("SELECT * EXCLUDE (iteration, stage) FROM episodes WHERE policy = 'scripted' LIMIT 1").to_arrow_table()
+    ep = ep.to_pylist()[0]
+    steps = con.execute(
+        "SELECT * EXCLUDE (iteration, stage) FROM steps WHERE episode_id = ? ORDER BY step_idx", [ep["episode_id"]]
+    ).to_arrow_table()
+    twice = lambda st: (_shift_clicks(st), _shift_clicks(st))  # noqa: E731 - not a duplicate of the other variants
+    _variant(Lake(root), ep, steps.to_pylist(), "grown", iteration=1, step_edit=twice, policy="student")
+    grown = curate(cfg, iteration=1)
+    assert grown["n_episodes"] == first["n_episodes"] + 1 and grown["lake_snapshot"] > snap
+    again = curate(cfg, iteration=1, at=snap)
+    assert again["lake_snapshot"] == snap and again["n_episodes"] == first["n_episodes"]
+    assert Path(again["data_files"]).read_bytes() == before
+
+
 def test_drop_loops_cuts_the_detour_and_counts_it(lake):
     """The fallback episode's first step left the page as it was (its step 1 sees the same UI text and screenshot):
     with drop_loops (the default) it is cut, so the kept click's prompt has no history; without, it stays."""

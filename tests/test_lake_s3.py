@@ -1,7 +1,9 @@
-"""The lake on an object store, against a real S3-compatible server (moto in server mode, started here, ended by
-pid): writes, idempotent reruns, DuckDB views, screenshot bytes fetched only when selected; rollouts from two
-processes (real Chromium); curate on one machine and SFT on another (separate local caches: no shared path);
-`flywheel query`; `lake verify` naming a corrupt object; one-line errors that never show a credential."""
+"""The lake with its data on an object store, against a real S3-compatible server (moto in server mode, started
+here, ended by pid) read and written by DuckDB's httpfs: writes, idempotent reruns, queries, screenshot bytes never
+read unless selected; many machines through a real PostgreSQL catalog (tests/pg_server.py): rollouts from two
+processes (real Chromium), curate on one machine and SFT on another (separate local caches: no shared path), the
+parent lock across two processes that share no folder; `flywheel query`; `lake verify` naming a corrupt object;
+one-line errors that never show a credential."""
 
 from __future__ import annotations
 
@@ -19,7 +21,10 @@ import pytest
 
 from storage.catalog import FilteredRows, connect
 from storage.lake import Lake, LakeError
-from storage.synthetic import png_pool, synthetic_episodes
+from storage.synthetic import synthetic_episodes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pg_server  # noqa: E402
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -87,12 +92,20 @@ def s3(tmp_path_factory):
                 os.environ[k] = v
 
 
+@pytest.fixture(scope="module")
+def pg():
+    why = pg_server.available()
+    if why:
+        pytest.skip(why)
+    with pg_server.PostgresServer() as server:
+        yield server
+
+
 def test_writes_views_reruns_and_replace_run(s3):
     lake = Lake(f"s3://{BUCKET}/unit")
     assert lake.remote and lake.uri == f"s3://{BUCKET}/unit" and SECRET not in repr(lake) + repr(lake.store)
     eps, steps = synthetic_episodes(6, 3, seed=0, run_key="r1")
-    p = lake.write("steps", steps, iteration=0, stage="rollouts", run_key="r1")
-    assert p == f"s3://{BUCKET}/unit/steps/iteration=0/stage=rollouts/r1-00000.parquet"
+    lake.write("steps", steps, iteration=0, stage="rollouts", run_key="r1")
     lake.replace_run("episodes", [eps[:3], eps[3:]], iteration=0, stage="rollouts", run_key="r1")
     con = connect(lake)
     assert con.execute("SELECT iteration, stage, count(*) FROM episodes GROUP BY ALL").fetchall() == [
@@ -101,59 +114,58 @@ def test_writes_views_reruns_and_replace_run(s3):
     got = con.execute(
         "SELECT screenshot FROM steps WHERE episode_id = ? AND step_idx = 1", [eps[0]["episode_id"]]
     ).fetchone()
-    assert got[0] == steps[1]["screenshot"]  # bytes round-trip through the bucket
+    assert got[0] == steps[1]["screenshot"]
     # a rerun of the same part replaces it; a rerun with fewer parts drops the stale one
     lake.write("steps", steps, iteration=0, stage="rollouts", run_key="r1")
     lake.replace_run("episodes", [eps], iteration=0, stage="rollouts", run_key="r1")
     con = connect(lake)
     assert con.execute("SELECT count(*), count(DISTINCT episode_id) FROM episodes").fetchone() == (6, 6)
     assert con.execute("SELECT count(*) FROM steps").fetchone()[0] == len(steps)
-    assert [f.run_part for f in lake.files("episodes")] == ["r1-00000"]
-    # FilteredRows (RL replay's incremental read) over bucket objects: the view's rows, then a new object's
+    # compaction writes the data as Parquet objects in the bucket, and the bytes round-trip through it
+    lake.compact()
+    files = lake.files()
+    assert files and all(f.path.startswith(f"s3://{BUCKET}/unit/data/") for f in files)
+    assert lake.store.exists(files[0].path)
+    got = connect(lake).execute(
+        "SELECT screenshot FROM steps WHERE episode_id = ? AND step_idx = 1", [eps[0]["episode_id"]]
+    )
+    assert got.fetchone()[0] == steps[1]["screenshot"]
     ok = FilteredRows(lake, "episodes", "episode_id", "success")
     want = sorted(r[0] for r in con.execute("SELECT episode_id FROM episodes WHERE success").fetchall())
     assert sorted(r["episode_id"] for r in ok.rows(con)) == want
     more, _ = synthetic_episodes(2, 1, seed=1, run_key="r2")
     lake.write("episodes", [dict(e, success=True) for e in more], iteration=0, stage="rollouts", run_key="r2")
     assert sorted(r["episode_id"] for r in ok.rows(con)) == sorted(want + [e["episode_id"] for e in more])
-    # tables with no objects are empty typed views, as on disk
     assert con.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 0
     assert Lake(f"s3://{BUCKET}/unit", create=False).has_data("steps")
     with pytest.raises(LakeError, match="no lake at"):
         Lake(f"s3://{BUCKET}/nothing-here", create=False)
 
 
-def test_screenshots_are_fetched_only_when_selected(s3, monkeypatch):
-    import s3fs.core
+def test_screenshots_are_never_read_unless_selected(s3):
+    """The screenshot column's bytes in the bucket are garbage: a query that does not select them still works (so
+    they were never read), and one that does fails."""
+    from test_lake import _corrupt_column_chunk
+
+    from storage.catalog import QueryError, run_query
 
     lake = Lake(f"s3://{BUCKET}/shots")
-    big = png_pool(8, size=(480, 480))  # screenshots dominate the file, as in real lakes
-    # ~7 MB: DuckDB fetches a small remote file whole (one request), so the file must be past that size
-    _, steps = synthetic_episodes(160, 4, seed=1, run_key="s", pngs=big)
-    path = lake.write("steps", steps, iteration=0, stage="rollouts", run_key="s")
-    size = lake.files("steps")[0].size
-    shot_bytes = sum(len(s["screenshot"]) for s in steps)
-    fetched = []
-    real = s3fs.core.S3File._fetch_range
-
-    def counting(self, start, end):  # every byte range GET the S3 client makes for a read
-        fetched.append(end - start)
-        return real(self, start, end)
-
-    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counting)
+    _, steps = synthetic_episodes(40, 3, seed=1, run_key="s")
+    lake.write("steps", steps, iteration=0, stage="rollouts", run_key="s")
+    lake.compact()
+    (obj,) = [f.path for f in lake.files("steps")]
+    local = Path(lake.root) / "obj.parquet"
+    lake.store.fs.get(obj, str(local))
+    _corrupt_column_chunk(local, "screenshot")
+    lake.store.put_bytes(obj, local.read_bytes())
     con = connect(lake)
-    fetched.clear()
     assert con.execute("SELECT count(*), max(ui_text) IS NOT NULL FROM steps WHERE parse_ok").fetchone()[1]
-    without = sum(fetched)
-    fetched.clear()
-    assert con.execute("SELECT sum(octet_length(screenshot)) FROM steps").fetchone()[0] == shot_bytes
-    with_shots = sum(fetched)
-    assert without < 0.05 * size, (without, size, path)
-    assert with_shots > 0.9 * size  # the screenshot column is most of the (compressed) file
+    with pytest.raises(QueryError):
+        run_query(con, "SELECT sum(octet_length(screenshot)) FROM steps", lake)
 
 
 @pytest.mark.browser
-def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_path, capsys, monkeypatch):
+def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, pg, tmp_path, capsys, monkeypatch):
     import threading
 
     from configs.models import load_config
@@ -164,6 +176,7 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_pa
     from training.sft import sft_stage
 
     uri = f"s3://{BUCKET}/fly"
+    catalog = pg.database("fly")  # many machines: the catalog in PostgreSQL, the data in the bucket
     # two rollout runs at once, each with its own env worker process (as two machines would): disjoint seeds,
     # one short task; the workers get the lake as a URI + endpoint, nothing else
     specs = [
@@ -173,6 +186,7 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_pa
             stage="bootstrap",
             lake_root=uri,
             lake_endpoint=s3,
+            lake_catalog=catalog,
             jobs=make_jobs(f"boot-{i}", ["click-test"], seeds, policy_tag="scripted:0"),
             policy=PolicySpec("scripted"),
             max_steps=4,
@@ -201,6 +215,7 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_pa
             uri,
         ],
     )
+    monkeypatch.setenv("FLYWHEEL_LAKE_CATALOG", catalog)
     with pytest.raises(SystemExit) as e:
         main()
     out = capsys.readouterr()
@@ -211,6 +226,7 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_pa
     tiny = init_model("qwen3-vl", "tiny", tmp_path / "tiny", seed=0)
     over = {
         "lake.root": uri,
+        "lake.catalog": catalog,
         "student.model": str(tiny),
         "sft.max_steps": 2,
         "sft.batch_size": 2,
@@ -220,35 +236,76 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, tmp_pa
     cfg_a = load_config(ROOT / "configs" / "tiny.yaml", {**over, "lake.cache_dir": str(tmp_path / "a")})
     res = curate(cfg_a, 0)
     assert res["n_episodes"] == 4
-    lake_b = Lake(uri, cache_dir=tmp_path / "b")
+    lake_b = Lake(uri, cache_dir=tmp_path / "b", catalog=catalog)
     assert not (tmp_path / "b" / "_datasets").exists()
     cfg_b = load_config(ROOT / "configs" / "tiny.yaml", {**over, "lake.cache_dir": str(tmp_path / "b")})
     out = sft_stage(cfg_b, 0, res["dataset_id"], lake=lake_b, progress=False)
     assert out["steps"] == 2 and not out["skipped"]
     assert (tmp_path / "b" / "_datasets" / res["dataset_id"] / "train.parquet").exists()  # fetched from the bucket
     # the checkpoint went to the bucket before its row: machine A sees both
-    row = connect(Lake(uri, cache_dir=tmp_path / "a")).execute("SELECT path FROM checkpoints").fetchall()
+    row = connect(Lake(uri, cache_dir=tmp_path / "a", catalog=catalog)).execute("SELECT path FROM checkpoints")
+    row = row.fetchall()
     assert row == [(f"_checkpoints/{out['checkpoint_id']}",)]
     assert lake_b.store.exists(lake_b.store.join(row[0][0], "sft_result.json"))
 
 
-def test_verify_names_a_corrupt_object_and_quarantines_it(s3, capsys, monkeypatch):
+def _hold(uri: str, catalog: str, cache: str, ready) -> None:
+    from storage.lock import parent_lock
+
+    with parent_lock(Lake(uri, cache_dir=cache, catalog=catalog), "flywheel run (machine A)", lease_s=3):
+        ready.set()
+        time.sleep(600)
+
+
+def test_the_parent_lock_spans_machines(s3, pg, tmp_path):
+    """Two processes with separate caches (no shared folder) on one bucket + PostgreSQL catalog: the second gets the
+    one-line error while the first holds the lock, and takes it over once the SIGKILLed first's lease expires."""
+    import multiprocessing as mp
+
+    from storage.lock import LakeBusy, holder, parent_lock
+
+    uri, catalog = f"s3://{BUCKET}/locked", pg.database("locked")
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_hold, args=(uri, catalog, str(tmp_path / "a"), ready))
+    p.start()
+    try:
+        assert ready.wait(60)
+        b = Lake(uri, cache_dir=tmp_path / "b", catalog=catalog)
+        with pytest.raises(LakeBusy, match=r"another flywheel run \(machine A\) is running"):
+            with parent_lock(b):
+                pass
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        deadline = time.monotonic() + 10
+        while holder(b) is not None:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        with parent_lock(b, "flywheel run (machine B)"):
+            assert holder(b)["what"] == "flywheel run (machine B)"
+    finally:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(5)
+
+
+def test_verify_names_a_corrupt_object(s3, capsys, monkeypatch):
     from flywheel.cli import main
 
     uri = f"s3://{BUCKET}/verify"
     lake = Lake(uri)
     eps, steps = synthetic_episodes(4, 2, seed=2, run_key="v")
-    lake.write("episodes", eps, iteration=0, stage="rollouts", run_key="v")
-    bad = lake.write("steps", steps, iteration=0, stage="rollouts", run_key="v", part=1)
-    lake.store.put_bytes(bad, b"PAR1 this is not parquet PAR1")  # a corrupt object under a table key
-    monkeypatch.setattr(sys, "argv", ["flywheel", "lake", "verify", "--lake", uri, "--quarantine"])
+    lake.write_many([("episodes", eps), ("steps", steps)], iteration=0, stage="rollouts", run_key="v")
+    lake.compact()
+    bad = next(f.path for f in lake.files("steps"))
+    lake.store.put_bytes(bad, b"PAR1 this is not parquet PAR1")  # a corrupt object under a data key
+    monkeypatch.setattr(sys, "argv", ["flywheel", "lake", "verify", "--lake", uri])
     with pytest.raises(SystemExit) as e:
         main()
     assert e.value.code == 1
     err = capsys.readouterr()
-    assert f"BAD {bad}: unreadable" in err.err.replace("\n", "")
-    assert "checked 2 file(s): 1 bad" in err.out
-    assert not lake.exists(bad) and lake.exists(f"{uri}/_quarantine/steps/iteration=0/stage=rollouts/v-00001.parquet")
+    assert f"BAD steps: {bad}: unreadable" in err.err.replace("\n", "")
+    assert "checked 2 data file(s)" in err.out
     assert connect(lake).execute("SELECT count(*) FROM episodes").fetchone()[0] == 4
 
 
