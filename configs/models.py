@@ -65,6 +65,7 @@ class LakeConfig(_Cfg):
             "from $PGPASSWORD or ~/.pgpass, never here) or a SQLite file; null = <root>/catalog.sqlite "
             "(an s3:// root: <cache_dir>/catalog.sqlite, one machine)"
         ),
+        json_schema_extra=RUNTIME,  # where the lake's catalog lives, not what a run computes: in no key or hash
     )
 
     @model_validator(mode="after")

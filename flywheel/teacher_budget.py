@@ -166,10 +166,9 @@ def cap_jobs(
 
 
 def spend_index(lake):
-    """The lake's teacher-spend rows (task_id, run_key, cost), read incrementally (storage.catalog.FilteredRows): a
-    stage that runs the teacher again and again (the RL stage: rl.guide and rl.clone_fresh every round) keeps one
-    and passes it to cap_teacher_spec, so each cap opens only the episode files written since the last one, not
-    every file of the lake (seconds in a lake of thousands of per-episode files)."""
+    """The lake's teacher-spend rows (task_id, run_key, cost), read through storage.catalog.FilteredRows: a stage
+    that runs the teacher again and again (the RL stage: rl.guide and rl.clone_fresh every round) keeps one and
+    passes it to cap_teacher_spec."""
     from storage.catalog import FilteredRows
 
     return FilteredRows(lake, "episodes", "task_id, run_key, cost", TEACHER_SPEND)

@@ -181,6 +181,8 @@ class Lake:
             self.data_path = str(self.root / DATA_DIR) + "/"
         self.catalog, self._ext = _catalog_spec(catalog or str(self.root / CATALOG_FILE))
         self._sqlite = Path(self.catalog.removeprefix("sqlite:")) if self._ext == "sqlite" else None
+        if not create and self.store is None and self.root.is_dir() and not any(self.root.iterdir()):
+            create = True  # an existing empty folder is an empty lake
         if self._sqlite is not None and not self._sqlite.exists():
             old = [t for t in TABLES if next((self.root / t).glob("iteration=*"), None) is not None]
             if old:

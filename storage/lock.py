@@ -17,12 +17,13 @@ import json
 import logging
 import os
 import socket
-import sqlite3
 import threading
 import time
 import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator
+
+import duckdb
 
 from storage.duck import database, load, quote
 from storage.lake import Lake, LakeError
@@ -32,10 +33,6 @@ LEASE_S = float(os.environ.get("FLYWHEEL_LOCK_LEASE_S", "60"))
 _NAME = "parent"
 _ATTACH = threading.Lock()
 _TABLE = "flywheel_lock"
-_CREATE = (
-    f"CREATE TABLE IF NOT EXISTS {_TABLE} (name TEXT PRIMARY KEY, holder TEXT NOT NULL, info TEXT, "
-    "expires DOUBLE PRECISION NOT NULL)"
-)
 
 
 class LakeBusy(LakeError):
@@ -43,66 +40,85 @@ class LakeBusy(LakeError):
 
 
 class _Meta:
-    """Plain SQL on the catalog database: SQLite through the standard library, PostgreSQL through DuckDB."""
+    """The catalog database attached to this process's DuckDB (SQLite or PostgreSQL), for the lock row.
+
+    Through DuckDB's own sqlite extension, never Python's sqlite3: two SQLite libraries in one process on one file
+    break SQLite's POSIX locks (closing one library's handle drops the other's locks) and corrupt the catalog."""
 
     def __init__(self, lake: Lake):
         self.lake = lake
-        if lake._sqlite is not None:
-            lake.alias  # noqa: B018 - creates the catalog file on a new lake
-            self.sq = sqlite3.connect(str(lake._sqlite), timeout=30, isolation_level=None)
-        else:
-            self.sq = None
-            db = database()
-            load(db, "postgres")
-            self.pg = f"flylock_{lake.id}"
-            with _ATTACH:
-                cur = db.cursor()
-                try:
-                    if not cur.execute(
-                        "SELECT 1 FROM duckdb_databases() WHERE database_name = ?", [self.pg]
-                    ).fetchone():
-                        spec = quote(lake.catalog.removeprefix("postgres:"))
-                        cur.execute(f"ATTACH {spec} AS {self.pg} (TYPE postgres)")
-                finally:
-                    cur.close()
-        self.run(_CREATE)
+        db = database()
+        self.name = f"flylock_{lake.id}"
+        kind = "sqlite" if lake._sqlite is not None else "postgres"
+        lake.alias  # noqa: B018 - a new lake's catalog exists before we attach it
+        with _ATTACH:
+            cur = db.cursor()
+            try:
+                load(db, kind)
+                if not cur.execute("SELECT 1 FROM duckdb_databases() WHERE database_name = ?", [self.name]).fetchone():
+                    target = str(lake._sqlite) if kind == "sqlite" else lake.catalog.removeprefix("postgres:")
+                    cur.execute(f"ATTACH {quote(target)} AS {self.name} (TYPE {kind})")
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self.name}.{_TABLE} (name VARCHAR PRIMARY KEY, holder VARCHAR NOT "
+                    "NULL, info VARCHAR, expires DOUBLE NOT NULL)"
+                )
+            finally:
+                cur.close()
 
-    def run(self, sql: str, params: tuple = ()) -> None:
-        if self.sq is not None:
-            self.sq.execute(sql, params)
-            return
-        for p in params:  # PostgreSQL through postgres_execute takes one literal statement
-            sql = sql.replace("?", quote(p) if isinstance(p, str) else repr(float(p)), 1)
+    def row(self, cur) -> dict[str, Any] | None:
+        got = cur.execute(f"SELECT holder, info, expires FROM {self.name}.{_TABLE} WHERE name = ?", [_NAME]).fetchone()
+        return None if got is None else {"holder": got[0], "info": got[1], "expires": float(got[2])}
+
+    def claim(self, me: str, info: str, lease: float) -> dict[str, Any] | None:
+        """Take the row when it is free, expired or ours, in one transaction; returns the row as it now is."""
+        for _ in range(20):
+            cur = database().cursor()
+            try:
+                cur.execute("BEGIN TRANSACTION")
+                now = time.time()
+                got = self.row(cur)
+                if got is None:
+                    cur.execute(f"INSERT INTO {self.name}.{_TABLE} VALUES (?, ?, ?, ?)", [_NAME, me, info, now + lease])
+                elif got["expires"] < now or got["holder"] == me:
+                    cur.execute(
+                        f"UPDATE {self.name}.{_TABLE} SET holder = ?, info = ?, expires = ? "
+                        "WHERE name = ? AND holder = ? AND expires = ?",
+                        [me, info, now + lease, _NAME, got["holder"], got["expires"]],
+                    )
+                cur.execute("COMMIT")
+                return self.row(cur)
+            except duckdb.Error:  # lost a race (a constraint, a busy database): read again and decide again
+                try:
+                    cur.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass
+                time.sleep(0.05)
+            finally:
+                cur.close()
         cur = database().cursor()
         try:
-            cur.execute(f"CALL postgres_execute({quote(self.pg)}, {quote(sql)})")
+            return self.row(cur)
         finally:
             cur.close()
 
-    def row(self) -> dict[str, Any] | None:
-        sql = f"SELECT holder, info, expires FROM {_TABLE} WHERE name = '{_NAME}'"
-        if self.sq is not None:
-            got = self.sq.execute(sql).fetchone()
-        else:
-            cur = database().cursor()
-            try:
-                got = cur.execute(f"SELECT * FROM postgres_query({quote(self.pg)}, {quote(sql)})").fetchone()
-            finally:
-                cur.close()
-        return None if got is None else {"holder": got[0], "info": got[1], "expires": got[2]}
+    def run(self, sql: str, params: list) -> None:
+        cur = database().cursor()
+        try:
+            cur.execute(sql.format(t=f"{self.name}.{_TABLE}"), params)
+        finally:
+            cur.close()
 
-    def close(self) -> None:
-        if self.sq is not None:
-            self.sq.close()
+    def current(self) -> dict[str, Any] | None:
+        cur = database().cursor()
+        try:
+            return self.row(cur)
+        finally:
+            cur.close()
 
 
 def holder(lake: Lake) -> dict | None:
     """Who holds the lake's parent lock now (None when free or expired)."""
-    meta = _Meta(lake)
-    try:
-        r = meta.row()
-    finally:
-        meta.close()
+    r = _Meta(lake).current()
     if r is None or r["expires"] < time.time():
         return None
     return {**json.loads(r["info"] or "{}"), "expires": r["expires"]}
@@ -113,46 +129,28 @@ def parent_lock(lake: Lake, what: str = "flywheel run", lease_s: float | None = 
     lease = float(lease_s or LEASE_S)
     me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     info = json.dumps({"what": what, "pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
-    meta = _Meta(lake)
     try:
-        now = time.time()
-        meta.run(
-            f"INSERT INTO {_TABLE} (name, holder, info, expires) VALUES ('{_NAME}', ?, ?, ?) "
-            "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, info = excluded.info, "
-            f"expires = excluded.expires WHERE {_TABLE}.expires < ? OR {_TABLE}.holder = ?",
-            (me, info, now + lease, now, me),
-        )
-        got = meta.row()
-        if not got or got["holder"] != me:
-            h = json.loads((got or {}).get("info") or "{}")
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["started"])) if h.get("started") else "?"
-            left = max(0.0, (got or {}).get("expires", now) - now)
-            raise LakeBusy(
-                f"another {h.get('what', 'flywheel run')} is running on the lake {lake.location} "
-                f"(pid {h.get('pid', '?')} on {h.get('host', '?')}, since {since}; its lease ends in {left:.0f} s "
-                "unless renewed); wait for it to end, or give this run its own --lake"
-            )
-    except LakeBusy:
-        meta.close()
-        raise
-    except Exception as e:  # noqa: BLE001 - sqlite3 / DuckDB errors become one line
-        meta.close()
+        meta = _Meta(lake)
+        got = meta.claim(me, info, lease)
+    except duckdb.Error as e:  # the catalog database cannot be reached or written: one line
         raise LakeError(f"cannot take the lake lock of {lake.location}: {str(e).splitlines()[0][:200]}") from None
+    if not got or got["holder"] != me:
+        h = json.loads((got or {}).get("info") or "{}")
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["started"])) if h.get("started") else "?"
+        left = max(0.0, (got or {}).get("expires", time.time()) - time.time())
+        raise LakeBusy(
+            f"another {h.get('what', 'flywheel run')} is running on the lake {lake.location} "
+            f"(pid {h.get('pid', '?')} on {h.get('host', '?')}, since {since}; its lease ends in {left:.0f} s "
+            "unless renewed); wait for it to end, or give this run its own --lake"
+        )
     stop = threading.Event()
 
     def beat() -> None:
-        hb = _Meta(lake)
-        try:
-            while not stop.wait(lease / 3):
-                try:
-                    hb.run(
-                        f"UPDATE {_TABLE} SET expires = ? WHERE name = '{_NAME}' AND holder = ?",
-                        (time.time() + lease, me),
-                    )
-                except Exception as e:  # noqa: BLE001 - a missed beat is retried; the lease covers two more
-                    log.warning("lake lock heartbeat failed: %s", str(e).splitlines()[0][:200])
-        finally:
-            hb.close()
+        while not stop.wait(lease / 3):
+            try:
+                meta.run("UPDATE {t} SET expires = ? WHERE name = ? AND holder = ?", [time.time() + lease, _NAME, me])
+            except duckdb.Error as e:  # a missed beat is retried; the lease covers two more
+                log.warning("lake lock heartbeat failed: %s", str(e).splitlines()[0][:200])
 
     t = threading.Thread(target=beat, name="lake-lock-heartbeat", daemon=True)
     t.start()
@@ -161,7 +159,4 @@ def parent_lock(lake: Lake, what: str = "flywheel run", lease_s: float | None = 
     finally:
         stop.set()
         t.join(timeout=5)
-        try:
-            meta.run(f"DELETE FROM {_TABLE} WHERE name = '{_NAME}' AND holder = ?", (me,))
-        finally:
-            meta.close()
+        meta.run("DELETE FROM {t} WHERE name = ? AND holder = ?", [_NAME, me])

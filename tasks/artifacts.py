@@ -87,7 +87,7 @@ def lake_links(cfg: FlywheelConfig, stage: str, iteration: int, result: StageRes
     if table and lake._sqlite is not None:  # the catalog file: `flywheel query` or the DuckDB CLI opens it
         links.append(
             (
-                f"lake: {table} WHERE iteration = {iteration} AND stage = '{stage}' (snapshot {lake.snapshot()})",
+                f"lake: {table}, iteration {iteration}, stage {stage} (snapshot {lake.snapshot()})",
                 lake._sqlite.as_uri(),
             )
         )

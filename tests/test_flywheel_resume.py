@@ -47,10 +47,11 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def _files(lake: Path) -> dict[str, int]:
-    return {
-        str(p.relative_to(lake)): p.stat().st_mtime_ns for p in lake.rglob("*.parquet") if "_reports" not in p.parts
-    }
+def _files(lake: Path) -> dict[str, tuple[int, ...]]:
+    """Each write's rows, keyed like the old per-write files (a rerun that rewrites a write changes its row ids)."""
+    from lake_parts import written_parts
+
+    return written_parts(lake)
 
 
 def test_kill_in_iteration_two_then_rerun_finishes_it_once(tmp_path):

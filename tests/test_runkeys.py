@@ -32,7 +32,7 @@ PINNED = {
         "rl": "rl-it1-grpo-b3ea827fb7",
         "rollouts": "rollouts-it1-603f8a26a7",
         "bootstrap": "bootstrap-it0-0072cbbc90",
-        "config_hash": ("0acdd90ced16", "bd8cbec79713", "9d51e8216385", "451387e88c41"),
+        "config_hash": ("a555f0149196", "bd8cbec79713", "9d51e8216385", "451387e88c41"),
     },
     "flywheel8": {
         "dataset": "curate-it1-48a636b50b",
@@ -43,7 +43,7 @@ PINNED = {
         "rl": "rl-it1-grpo-0da808d333",
         "rollouts": "rollouts-it1-27bf9a86c9",
         "bootstrap": "bootstrap-it0-74e451a815",
-        "config_hash": ("9afb6b1afd8d", "d98e0ad492c3", "189bf26053bd", "451387e88c41"),
+        "config_hash": ("7833e7b60694", "d98e0ad492c3", "189bf26053bd", "451387e88c41"),
     },
 }
 

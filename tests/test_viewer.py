@@ -305,17 +305,19 @@ def test_bad_input_gets_one_clear_message(lake, tmp_path, browser):
         cli + ["view", "--lake", str(lake), "--compare", "stage=bootstrap"], capture_output=True, text=True
     )
     assert r.returncode == 2 and "--compare comes in pairs" in r.stderr
-    # a corrupt file is named and skipped; the rest of the lake still shows
+    # a corrupt data file is named in one line, with the command that lists every bad file
     import shutil
 
     broken = tmp_path / "lake"
     shutil.copytree(lake, broken)
-    victim = sorted((broken / "episodes").glob("iteration=0/stage=rollouts/*.parquet"))[0]
+    Lake(broken).compact()
+    victim = sorted((broken / "data" / "main" / "episodes").glob("*.parquet"))[0]
     victim.write_bytes(victim.read_bytes()[:100])
-    res = build_site(broken, tmp_path / "site")
-    assert res["skipped_files"] == 1 and res["episodes"] < 8 and res["episodes"] >= 4
-    _open(browser, tmp_path / "site" / "index.html")
-    assert victim.name in browser.find_element("css selector", ".notice").text
+    r = subprocess.run(
+        cli + ["view", "--lake", str(broken), "--out", str(tmp_path / "site")], capture_output=True, text=True
+    )
+    assert r.returncode == 2 and victim.name in r.stderr and "flywheel lake verify" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
     # an empty lake: the page says there is nothing, rather than failing
     empty = tmp_path / "empty"
     empty.mkdir()

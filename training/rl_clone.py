@@ -60,8 +60,8 @@ ATTEMPT_WHERE = "stage = 'rl' AND policy = 'student' AND split = 'train' AND tas
 
 
 def attempts_index(lake: Any):
-    """The student's RL attempts (task_id, seed, success), read incrementally (storage.catalog.FilteredRows): kept on
-    the trainer, so each round opens only the episode files added since the last, as training.rl_data.stored_index."""
+    """The student's RL attempts (task_id, seed, success), read through storage.catalog.FilteredRows (kept on the
+    trainer, as training.rl_data.stored_index)."""
     from storage.catalog import FilteredRows
 
     return FilteredRows(lake, "episodes", "task_id, seed, success", ATTEMPT_WHERE)

@@ -194,8 +194,7 @@ STORED_WHERE = "success AND status = 'ok' AND split = 'train'"
 
 
 def stored_index(lake: Any):
-    """The lake's stored successes, read incrementally (storage.catalog.FilteredRows): keep one per RL run and pass
-    it to load_rl_rows, so each round opens only the episode files added since the last."""
+    """The lake's stored successes (storage.catalog.FilteredRows): one per RL run, passed to load_rl_rows."""
     from storage.catalog import FilteredRows
 
     return FilteredRows(lake, "episodes", _EP_COLS + ", ended_at", STORED_WHERE)
