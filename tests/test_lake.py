@@ -475,5 +475,5 @@ def test_open_lake_passes_an_object_store_its_endpoint_and_cache(tmp_path, monke
     assert seen == [
         dict(root="s3://bucket/lake", create=True, endpoint="http://cfg:9000", cache_dir=cache, catalog=None),
         dict(root="s3://bucket/other", create=False, endpoint="http://env:9000", cache_dir=cache, catalog=None),
-        dict(root="s3://bucket/lake", create=True, endpoint="http://spec:9000"),
+        dict(root="s3://bucket/lake", create=True, endpoint="http://spec:9000", catalog=None),
     ]
