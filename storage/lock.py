@@ -4,11 +4,12 @@
         ...
 
 The lock lives where the lake lives: the catalog (the SQLite file, or the PostgreSQL database that many machines
-share), so two machines on one lake see the same row. Taking it is one atomic upsert that succeeds only when the
+share), so two machines on one lake see the same row. Taking it is one transaction that succeeds only when the
 row is free, expired, or already ours. The holder renews the lease every third of it; a holder killed with -9
 stops renewing, and the next parent takes the lock over once the lease has expired (`FLYWHEEL_LOCK_LEASE_S`,
-default 60 s). Stage workers never take it: they write disjoint run keys, and the parent is what must not race
-(two parents would run the same iteration twice). Times are each machine's clock: keep them in sync (NTP).
+default 60 s), or at once when the dead holder ran on the same machine (its pid is gone). Stage workers never
+take it: they write disjoint run keys, and the parent is what must not race (two parents would run the same
+iteration twice). Times are each machine's clock: keep them in sync (NTP).
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ _TABLE = "flywheel_lock"
 
 class LakeBusy(LakeError):
     """Another flywheel parent holds this lake."""
+
+
+def _dead_here(holder: str) -> bool:
+    """A holder on this machine whose process is gone (killed, crashed): its lease need not run out first."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 class _Meta:
@@ -79,7 +95,7 @@ class _Meta:
                 got = self.row(cur)
                 if got is None:
                     cur.execute(f"INSERT INTO {self.name}.{_TABLE} VALUES (?, ?, ?, ?)", [_NAME, me, info, now + lease])
-                elif got["expires"] < now or got["holder"] == me:
+                elif got["expires"] < now or got["holder"] == me or _dead_here(got["holder"]):
                     cur.execute(
                         f"UPDATE {self.name}.{_TABLE} SET holder = ?, info = ?, expires = ? "
                         "WHERE name = ? AND holder = ? AND expires = ?",

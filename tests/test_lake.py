@@ -254,7 +254,8 @@ def _hold_lock(root: str, ready, lease: float) -> None:
 
 def test_lock_lives_in_the_catalog_and_a_killed_holder_is_taken_over(tmp_path):
     """Two processes that share nothing but the lake: the second gets the one-line error while the first holds the
-    lease, and takes the lock over once a SIGKILLed holder's lease has expired."""
+    lease (renewed by its heartbeat), and takes the lock over at once when the holder, on this machine, is SIGKILLed
+    (its pid is gone; across machines the lease runs out first: tests/test_lake_s3.py)."""
     from storage.lock import LakeBusy, holder, parent_lock
 
     root = str(tmp_path / "lake")
@@ -274,11 +275,7 @@ def test_lock_lives_in_the_catalog_and_a_killed_holder_is_taken_over(tmp_path):
                 pass
         os.kill(p.pid, signal.SIGKILL)
         p.join(10)
-        deadline = time.monotonic() + 10
-        while holder(Lake(root)) is not None:
-            assert time.monotonic() < deadline, "the killed holder's lease never expired"
-            time.sleep(0.2)
-        with parent_lock(Lake(root), "flywheel run (second)"):
+        with parent_lock(Lake(root), "flywheel run (second)"):  # no wait for the lease
             assert holder(Lake(root))["what"] == "flywheel run (second)"
         assert holder(Lake(root)) is None  # released on exit
     finally:

@@ -250,6 +250,7 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, pg, tm
 
 
 def _hold(uri: str, catalog: str, cache: str, ready) -> None:
+    socket.gethostname = lambda: "machine-a"  # another machine: its pid cannot be checked from here
     from storage.lock import parent_lock
 
     with parent_lock(Lake(uri, cache_dir=cache, catalog=catalog), "flywheel run (machine A)", lease_s=3):
