@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import duckdb
@@ -37,6 +33,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._moto import start_moto, stop  # noqa: E402
 from storage.catalog import connect, run_query  # noqa: E402
 from storage.inspect import lake_stats  # noqa: E402
 from storage.lake import open_lake  # noqa: E402
@@ -133,27 +130,7 @@ def hand_sql(root: Path, threshold: float = 1.0) -> str:
 
 def start_s3(root: Path) -> tuple[subprocess.Popen, str, dict]:
     """A moto S3 server on a free port, and the local lake's rows copied into a lake at s3://bench/lake."""
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    import s3fs
-
-    s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True).mkdir("bench")
+    proc, endpoint = start_moto("bench")
     t0 = time.time()
     src = open_lake(root, create=False)
     dst = open_lake("s3://bench/lake", endpoint=endpoint)
@@ -208,8 +185,7 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t0)
     finally:
         if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group
-            proc.wait(timeout=30)
+            stop(proc)
     assert len(set(counts.values())) == 1, counts
     med = {k: statistics.median(v) for k, v in times.items()}
     if a.s3:

@@ -26,17 +26,16 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._moto import start_moto, stop  # noqa: E402
 from storage.catalog import connect  # noqa: E402
 from storage.lake import Lake, open_lake  # noqa: E402
 from storage.synthetic import png_pool, synthetic_episodes  # noqa: E402
@@ -141,12 +140,6 @@ def grow(a) -> dict:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def kill(a) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     import pg_server
@@ -154,28 +147,10 @@ def kill(a) -> dict:
     why = pg_server.available()
     if why:
         raise SystemExit(why)
-    port = _free_port()
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-    moto = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
     scratch = Path(a.scratch).resolve()
     shutil.rmtree(scratch, ignore_errors=True)
+    moto, endpoint = start_moto("bench")
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
-        import s3fs
-
-        s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True).mkdir("bench")
         with pg_server.PostgresServer() as pg:
             catalog = pg.database("killed")
             uri = "s3://bench/killed"
@@ -208,8 +183,7 @@ def kill(a) -> dict:
             st = con.execute("SELECT count(*), count(DISTINCT (episode_id, step_idx)) FROM steps").fetchone()
             orphans = con.execute("SELECT count(*) FROM episodes ANTI JOIN steps USING (episode_id)").fetchone()[0]
     finally:
-        os.killpg(moto.pid, signal.SIGTERM)
-        moto.wait(timeout=30)
+        stop(moto)
     want = 2 * a.episodes
     got, distinct = sum(n for _, n, _ in ep), sum(d for *_, d in ep)
     return {
