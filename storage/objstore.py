@@ -1,10 +1,8 @@
-"""The side folders of a lake on an object store (`lake.root: s3://bucket/prefix`, any S3-compatible endpoint:
-AWS, MinIO, moto): curated exports and checkpoints, uploaded and fetched whole. The tables' data is DuckLake's,
-read and written by DuckDB's httpfs (storage.lake).
+"""The lake on an object store: `lake.root: s3://bucket/prefix` on any S3-compatible endpoint (AWS, MinIO, moto).
 
     store = ObjectStore("s3://flywheel/lake", endpoint="http://minio:9000")   # checks the bucket, one-line errors
-    store.upload(Path("/cache/_datasets/d1"), "_datasets/d1")                 # file by file
-    store.download("_datasets/d1", Path("/other-cache/_datasets/d1"))         # atomically (temp, then rename)
+    store.put_bytes("s3://flywheel/lake/episodes/iteration=0/stage=x/k-00000.parquet", data)
+    store.list_files("s3://flywheel/lake/episodes")      # [(uri, size)], never from a stale listing cache
 
 Through s3fs (fsspec). Credentials come from the standard AWS chain ($AWS_ACCESS_KEY_ID / $AWS_SECRET_ACCESS_KEY,
 ~/.aws, an instance role): never from the config, and never in a message, a row or a repr. The endpoint comes from
@@ -124,12 +122,36 @@ class ObjectStore:
     def join(self, *parts: str) -> str:
         return "/".join([self.uri, *[str(p).strip("/") for p in parts if str(p)]])
 
+    def key(self, uri: str) -> str:
+        """The object's path relative to the lake prefix (what a local lake would call the relative path)."""
+        s = str(uri)
+        for scheme in SCHEMES:
+            s = s.removeprefix(scheme)
+        base = self.uri.removeprefix("s3://")
+        if s != base and not s.startswith(base + "/"):
+            raise LakeError(f"{uri} is not under the lake {self.uri}")
+        return s[len(base) :].lstrip("/")
+
     # ------------------------------------------------------------------ objects
     def put_bytes(self, uri: str, data: bytes) -> None:
         self.call(f"writing {uri}", self.fs.pipe_file, uri, data)
 
+    def delete(self, uri: str) -> None:
+        try:
+            self.call(f"deleting {uri}", self.fs.rm_file, uri)
+        except FileNotFoundError:
+            pass
+
+    def move(self, src: str, dest: str) -> None:
+        """Copy then delete (objects have no rename); used only to quarantine a bad file."""
+        self.call(f"copying {src}", self.fs.copy, src, dest)
+        self.delete(src)
+
     def exists(self, uri: str) -> bool:
         return bool(self.call(f"checking {uri}", self.fs.exists, uri))
+
+    def open(self, uri: str):
+        return self.call(f"opening {uri}", self.fs.open, uri, "rb")
 
     def list_files(self, uri: str) -> list[tuple[str, int]]:
         """(s3:// uri, size) of every object under `uri` (recursive), sorted; [] when there are none."""
@@ -139,7 +161,15 @@ class ObjectStore:
             return []
         return sorted(("s3://" + k, int(v.get("size") or 0)) for k, v in found.items() if v.get("type") != "directory")
 
-    # ------------------------------------------------------------------ folders beside the lake's data
+    def list_dir(self, uri: str) -> list[str]:
+        """Object URIs directly under `uri` (one level, no recursion)."""
+        try:
+            found = self.call(f"listing {uri}", self.fs.ls, uri, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted("s3://" + k for k in found)
+
+    # ------------------------------------------------------------------ folders beside the tables
     def upload(self, local: Path, rel: str) -> int:
         """Upload a local file or folder to `<prefix>/<rel>`, file by file; returns the number of files."""
         files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
