@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._moto import start_moto, stop  # noqa: E402
 from storage.catalog import connect, run_query  # noqa: E402
 from storage.inspect import lake_stats  # noqa: E402
-from storage.lake import open_lake  # noqa: E402
+from storage.lake import Lake, open_lake  # noqa: E402
 from storage.queries import curate_steps_sql  # noqa: E402
 from storage.synthetic import png_pool  # noqa: E402
 
@@ -128,16 +128,20 @@ def hand_sql(root: Path, threshold: float = 1.0) -> str:
     )
 
 
-def start_s3(root: Path) -> tuple[subprocess.Popen, str, dict]:
+def start_s3(root: Path) -> tuple[subprocess.Popen, Lake, dict]:
     """A moto S3 server on a free port, and the local lake's rows copied into a lake at s3://bench/lake."""
     proc, endpoint = start_moto("bench")
     t0 = time.time()
     src = open_lake(root, create=False)
-    dst = open_lake("s3://bench/lake", endpoint=endpoint)
+    import tempfile
+
+    # a fresh local cache: the catalog of an s3:// lake without lake.catalog lives there, and one left by an earlier
+    # run would point at objects of that run's (gone) server
+    dst = Lake("s3://bench/lake", endpoint=endpoint, cache_dir=tempfile.mkdtemp(prefix="bench-s3-"))
     for table in ("episodes", "steps"):
         dst._retry(lambda cur, t=table: cur.execute(f"INSERT INTO {dst.ref(t)} SELECT * FROM {src.ref(t)}"), "copy")
     dst.compact()
-    return proc, endpoint, {"s3_upload_s": round(time.time() - t0, 1), "s3_files": len(dst.files())}
+    return proc, dst, {"s3_upload_s": round(time.time() - t0, 1), "s3_files": len(dst.files())}
 
 
 def main() -> None:
@@ -169,9 +173,9 @@ def main() -> None:
     proc = None
     try:
         if a.s3:
-            proc, endpoint, s3_info = start_s3(root)
+            proc, s3_lake, s3_info = start_s3(root)
             t0 = time.perf_counter()
-            s3_con = connect(open_lake("s3://bench/lake", endpoint=endpoint))
+            s3_con = connect(s3_lake)
             s3_info["s3_connect_s"] = round(time.perf_counter() - t0, 3)
             sides["s3"] = lambda: run_query(s3_con, curate_steps_sql()).num_rows
         for fn in sides.values():
