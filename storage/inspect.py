@@ -37,7 +37,7 @@ def lake_stats(lake: Lake) -> dict[str, TableStats]:
             try:
                 parts = cur.execute(f"SELECT iteration, stage, count(*) FROM {lake.ref(t)} GROUP BY ALL").fetchall()
             except duckdb.Error:  # a data file does not read: count the bad ones (verify names them)
-                s.unreadable = sum(_problem(lake, f.path, t, False) is not None for f in lake.files(t))
+                s.unreadable = sum(_problem(lake, f.path, False) is not None for f in lake.files(t))
                 continue
             s.partitions = {(i, st) for i, st, _ in parts}
             s.rows = sum(n for *_, n in parts)
@@ -57,10 +57,9 @@ class BadFile:
 class VerifyReport:
     checked: int = 0
     bad: list[BadFile] = field(default_factory=list)
-    older_version: int = 0  # kept for the report's shape: DuckLake evolves the schema in its catalog
 
 
-def _problem(lake: Lake, path: str, table: str, full: bool) -> str | None:
+def _problem(lake: Lake, path: str, full: bool) -> str | None:
     try:
         pf = lake.parquet_file(path)
         if full:  # decode every page: catches corrupt data, not just a bad footer
@@ -76,7 +75,7 @@ def verify_lake(lake: Lake, *, full: bool = True) -> VerifyReport:
     rep = VerifyReport()
     for f in lake.files():
         rep.checked += 1
-        problem = _problem(lake, f.path, f.table, full)
+        problem = _problem(lake, f.path, full)
         if problem:
             rep.bad.append(BadFile(f.path, f.table, problem))
     cur = lake.cursor()

@@ -291,8 +291,7 @@ class Lake:
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor of this process's database, with the lake attached (as `self.alias`)."""
-        alias = self.alias
-        del alias
+        self.alias  # noqa: B018 - attaches the lake on first use
         return database().cursor()
 
     def ref(self, table: str, at: int | None = None) -> str:
@@ -380,8 +379,8 @@ class Lake:
         return local
 
     # ------------------------------------------------------------------ writes
-    def _insert(self, cur, table: str, rows, *, iteration: int, stage: str, run_key: str, part: str | None) -> int:
-        t = to_table(table, rows)
+    def _insert(self, cur, table: str, t: pa.Table, *, iteration: int, stage: str, run_key: str, part: str) -> int:
+        """Insert rows already conformed by to_table (write_many and replace_run conform before the transaction)."""
         if "lake_snapshot" in t.column_names and t["lake_snapshot"].null_count:  # the snapshot the stage read
             now = cur.execute(f"FROM {self.alias}.current_snapshot()").fetchone()[0]
             i = t.schema.get_field_index("lake_snapshot")
