@@ -42,17 +42,26 @@ from storage.synthetic import png_pool, synthetic_episodes  # noqa: E402
 
 
 def _write(root: str, worker: int, start: int, n: int, steps: int, kw: dict | None = None) -> None:
-    """One writer: episodes start..start+n-1, one transaction each, under run key w<worker>."""
+    """One writer: episodes start..start+n-1, one transaction each, under run key w<worker>. Like a rollout run, it
+    first reads the episodes its run key already has (a rerun after a kill), skips them, and writes the others as
+    new parts (no replace: the rollout runner does the same for ids it knows are new)."""
     lake = Lake(root, **(kw or {}))
     pngs = png_pool(16)
+    t0 = time.time()
+    done = {r["episode_id"] for r in lake.rows("episodes", lake.where(0, "rollouts", f"w{worker}"), "episode_id")}
     for i in range(start, start + n):
+        if (i - start) % 1000 == 999:
+            print(f"writer {worker}: {i - start + 1}/{n} episodes, {time.time() - t0:.0f} s", file=sys.stderr)
         eps, st = synthetic_episodes(1, steps, seed=i, run_key=f"w{worker}", id_prefix=f"w{worker}-{i}", pngs=pngs)
+        if eps[0]["episode_id"] in done:
+            continue
         lake.write_many(
             [("steps", st), ("episodes", eps)],
             iteration=0,
             stage="rollouts",
             run_key=f"w{worker}",
             part=eps[0]["episode_id"],
+            replace=False,
         )
 
 

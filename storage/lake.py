@@ -53,6 +53,8 @@ _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,160}$")
 CATALOG_FILE = "catalog.sqlite"
 DATA_DIR = "data"
 COMMIT_DEADLINE_S = float(os.environ.get("FLYWHEEL_LAKE_COMMIT_DEADLINE_S", "300"))
+INLINE_ROWS = 10  # DuckLake's default data_inlining_row_limit: inserts of at most this many rows stay in the catalog
+FLUSH_ROWS = int(os.environ.get("FLYWHEEL_LAKE_FLUSH_ROWS", "1000"))  # a writer's inlined rows per Parquet file
 
 
 __all__ = ["Lake", "LakeError", "LakeFile", "open_lake", "resolve_root", "to_table", "write_parquet"]
@@ -198,6 +200,7 @@ class Lake:
         if create and not self.store:
             self.root.mkdir(parents=True, exist_ok=True)
         self.id = hashlib.sha1(f"{self.catalog}|{self.data_path}".encode()).hexdigest()[:12]
+        self._inlined: dict[str, int] = {}  # table -> rows this process inlined since its last flush
         if create and self._sqlite is not None and not self._sqlite.exists():
             self.alias  # noqa: B018 - a new lake: its catalog and tables now, so that readers find it
 
@@ -422,18 +425,40 @@ class Lake:
         stage: str,
         run_key: str,
         part: int | str = 0,
+        replace: bool = True,
     ) -> str:
-        """One transaction: for each (table, rows), replace that table's rows of this part of the run."""
+        """One transaction: for each (table, rows), replace that table's rows of this part of the run.
+
+        replace=False: the caller knows no row of this part exists (a rollout runner read the run's episodes
+        before handing out a new episode id), so the DELETE, whose scan costs more than the insert, is skipped."""
         part_s = self._check(iteration, stage, run_key, part)
         conformed = [(table, to_table(table, rows)) for table, rows in tables]
 
         def run(cur):
             for table, t in conformed:
-                cur.execute(f"DELETE FROM {self.ref(table)} WHERE {self.where(iteration, stage, run_key, part_s)}")
+                if replace:
+                    cur.execute(f"DELETE FROM {self.ref(table)} WHERE {self.where(iteration, stage, run_key, part_s)}")
                 self._insert(cur, table, t, iteration=iteration, stage=stage, run_key=run_key, part=part_s)
 
         self._retry(run, f"writing {run_key}/{part_s}")
+        self._flush_when_due(conformed)
         return f"{run_key}-{part_s}"
+
+    def _flush_when_due(self, written: Sequence[tuple[str, pa.Table]]) -> None:
+        """Small inserts are inlined in the catalog, and every read of a table scans its inlined rows whole: once
+        this process has inlined FLUSH_ROWS rows of a table since its last flush, they go to one Parquet file."""
+        for table, t in written:
+            if 0 < len(t) <= INLINE_ROWS:  # DuckLake inlines an insert of this many rows; more go to a file
+                self._inlined[table] = self._inlined.get(table, 0) + len(t)
+        due = [table for table, n in self._inlined.items() if n >= FLUSH_ROWS]
+        for table in due:
+            call = f"CALL ducklake_flush_inlined_data({quote(self.alias)}, table_name => {quote(table)})"
+            self._retry(
+                lambda cur: cur.execute(call),
+                f"flushing {table}",
+                begin=False,
+            )
+            self._inlined[table] = 0
 
     def write(
         self,

@@ -252,6 +252,26 @@ def _hold_lock(root: str, ready, lease: float) -> None:
         time.sleep(600)
 
 
+def test_a_writer_flushes_its_inlined_rows_and_new_parts_skip_the_replace(tmp_path, monkeypatch):
+    import storage.lake as lake_mod
+
+    monkeypatch.setattr(lake_mod, "FLUSH_ROWS", 5)
+    lake = Lake(tmp_path / "lake")
+    for i in range(4):  # 2 steps + 1 episode a write: steps reach 5 inlined rows at the 3rd write
+        eps, st = synthetic_episodes(1, 2, seed=i, id_prefix=f"e{i}")
+        lake.write_many(
+            [("steps", st), ("episodes", eps)], iteration=0, stage="rollouts", run_key="r", part=f"e{i}", replace=False
+        )
+    assert [f.table for f in lake.files()] == ["steps"]  # flushed once, episodes (4 rows) still inlined
+    assert (_count(lake, "episodes"), _count(lake, "steps")) == (4, 8)
+    # replace=False trusts the caller: the same part again is appended, where the default replaces it
+    eps, st = synthetic_episodes(1, 2, seed=0, id_prefix="e0")
+    lake.write_many([("episodes", eps)], iteration=0, stage="rollouts", run_key="r", part="e0", replace=False)
+    assert _count(lake, "episodes") == 5
+    lake.write_many([("episodes", eps)], iteration=0, stage="rollouts", run_key="r", part="e0")
+    assert _count(lake, "episodes") == 4
+
+
 def test_lock_lives_in_the_catalog_and_a_killed_holder_is_taken_over(tmp_path):
     """Two processes that share nothing but the lake: the second gets the one-line error while the first holds the
     lease (renewed by its heartbeat), and takes the lock over at once when the holder, on this machine, is SIGKILLed

@@ -31,6 +31,7 @@ class EpisodeJob:
     sample_idx: int = 0
     policy_tag: str = "policy"  # part of the episode id, so two policies never collide
     max_steps: int | None = None  # the task's step cap (None: the runner's default)
+    new: bool = False  # no row of this episode is in the lake (the runner checked): its write skips the replace
 
     @property
     def episode_id(self) -> str:

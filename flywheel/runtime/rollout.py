@@ -19,6 +19,7 @@ How it stays correct under faults:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -126,8 +127,12 @@ class _Runner:
             env_name=sp.env.get("name"),
             prov=self.prov,
         )
-        self.lake.write(
-            "episodes", [ep], iteration=sp.iteration, stage=sp.stage, run_key=job.run_key, part=job.episode_id
+        self.lake.write_many(  # replaces what the worker may have committed before it died, steps included
+            [("steps", []), ("episodes", [ep])],
+            iteration=sp.iteration,
+            stage=sp.stage,
+            run_key=job.run_key,
+            part=job.episode_id,
         )
         self.on_result(
             {
@@ -186,7 +191,7 @@ class _Runner:
         if payload.get("status") != "error" or self.retries.get(eid, 0) >= self.spec.env_error_retries:
             return False
         self.retries[eid] = self.retries.get(eid, 0) + 1
-        pending.appendleft(job)
+        pending.appendleft(dataclasses.replace(job, new=False))  # its error row is in the lake now
         return True
 
     def handle_stats(self, payload: dict[str, float]) -> None:
@@ -337,7 +342,11 @@ def run_rollouts(
     lake = spec.lake()
     costs: dict[str, float] = {}
     done = existing_episodes(lake, spec, costs)
-    todo = [j for j in spec.jobs if j.episode_id not in done or (spec.retry_errors and done[j.episode_id] == "error")]
+    todo = [
+        dataclasses.replace(j, new=j.episode_id not in done)
+        for j in spec.jobs
+        if j.episode_id not in done or (spec.retry_errors and done[j.episode_id] == "error")
+    ]
     stats = {"ran": 0, "succ": 0, "steps": 0, "errors": 0, "status": {}, "cost": 0.0}
     timings: dict[str, float] = {}
     retries = 0

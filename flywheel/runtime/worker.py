@@ -194,7 +194,8 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
                     active[k].apply(d)
                 clock.lap("env")
         for k in [k for k, r in active.items() if r.ended]:
-            ep, steps = active.pop(k).finish()
+            done_run = active.pop(k)
+            ep, steps = done_run.finish()
             clock.lap("env")
             part = ep["episode_id"]
             key = ep["run_key"]  # the job's own run key: a pooled worker serves several runs (RL rounds)
@@ -204,6 +205,7 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
                 stage=spec.stage,
                 run_key=key,
                 part=part,
+                replace=not done_run.job.new,
             )
             clock.lap("lake")
             conn.send(
