@@ -139,7 +139,8 @@ def start_s3(root: Path) -> tuple[subprocess.Popen, Lake, dict]:
     # run would point at objects of that run's (gone) server
     dst = Lake("s3://bench/lake", endpoint=endpoint, cache_dir=tempfile.mkdtemp(prefix="bench-s3-"))
     for table in ("episodes", "steps"):
-        dst._retry(lambda cur, t=table: cur.execute(f"INSERT INTO {dst.ref(t)} SELECT * FROM {src.ref(t)}"), "copy")
+        sql = f"INSERT INTO {dst.ref(table)} SELECT * FROM {src.ref(table)}"
+        dst.transaction(lambda cur, sql=sql: cur.execute(sql), "copy")
     dst.compact()
     return proc, dst, {"s3_upload_s": round(time.time() - t0, 1), "s3_files": len(dst.files())}
 

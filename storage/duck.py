@@ -2,6 +2,7 @@
 
     db = database()                      # extensions loaded once per process; cursors share them
     cur = db.cursor()
+    transaction(lambda cur: cur.execute(...))   # one transaction, run again while its commit loses a race
 
 DuckDB installs extensions from its online repository by default, which no offline machine reaches. The lake uses
 the extension builds that PyPI ships as packages (`duckdb-extension-<name>`, pinned with `duckdb` itself in
@@ -10,7 +11,7 @@ pyproject.toml: the packages exist for the 1.5 line only) and loads each by its 
 name, so it is loaded from a copy named `sqlite_scanner.duckdb_extension` in a cache folder.
 
 One database per process: loading the two extensions costs ~0.4 s, and every `storage.catalog.connect()` would pay
-it. A lake is attached to that database once (`storage.lake.Lake.attach`), and each caller gets its own cursor.
+it. A lake is attached to that database once (`storage.attach`), and each caller gets its own cursor.
 After a fork, the child builds its own database (a DuckDB instance must not cross a fork).
 """
 
@@ -18,9 +19,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import shutil
 import threading
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import duckdb
 
@@ -91,3 +95,47 @@ def load(db: duckdb.DuckDBPyConnection, *names: str) -> None:
 def quote(s: str) -> str:
     """A SQL string literal."""
     return "'" + str(s).replace("'", "''") + "'"
+
+
+COMMIT_DEADLINE_S = float(os.environ.get("FLYWHEEL_LAKE_COMMIT_DEADLINE_S", "300"))
+_CONFLICTS = ("Failed to commit", "conflict", "Conflict", "database is locked", "SQLITE_BUSY", "could not serialize")
+
+
+def is_conflict(e: Exception) -> bool:
+    """A commit that lost a race with another writer (DuckLake's conflict check, a busy SQLite or PostgreSQL)."""
+    return isinstance(e, duckdb.TransactionException) or any(s in str(e) for s in _CONFLICTS)
+
+
+def transaction(
+    fn: Callable[[duckdb.DuckDBPyConnection], Any],
+    *,
+    begin: bool = True,
+    retry_if: Callable[[Exception], bool] = is_conflict,
+    deadline_s: float | None = None,
+) -> Any:
+    """fn(cursor) in one transaction of this process's database, run again from the start while it fails with an
+    error that `retry_if` calls a lost race, until `deadline_s` (default $FLYWHEEL_LAKE_COMMIT_DEADLINE_S, 300 s)
+    has passed. Any other error, or the last one, is raised (a duckdb.Error). begin=False: fn runs outside an
+    explicit transaction (DuckLake's maintenance calls commit on their own)."""
+    deadline = time.monotonic() + (COMMIT_DEADLINE_S if deadline_s is None else deadline_s)
+    delay = 0.01
+    while True:
+        cur = database().cursor()
+        try:
+            if begin:
+                cur.execute("BEGIN TRANSACTION")
+            out = fn(cur)
+            if begin:
+                cur.execute("COMMIT")
+            return out
+        except duckdb.Error as e:
+            try:
+                cur.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            if not retry_if(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+        finally:
+            cur.close()

@@ -13,7 +13,7 @@ row came from, and what a rerun replaces.
   ones inserted, so a rerun replaces instead of duplicating, and a reader sees all of a write or none of it.
   `write_many` puts several tables' rows (an episode and its steps) in one transaction.
 - Several processes write at once (rollout workers): the SQLite catalog serialises commits, and a commit that
-  loses a race is retried (`_retry`) until it lands or a deadline passes. No row is written twice: a retried
+  loses a race is retried (`transaction`) until it lands or a deadline passes. No row is written twice: a retried
   transaction starts over from its DELETE.
 - Every commit is a snapshot: `snapshot()` is the current one, and `connect(lake, at=n)` reads the lake as of n.
 - `compact()` flushes inlined rows to Parquet and merges small files (after every stage; `flywheel lake compact`).
@@ -29,12 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 import re
-import sqlite3
-import threading
-import time
-import urllib.parse
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,15 +39,16 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.duck import database, load, quote
+from storage.attach import attach, catalog_spec
+from storage.duck import database, quote, transaction
 from storage.errors import LakeError
 from storage.objstore import ObjectStore, default_cache_dir, is_object_uri
-from storage.schema import BLOB_COLUMNS, PARTITION_COLUMNS, SCHEMA_VERSION, TABLES, duckdb_type, schema_for
+from storage.rows import to_table, write_parquet
+from storage.schema import TABLES, schema_for
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,160}$")
 CATALOG_FILE = "catalog.sqlite"
 DATA_DIR = "data"
-COMMIT_DEADLINE_S = float(os.environ.get("FLYWHEEL_LAKE_COMMIT_DEADLINE_S", "300"))
 INLINE_ROWS = 10  # DuckLake's default data_inlining_row_limit: inserts of at most this many rows stay in the catalog
 FLUSH_ROWS = int(os.environ.get("FLYWHEEL_LAKE_FLUSH_ROWS", "1000"))  # a writer's inlined rows per Parquet file
 
@@ -71,72 +67,6 @@ def resolve_root(root: str | os.PathLike | None = None) -> Path:
     return Path(root or os.environ.get("FLYWHEEL_LAKE") or "lake").expanduser().resolve()
 
 
-def to_table(table: str, rows: Sequence[dict] | pa.Table) -> pa.Table:
-    """Conform rows to the table's schema; unknown keys and missing required columns are errors."""
-    schema = schema_for(table)
-    if isinstance(rows, pa.Table):
-        extra = set(rows.column_names) - set(schema.names)
-        if extra:
-            raise LakeError(f"{table}: unknown columns {sorted(extra)}")
-        cols = {f.name: (rows[f.name] if f.name in rows.column_names else pa.nulls(len(rows), f.type)) for f in schema}
-        try:
-            return pa.Table.from_arrays([c.cast(schema.field(n).type) for n, c in cols.items()], schema=schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as e:
-            raise LakeError(f"{table}: rows do not match the schema: {e}") from None
-    names = set(schema.names)
-    for i, r in enumerate(rows):
-        extra = set(r) - names
-        if extra:
-            raise LakeError(f"{table} row {i}: unknown columns {sorted(extra)}")
-    try:
-        return pa.Table.from_pylist(list(rows), schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as e:
-        raise LakeError(f"{table}: rows do not match the schema: {e}") from None
-
-
-def write_parquet(t: pa.Table, where, table_name: str | None = None) -> None:
-    """A Parquet file of lake rows (exports, migrations): zstd, screenshots never dictionary-encoded."""
-    blobs = set(BLOB_COLUMNS.get(table_name or "", []))
-    meta = dict(t.schema.metadata or {})
-    meta[b"flywheel.schema_version"] = str(SCHEMA_VERSION).encode()
-    t = t.replace_schema_metadata(meta)
-    pq.write_table(
-        t,
-        where,
-        compression="zstd",
-        use_dictionary=[c for c in t.column_names if c not in blobs],
-        row_group_size=2048 if blobs else None,
-    )
-
-
-def _catalog_spec(catalog: str) -> tuple[str, str]:
-    """(DuckLake metadata spec, extension) of `lake.catalog`: a postgresql:// URL or a SQLite file."""
-    if catalog.startswith(("postgresql://", "postgres://")):
-        u = urllib.parse.urlsplit(catalog)
-        parts = {"dbname": u.path.lstrip("/") or "postgres", "host": u.hostname, "port": u.port}
-        parts.update({"user": urllib.parse.unquote(u.username or "") or None})
-        parts.update({"password": urllib.parse.unquote(u.password or "") or None})
-        parts.update(dict(urllib.parse.parse_qsl(u.query)))
-        return "postgres:" + " ".join(f"{k}={v}" for k, v in parts.items() if v not in (None, "")), "postgres"
-    path = catalog.removeprefix("sqlite:")
-    return f"sqlite:{Path(path).expanduser().resolve()}", "sqlite"
-
-
-def _is_conflict(e: Exception) -> bool:
-    text = str(e)
-    return isinstance(e, duckdb.TransactionException) or any(
-        s in text
-        for s in (
-            "Failed to commit",
-            "conflict",
-            "Conflict",
-            "database is locked",
-            "SQLITE_BUSY",
-            "could not serialize",
-        )
-    )
-
-
 @dataclass(frozen=True)
 class LakeFile:
     """One Parquet data file of a table (DuckLake's list)."""
@@ -144,10 +74,6 @@ class LakeFile:
     table: str
     path: str
     size: int = 0
-
-
-_ATTACH_LOCK = threading.RLock()
-_ATTACHED: dict[tuple[int, str], tuple[str, Any]] = {}  # (pid, lake id) -> (alias, catalog file identity)
 
 
 class Lake:
@@ -181,7 +107,7 @@ class Lake:
             if self.root.exists() and not self.root.is_dir():
                 raise LakeError(f"lake root {self.root} is not a directory")
             self.data_path = str(self.root / DATA_DIR) + "/"
-        self.catalog, self._ext = _catalog_spec(catalog or str(self.root / CATALOG_FILE))
+        self.catalog, self._ext = catalog_spec(catalog or str(self.root / CATALOG_FILE))
         self._sqlite = Path(self.catalog.removeprefix("sqlite:")) if self._ext == "sqlite" else None
         if not create and self.store is None and self.root.is_dir() and not any(self.root.iterdir()):
             create = True  # an existing empty folder is an empty lake
@@ -226,71 +152,7 @@ class Lake:
     @property
     def alias(self) -> str:
         """The name this lake is attached under in this process's database (attaching it on first use)."""
-        pid = os.getpid()
-        ident = self._sqlite.stat().st_ino if self._sqlite is not None and self._sqlite.exists() else None
-        with _ATTACH_LOCK:
-            got = _ATTACHED.get((pid, self.id))
-            if got and (got[1] == ident or ident is None and self._sqlite is None):
-                return got[0]
-            db = database()
-            if got:  # the catalog file was replaced (a lake deleted and made again): attach the new one
-                try:
-                    db.execute(f"DETACH {got[0]}")
-                except duckdb.Error:
-                    pass
-            alias = f"lake_{self.id}_{uuid.uuid4().hex[:6]}"
-            load(db, self._ext)
-            if self.store:
-                self._s3_secret(db)
-            if self._sqlite is not None and not self._sqlite.exists():
-                self._sqlite.parent.mkdir(parents=True, exist_ok=True)
-                with sqlite3.connect(self._sqlite) as sq:  # WAL: readers never wait for a writer's commit
-                    sq.execute("PRAGMA journal_mode=WAL")
-            try:
-                db.execute(
-                    f"ATTACH {quote('ducklake:' + self.catalog)} AS {alias} "
-                    f"(DATA_PATH {quote(self.data_path)}, OVERRIDE_DATA_PATH true)"
-                )
-            except duckdb.Error as e:
-                msg = str(e).splitlines()[0][:300].replace(self.catalog, "<lake.catalog>")
-                raise LakeError(f"cannot open the lake catalog of {self.location}: {msg}") from None
-            self._retry(lambda cur: self._create_tables(cur, alias), "creating the lake's tables", begin=True)
-            ident = self._sqlite.stat().st_ino if self._sqlite is not None else None
-            _ATTACHED[(pid, self.id)] = (alias, ident)
-            return alias
-
-    def _s3_secret(self, db) -> None:
-        load(db, "httpfs")
-        url = urllib.parse.urlsplit(self.endpoint) if self.endpoint else None
-        opts = {
-            "TYPE": "s3",
-            "KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", ""),
-            "SECRET": os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
-            "REGION": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
-            "SCOPE": f"s3://{self.store.bucket}",
-        }
-        if os.environ.get("AWS_SESSION_TOKEN"):
-            opts["SESSION_TOKEN"] = os.environ["AWS_SESSION_TOKEN"]
-        if url:
-            opts.update({"ENDPOINT": url.netloc, "URL_STYLE": "path", "USE_SSL": url.scheme == "https"})
-        body = ", ".join(f"{k} {v if isinstance(v, bool) else quote(v)}" for k, v in opts.items())
-        db.execute(f"CREATE OR REPLACE SECRET lake_{self.id} ({body})")
-
-    def _create_tables(self, cur, alias: str) -> None:
-        """Every table of storage.schema, and a newer schema version's nullable columns on an older lake's tables.
-        (Asks this lake's catalog only: information_schema would open every lake attached in this process.)"""
-        have = {r[0] for r in cur.execute(f"SELECT table_name FROM ducklake_table_info({quote(alias)})").fetchall()}
-        for table, schema in TABLES.items():
-            cols = [(f.name, duckdb_type(f.type)) for f in schema] + list(PARTITION_COLUMNS.items())
-            cols.append(("part", "VARCHAR"))
-            if table not in have:
-                body = ", ".join(f'"{n}" {t}' for n, t in cols)
-                cur.execute(f'CREATE TABLE {alias}."{table}" ({body})')
-                continue
-            present = {d[0] for d in cur.execute(f'SELECT * FROM {alias}."{table}" LIMIT 0').description}
-            for n, t in cols:
-                if n not in present:
-                    cur.execute(f'ALTER TABLE {alias}."{table}" ADD COLUMN "{n}" {t}')
+        return attach(self)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor of this process's database, with the lake attached (as `self.alias`)."""
@@ -302,31 +164,13 @@ class Lake:
         schema_for(table)
         return f'{self.alias}."{table}"' + (f" AT (VERSION => {int(at)})" if at is not None else "")
 
-    def _retry(self, fn: Callable[[Any], Any], what: str, *, begin: bool = True):
-        """Run fn(cursor) in one transaction, again from the start when the commit loses a race."""
-        deadline = time.monotonic() + COMMIT_DEADLINE_S
-        delay = 0.01
-        while True:
-            cur = database().cursor()
-            try:
-                if begin:
-                    cur.execute("BEGIN TRANSACTION")
-                out = fn(cur)
-                if begin:
-                    cur.execute("COMMIT")
-                return out
-            except duckdb.Error as e:
-                try:
-                    cur.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
-                if not _is_conflict(e) or time.monotonic() > deadline:
-                    msg = str(e).splitlines()[0][:300]
-                    raise LakeError(f"lake {self.location}: {what} failed: {msg}") from None
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 1.0)
-            finally:
-                cur.close()
+    def transaction(self, fn: Callable[[Any], Any], what: str, *, begin: bool = True) -> Any:
+        """fn(cursor) in one transaction, run again from the start while its commit loses a race to another
+        writer (storage.duck.transaction); a failure is one LakeError line naming `what`."""
+        try:
+            return transaction(fn, begin=begin)
+        except duckdb.Error as e:
+            raise LakeError(f"lake {self.location}: {what} failed: {str(e).splitlines()[0][:300]}") from None
 
     def snapshot(self) -> int:
         """The lake's current snapshot id (every commit makes one)."""
@@ -345,7 +189,7 @@ class Lake:
             cur.execute(f"CALL ducklake_flush_inlined_data({quote(alias)})")
             cur.execute(f"CALL ducklake_merge_adjacent_files({quote(alias)})")
 
-        self._retry(run, "compaction", begin=False)
+        self.transaction(run, "compaction", begin=False)
         return {"files_before": before, "files_after": len(self.files())}
 
     # ------------------------------------------------------------------ paths in rows
@@ -440,7 +284,7 @@ class Lake:
                     cur.execute(f"DELETE FROM {self.ref(table)} WHERE {self.where(iteration, stage, run_key, part_s)}")
                 self._insert(cur, table, t, iteration=iteration, stage=stage, run_key=run_key, part=part_s)
 
-        self._retry(run, f"writing {run_key}/{part_s}")
+        self.transaction(run, f"writing {run_key}/{part_s}")
         self._flush_when_due(conformed)
         return f"{run_key}-{part_s}"
 
@@ -453,7 +297,7 @@ class Lake:
         due = [table for table, n in self._inlined.items() if n >= FLUSH_ROWS]
         for table in due:
             call = f"CALL ducklake_flush_inlined_data({quote(self.alias)}, table_name => {quote(table)})"
-            self._retry(
+            self.transaction(
                 lambda cur: cur.execute(call),
                 f"flushing {table}",
                 begin=False,
@@ -485,7 +329,7 @@ class Lake:
             for i, t in enumerate(conformed):
                 self._insert(cur, table, t, iteration=iteration, stage=stage, run_key=run_key, part=f"{i:05d}")
 
-        self._retry(run, f"writing {table} of {run_key}")
+        self.transaction(run, f"writing {table} of {run_key}")
         return [f"{table}/{run_key}-{i:05d}" for i in range(len(conformed))]
 
     def delete_run(self, table: str, *, iteration: int, stage: str, run_key: str) -> int:
@@ -496,7 +340,7 @@ class Lake:
                 f"DELETE FROM {self.ref(table)} WHERE {self.where(iteration, stage, run_key)}"
             ).fetchone()[0]
 
-        return int(self._retry(run, f"deleting {table} of {run_key}") or 0)
+        return int(self.transaction(run, f"deleting {table} of {run_key}") or 0)
 
     # ------------------------------------------------------------------ reads
     def files(self, table: str | None = None) -> list[LakeFile]:

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import duckdb
 
-from storage.duck import database, load, quote
+from storage.duck import database, is_conflict, load, quote, transaction
 from storage.lake import Lake, LakeError
 
 log = logging.getLogger(__name__)
@@ -86,36 +86,24 @@ class _Meta:
         return None if got is None else {"holder": got[0], "info": got[1], "expires": float(got[2])}
 
     def claim(self, me: str, info: str, lease: float) -> dict[str, Any] | None:
-        """Take the row when it is free, expired or ours, in one transaction; returns the row as it now is."""
-        for _ in range(20):
-            cur = database().cursor()
-            try:
-                cur.execute("BEGIN TRANSACTION")
-                now = time.time()
-                got = self.row(cur)
-                if got is None:
-                    cur.execute(f"INSERT INTO {self.name}.{_TABLE} VALUES (?, ?, ?, ?)", [_NAME, me, info, now + lease])
-                elif got["expires"] < now or got["holder"] == me or _dead_here(got["holder"]):
-                    cur.execute(
-                        f"UPDATE {self.name}.{_TABLE} SET holder = ?, info = ?, expires = ? "
-                        "WHERE name = ? AND holder = ? AND expires = ?",
-                        [me, info, now + lease, _NAME, got["holder"], got["expires"]],
-                    )
-                cur.execute("COMMIT")
-                return self.row(cur)
-            except duckdb.Error:  # lost a race (a constraint, a busy database): read again and decide again
-                try:
-                    cur.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
-                time.sleep(0.05)
-            finally:
-                cur.close()
-        cur = database().cursor()
-        try:
-            return self.row(cur)
-        finally:
-            cur.close()
+        """Take the row when it is free, expired or ours, in one transaction; returns the row as it now is. A lost
+        race (two parents inserting the free row at once, a busy database) reads the row again and decides again."""
+
+        def take(cur) -> None:
+            now = time.time()
+            got = self.row(cur)
+            if got is None:
+                cur.execute(f"INSERT INTO {self.name}.{_TABLE} VALUES (?, ?, ?, ?)", [_NAME, me, info, now + lease])
+            elif got["expires"] < now or got["holder"] == me or _dead_here(got["holder"]):
+                cur.execute(
+                    f"UPDATE {self.name}.{_TABLE} SET holder = ?, info = ?, expires = ? "
+                    "WHERE name = ? AND holder = ? AND expires = ?",
+                    [me, info, now + lease, _NAME, got["holder"], got["expires"]],
+                )
+
+        lost = (duckdb.ConstraintException, duckdb.TransactionException)
+        transaction(take, retry_if=lambda e: isinstance(e, lost) or is_conflict(e), deadline_s=10)
+        return self.current()
 
     def run(self, sql: str, params: list) -> None:
         cur = database().cursor()

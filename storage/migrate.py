@@ -59,7 +59,7 @@ def migrate(old: Path, lake: Lake, *, log: Callable[[str], None] = print) -> dic
             cur.execute(f"INSERT INTO {lake.ref(table)} BY NAME SELECT * FROM _old")
             cur.execute("DROP TABLE _old")
 
-        lake._retry(copy, f"migrating {table}")
+        lake.transaction(copy, f"migrating {table}")
         cur = lake.cursor()
         try:
             n_new = cur.execute(f"SELECT count(*) FROM {lake.ref(table)}").fetchone()[0]

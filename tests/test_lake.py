@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from storage.attach import upgrade
 from storage.catalog import QueryError, connect, export_query, run_query
 from storage.duck import extension_path
 from storage.inspect import lake_stats, verify_lake
@@ -355,7 +356,7 @@ def test_a_newer_schema_adds_its_columns_to_an_older_lake(tmp_path):
     cur = lake.cursor()
     cur.execute(f"ALTER TABLE {lake.ref('steps')} DROP COLUMN feedback")  # as a lake of an older version
     assert "feedback" not in [d[0] for d in connect(lake).execute("SELECT * FROM steps LIMIT 0").description]
-    lake._retry(lambda c: lake._create_tables(c, lake.alias), "upgrade")  # what opening it in a new process does
+    upgrade(lake)  # what opening it in a new process does
     assert connect(lake).execute("SELECT count(*), count(feedback) FROM steps").fetchone() == (60, 0)
 
 

@@ -652,7 +652,8 @@ def test_each_lake_keeps_its_own_checkpoints(env, tmp_path):
     for name in ("a", "b", "c", "d"):  # the curated data only: no checkpoint of the module's lake comes along
         shutil.copytree(src, tmp_path / name, ignore=skip)
         copy = Lake(tmp_path / name)
-        copy._retry(lambda cur, lk=copy: cur.execute(f"DELETE FROM {lk.ref('checkpoints')}"), "dropping checkpoints")
+        drop = f"DELETE FROM {copy.ref('checkpoints')}"
+        copy.transaction(lambda cur, sql=drop: cur.execute(sql), "dropping checkpoints")
 
     def cfg(name: str, output_root: str | None = None):
         return load_config(

@@ -132,7 +132,7 @@ class ViewerData:
         self.snapshot = self.lake.snapshot()
         self.con = connect(self.lake)
         self.skipped: list[str] = []  # the page's notices (none: DuckLake reads no file outside its catalog)
-        self._retrying(self._materialize)
+        self._one_line(self._materialize)
 
     def _materialize(self) -> None:
         """Episodes and RL rows (small, no screenshots) into memory."""
@@ -147,8 +147,8 @@ class ViewerData:
             [episode_ids],
         )
 
-    def _retrying(self, fn):
-        """Run a query, a DuckDB error as one LakeError line."""
+    def _one_line(self, fn):
+        """Run fn(): a DuckDB error becomes one LakeError line."""
         try:
             return fn()
         except duckdb.Error as e:
@@ -160,7 +160,7 @@ class ViewerData:
             names = [d[0] for d in cur.description]
             return [dict(zip(names, r)) for r in cur.fetchall()]
 
-        return self._retrying(run)
+        return self._one_line(run)
 
     def skipped_lines(self) -> list[str]:
         return list(self.skipped)
@@ -169,7 +169,7 @@ class ViewerData:
     def index(self) -> dict[str, Any]:
         """Every episode as columns (categoricals as values + codes), newest iteration first."""
         cols = ", ".join(INDEX_COLUMNS)
-        tbl = self._retrying(
+        tbl = self._one_line(
             lambda: self.con.sql(
                 f"SELECT {cols} FROM ep ORDER BY iteration DESC, stage, task_id, seed, policy_version, episode_id"
             ).to_arrow_table()
@@ -299,8 +299,8 @@ class ViewerData:
             except ValueError:
                 c["metrics"] = {}
         # the same queries as the Prefect iteration artifact (tasks/artifacts.py)
-        per_task = self._retrying(lambda: iteration_table(self.con))
-        teacher = self._retrying(lambda: teacher_spend_rows(self.con))
+        per_task = self._one_line(lambda: iteration_table(self.con))
+        teacher = self._one_line(lambda: teacher_spend_rows(self.con))
         return {
             "evals": evals,
             "volumes": volumes,
