@@ -172,7 +172,7 @@ def dataset_growth(lake: Path) -> dict[str, dict[str, int]]:
         counts = duckdb.sql(
             f"SELECT policy, count(*) AS n, count(DISTINCT episode_id) AS e FROM read_parquet('{f}') GROUP BY policy"
         ).fetchall()
-        student = sum(n for p, n, _ in counts if p == "student")  # curate's own rule (storage/queries.py)
+        student = sum(n for p, n, _ in counts if p == "student")  # curate's own rule (training/queries.py)
         teacher = sum(n for _, n, _ in counts) - student
         out[str(r["iteration"])] = {
             "teacher_samples": teacher,

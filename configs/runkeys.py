@@ -10,7 +10,7 @@ worker counts, a test's delay. `keyed` leaves those fields out, so changing one 
 (sft.max_minutes, rl.max_minutes) are keyed: a capped run trains a different (shorter) schedule.
 
 The ids and what each hashes (tests/test_runkeys.py pins them for configs/tiny.yaml and configs/flywheel8.yaml):
-- `curate-it<N>-…` (storage.curate.dataset_id_for): keyed(cfg.curate) and the student's arch, history_images and
+- `curate-it<N>-…` (training.curation.dataset_id_for): keyed(cfg.curate) and the student's arch, history_images and
   use_ui_text (the prompt the export builds).
 - `midtrain-…` (flywheel.midtrain.dataset_id_for): the corpus run key, the student's prompt fields and
   midtrain.episodes_per_task.

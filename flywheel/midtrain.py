@@ -36,7 +36,7 @@ from configs.models import CurateConfig, FlywheelConfig, TaskSelection
 from flywheel.errors import UserError
 from flywheel.pipeline import StageResult, skipped_result, trained_result
 from flywheel.runtime.rollout import PolicySpec, git_sha, run_rollouts
-from storage.curate import MIDTRAIN_STAGE
+from training.curation import MIDTRAIN_STAGE
 
 EVAL_STAGE = f"{MIDTRAIN_STAGE}-eval"
 METHOD = "midtrain"
@@ -86,7 +86,7 @@ def corpus(cfg: FlywheelConfig, *, progress: bool = True, on_result: Any = None)
 
 def corpus_sql(cfg: FlywheelConfig, run_key: str) -> str:
     """The dataset's selection: the curate query restricted to this corpus run (stage 'midtrain')."""
-    from storage.curate import _sql_str, curate_sql
+    from training.curation import _sql_str, curate_sql
 
     cur = CurateConfig(reward_threshold=1.0, max_episodes_per_task=cfg.midtrain.episodes_per_task)
     return curate_sql(cur, 0, [], stage_filter=f"e.stage = '{MIDTRAIN_STAGE}' AND e.run_key = {_sql_str(run_key)}")
@@ -107,7 +107,7 @@ def build_dataset(cfg: FlywheelConfig, run_key: str) -> dict[str, Any]:
     """The corpus as a dataset (export + `datasets` row, stage 'midtrain'); rebuilt only when missing."""
     from flywheel.specs import lake_for
     from storage.catalog import connect
-    from storage.curate import CurateError, manifest
+    from training.curation import CurateError, manifest
     from training.export import write_dataset
 
     lake, dataset_id = lake_for(cfg), dataset_id_for(cfg, run_key)

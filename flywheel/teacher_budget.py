@@ -10,7 +10,7 @@ The budget (configs: `teacher_budget`, see `limits`):
     `bootstrap.max_demos_per_task`, which now means the same thing);
   - max_episodes: teacher episodes over all tasks;
   - usd: dollars (the episodes' `cost`) over every stage.
-What counts is storage.reports.TEACHER_SPEND: every teacher-policy episode the flywheel ran (bootstrap, curriculum
+What counts is flywheel.reports.TEACHER_SPEND: every teacher-policy episode the flywheel ran (bootstrap, curriculum
 top-ups, rl.guide, rl.clone_fresh, ...), not imports, evaluations, the mid-training corpus or the free oracle's
 episodes on synthetic tasks (synth/<kind>; a paid teacher's there count).
 
@@ -33,7 +33,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from storage.reports import SYNTH_PREFIX, TEACHER_SPEND, teacher_spend_rows
+from flywheel.reports import SYNTH_PREFIX, TEACHER_SPEND, teacher_spend_rows
 
 PAID_POLICIES = ("claude",)  # policy kinds whose episodes cost dollars: on synth tasks too they are spend
 

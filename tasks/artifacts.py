@@ -230,11 +230,11 @@ def _pct(v: Any) -> str:
 def flywheel_markdown(cfg: FlywheelConfig, iteration: int) -> str:
     """Where the teacher budget went (this iteration by stage and task, the lake's total against the budget), and
     per task: the student's attempts and successes (rollouts + RL), its share of the SFT samples, held-out success.
-    The rows are storage.reports' queries, the same the viewer's iteration report shows."""
+    The rows are flywheel.reports' queries, the same the viewer's iteration report shows."""
+    from flywheel.reports import iteration_table
     from flywheel.specs import lake_for
     from flywheel.teacher_budget import Spent, TeacherSpend, limits, teacher_spend
     from storage.catalog import connect
-    from storage.reports import iteration_table
 
     con = connect(lake_for(cfg))
     try:

@@ -14,7 +14,7 @@ from agents.claude import Price
 from configs.models import parse_config
 from flywheel.errors import UserError
 from storage.catalog import connect
-from storage.queries import COST_PER_SUCCESS
+from training.queries import COST_PER_SUCCESS
 
 KEY = "sk-ant-api03-FAKE-bootstrap-8d2b6e0c4a"
 SONNET = Price(3.0, 15.0, 3.75, 0.3)

@@ -61,7 +61,7 @@ def _cfg(name: str, overrides: dict | None = None):
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_dataset_and_checkpoint_ids_are_pinned(name):
     from flywheel import midtrain as mt
-    from storage.curate import dataset_id_for
+    from training.curation import dataset_id_for
     from training.sft import TrainSettings, checkpoint_id_for
 
     cfg, want = _cfg(name), PINNED[name]

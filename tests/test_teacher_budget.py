@@ -1,5 +1,5 @@
 """The teacher budget across stages (flywheel/teacher_budget.py) and the per-task iteration report
-(storage/reports.py), on real lakes written through the lake API.
+(flywheel/reports.py), on real lakes written through the lake API.
 
 Every teacher episode counts, whichever stage ran it: the bootstrap (and curriculum top-ups) and the RL stage's
 teacher runs (rl.guide, rl.clone_fresh) are cut to what is left, per task, in all, and in dollars; a rerun of a
@@ -633,7 +633,7 @@ EXPECTED = {  # (iteration, task): attempts, successes, teacher episodes, $, SFT
 
 
 def test_iteration_table_on_a_small_lake(tmp_path):
-    from storage.reports import iteration_table
+    from flywheel.reports import iteration_table
 
     lake = report_lake(tmp_path / "lake")
     rows = iteration_table(connect(lake))

@@ -282,7 +282,7 @@ def test_report_shows_success_lineage_and_rl_curves(site):
 
 
 def test_report_shows_per_task_rows_and_where_the_teacher_budget_went(site):
-    """storage.reports' rows on the report page: per iteration and task (attempts, SFT mix, held-out success), and
+    """flywheel.reports' rows on the report page: per iteration and task (attempts, SFT mix, held-out success), and
     the teacher's spend by stage. The fixture's scripted episodes are teacher spend in both stages."""
     out, _ = site
     html = (out / "report.html").read_text()

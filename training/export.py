@@ -3,10 +3,10 @@
     res = curate(cfg, iteration=1)            # {"dataset_id", "path", "data_files", "n_episodes", "n_steps", ...}
     datasets.load_dataset("parquet", data_files=res["data_files"])["train"]   # columns messages, images, ...
 
-The selection is storage.curate's SQL (curate_sql); the rows are built by training.data.episode_samples with the
+The selection is training.curation's SQL (curate_sql); the rows are built by training.data.episode_samples with the
 student's prompt options and coordinate convention, so SFT sees exactly the prompts rollouts and evaluation build.
 The export is `<lake>/_datasets/<dataset_id>/train.parquet` (outside the lake tables), written to a temp file
-and renamed; storage.curate.record_dataset then writes the manifest row. On an object-store lake the export is
+and renamed; training.curation.record_dataset then writes the manifest row. On an object-store lake the export is
 written under the local root, then uploaded to the bucket under the same relative path (`lake.publish`) before
 the manifest row is written, so an SFT worker on another machine finds it (`lake.fetch(row["path"])`).
 """
@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage.catalog import connect
-from storage.curate import (  # noqa: F401 - CurateError, dataset_id_for: importable with curate()
+from storage.lake import Lake, open_lake
+from training.curation import (  # noqa: F401 - CurateError, dataset_id_for: importable with curate()
     EXPORT_DIR,
     EXPORT_FILE,
     CurateError,
@@ -33,9 +34,8 @@ from storage.curate import (  # noqa: F401 - CurateError, dataset_id_for: import
     source_counts,
     source_of,
 )
-from storage.lake import Lake, open_lake
-from storage.queries import CURATE_EXPORT_STEPS
 from training.data import cut_loops, episode_samples, prompt_options
+from training.queries import CURATE_EXPORT_STEPS
 
 _CHUNK_EPISODES = 64  # episodes whose screenshots are read per query: bounds memory on big datasets
 

@@ -550,7 +550,7 @@ def sft_stage(
     training settings (default cfg.sft) and `id_prefix` the checkpoint id's prefix (checkpoint_id_for). Mid-training
     (flywheel/midtrain.py) trains its base through here with method 'midtrain' and cfg.midtrain.sft."""
     from storage.catalog import connect
-    from storage.curate import EXPORT_FILE, manifest
+    from training.curation import EXPORT_FILE, manifest
     from storage.lake import open_lake
 
     lake = lake or open_lake(cfg)

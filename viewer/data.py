@@ -21,10 +21,10 @@ from typing import Any
 
 import duckdb
 
+from flywheel.reports import iteration_table, teacher_spend_rows
 from storage.catalog import connect, explain_duckdb_error
 from storage.lake import Lake, LakeError
 from storage.lake import open_lake as open_lake_at
-from storage.reports import iteration_table, teacher_spend_rows
 from storage.schema import TABLES
 
 # index columns; the categorical ones travel dictionary-encoded (values + codes) to keep the JSON small

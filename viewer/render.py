@@ -440,7 +440,7 @@ def _rl_section(rl: list[dict[str, Any]]) -> str:
 
 
 def _per_task_table(rows: list[dict[str, Any]]) -> str:
-    """storage.reports.iteration_table's rows: per iteration and task, what the student tried and learnt from."""
+    """flywheel.reports.iteration_table's rows: per iteration and task, what the student tried and learnt from."""
     if not rows:
         return "<p class='muted'>no episodes, datasets or evaluations in this lake yet</p>"
 
@@ -466,7 +466,7 @@ def _per_task_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _teacher_section(rows: list[dict[str, Any]]) -> str:
-    """storage.reports.teacher_spend_rows: teacher episodes and dollars per iteration, stage and task."""
+    """flywheel.reports.teacher_spend_rows: teacher episodes and dollars per iteration, stage and task."""
     if not rows:
         return "<p class='muted'>no teacher episodes in this lake</p>"
     by_stage: dict[str, list[float]] = {}

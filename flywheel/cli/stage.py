@@ -165,7 +165,7 @@ def stage_sft(
     from rich.console import Console
 
     from flywheel.stages import sft
-    from storage.curate import dataset_id_for
+    from training.curation import dataset_id_for
 
     use_lake(lake)
     cfg = load_cfg(config, {"sft.max_minutes": max_minutes} if max_minutes else None)

@@ -103,7 +103,7 @@ def export_dataset(
     """A curated dataset (a `datasets` manifest row) -> a Hub-ready dataset folder; returns its counts."""
     from huggingface_hub import DatasetCardData
 
-    from storage.curate import EXPORT_FILE, manifest
+    from training.curation import EXPORT_FILE, manifest
     from training.export import sft_features
 
     row = manifest(lake, dataset_id)

@@ -5,7 +5,7 @@
     record_dataset(lake, dataset_id=..., ...)                              # the manifest row
     manifest(lake, dataset_id)                                             # ... read back
 
-Selection is one DuckDB query (storage.queries.CURATE_EPISODES, stored verbatim in the manifest): binary
+Selection is one DuckDB query (training.queries.CURATE_EPISODES, stored verbatim in the manifest): binary
 task reward >= cfg.curate.reward_threshold (never the shaped reward), status 'ok', train split, iterations <= N,
 no held-out task; deduplicated (task + seed + identical action sequence once), capped per task, and mixed by
 source (teacher vs student) when cfg.curate.teacher_ratio is set. Steps whose action came from a fallback
@@ -30,7 +30,7 @@ from typing import Any
 from configs.runkeys import keyed, run_key
 from storage.catalog import connect
 from storage.lake import Lake, LakeError
-from storage.queries import CURATE_EPISODES
+from training.queries import CURATE_EPISODES
 
 EXPORT_DIR = "_datasets"
 EXPORT_FILE = "train.parquet"

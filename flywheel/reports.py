@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.queries import FIT_STEP
+from training.queries import FIT_STEP
 
 # The `episodes` rows that spend the teacher budget (see the module doc). Synthetic tasks (synth/<kind>, envs/synth)
 # come with a programmatic oracle and unlimited instances: its episodes on them are free (issue 28: RL on synth tasks

@@ -4,7 +4,7 @@ CURATE_STEPS: the steps of successful episodes that are fit for SFT. It never na
 `screenshot` column, so DuckDB never reads screenshot bytes (they are fetched by
 episode/step key only for the rows that are exported).
 
-CURATE_EPISODES: the curate stage's selection (storage/curate.py): successful train-split
+CURATE_EPISODES: the curate stage's selection (training/curation.py): successful train-split
 episodes up to an iteration, deduplicated, capped per task and mixed by source. CURATE_EXPORT_STEPS
 then reads every action step of the chosen episodes (screenshots included: earlier steps are the
 prompt's history), flagging which ones are fit to be SFT targets.
