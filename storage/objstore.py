@@ -1,8 +1,11 @@
 """The lake on an object store: `lake.root: s3://bucket/prefix` on any S3-compatible endpoint (AWS, MinIO, moto).
 
     store = ObjectStore("s3://flywheel/lake", endpoint="http://minio:9000")   # checks the bucket, one-line errors
-    store.put_bytes("s3://flywheel/lake/episodes/iteration=0/stage=x/k-00000.parquet", data)
-    store.list_files("s3://flywheel/lake/episodes")      # [(uri, size)], never from a stale listing cache
+    store.upload(Path("lake/_datasets/d1"), "_datasets/d1")      # a folder beside the tables, file by file
+    store.download("_datasets/d1", Path("cache/_datasets/d1"))   # atomically; never from a stale listing cache
+
+The tables' data is not here: DuckDB reads and writes it through httpfs (storage.attach). This module carries the
+side folders (exports, checkpoints) that rows name, and checks the bucket when a lake opens.
 
 Through s3fs (fsspec). Credentials come from the standard AWS chain ($AWS_ACCESS_KEY_ID / $AWS_SECRET_ACCESS_KEY,
 ~/.aws, an instance role): never from the config, and never in a message, a row or a repr. The endpoint comes from
@@ -122,36 +125,12 @@ class ObjectStore:
     def join(self, *parts: str) -> str:
         return "/".join([self.uri, *[str(p).strip("/") for p in parts if str(p)]])
 
-    def key(self, uri: str) -> str:
-        """The object's path relative to the lake prefix (what a local lake would call the relative path)."""
-        s = str(uri)
-        for scheme in SCHEMES:
-            s = s.removeprefix(scheme)
-        base = self.uri.removeprefix("s3://")
-        if s != base and not s.startswith(base + "/"):
-            raise LakeError(f"{uri} is not under the lake {self.uri}")
-        return s[len(base) :].lstrip("/")
-
     # ------------------------------------------------------------------ objects
     def put_bytes(self, uri: str, data: bytes) -> None:
         self.call(f"writing {uri}", self.fs.pipe_file, uri, data)
 
-    def delete(self, uri: str) -> None:
-        try:
-            self.call(f"deleting {uri}", self.fs.rm_file, uri)
-        except FileNotFoundError:
-            pass
-
-    def move(self, src: str, dest: str) -> None:
-        """Copy then delete (objects have no rename); used only to quarantine a bad file."""
-        self.call(f"copying {src}", self.fs.copy, src, dest)
-        self.delete(src)
-
     def exists(self, uri: str) -> bool:
         return bool(self.call(f"checking {uri}", self.fs.exists, uri))
-
-    def open(self, uri: str):
-        return self.call(f"opening {uri}", self.fs.open, uri, "rb")
 
     def list_files(self, uri: str) -> list[tuple[str, int]]:
         """(s3:// uri, size) of every object under `uri` (recursive), sorted; [] when there are none."""
@@ -160,14 +139,6 @@ class ObjectStore:
         except FileNotFoundError:
             return []
         return sorted(("s3://" + k, int(v.get("size") or 0)) for k, v in found.items() if v.get("type") != "directory")
-
-    def list_dir(self, uri: str) -> list[str]:
-        """Object URIs directly under `uri` (one level, no recursion)."""
-        try:
-            found = self.call(f"listing {uri}", self.fs.ls, uri, detail=False)
-        except FileNotFoundError:
-            return []
-        return sorted("s3://" + k for k in found)
 
     # ------------------------------------------------------------------ folders beside the tables
     def upload(self, local: Path, rel: str) -> int:

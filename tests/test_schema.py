@@ -17,5 +17,7 @@ def test_every_column_is_documented_and_typed():
 
 
 def test_committed_schema_doc_is_current():
-    # regenerate with: python -m storage.schema > docs/SCHEMA.md
-    assert (ROOT / "docs" / "SCHEMA.md").read_text().strip() == schema_markdown().strip()
+    # docs/SCHEMA.md's "Tables" section is `python -m storage.schema`'s output (the prose above it is written by hand)
+    doc = (ROOT / "docs" / "SCHEMA.md").read_text()
+    assert doc.index("## Tables") > 0
+    assert doc[doc.index("## Tables") :].strip() == schema_markdown().strip()

@@ -216,7 +216,7 @@ def lake_migrate_cmd(
 
 @lake_app.command("schema")
 def lake_schema_cmd():
-    """Print the lake's table schemas (markdown, one row per column)."""
+    """Print the lake's table schemas (markdown, one row per column; docs/SCHEMA.md ends with it)."""
     from storage.schema import schema_markdown
 
     print(schema_markdown())
