@@ -812,6 +812,41 @@ def test_learner_state_save_and_load_is_exact(tiny, tmp_path):
     assert all(torch.equal(b.weights.params[n], p) for n, p in a.weights.params.items())
 
 
+def test_ema_teacher_follows_the_student_at_sdpo_ema_rate(tiny):
+    """rl.sdpo_teacher ema (the default): after each optimizer step with an SDPO term, every trainable weight of the
+    teacher is exactly (1 - rate) x its value before the step + rate x the student's new value, rate being
+    rl.sdpo_ema_rate; the weights nobody trains stay where they were. With sdpo_teacher frozen it never moves."""
+    from configs.models import parse_config
+
+    assert RLSettings.from_config(parse_config({"rl": {"sdpo_ema_rate": 0.25}})).sdpo_ema_rate == 0.25
+    rows = _rows(_load(tiny)[1], [("win", "g", True, "A", 1), ("lose", "g", False, "B", 1)])
+    kw = dict(algorithm="sdpo", lr=1e-2, warmup_steps=0, batch_size=2, sdpo_context="feedback")
+    for rate in (0.25, 0.7):  # below and above 1/2: a lerp taken from the wrong end, or at 1 - rate, is caught
+        model, proc = _load(tiny)
+        trainer = RLTrainer(model, proc, RLSettings(**kw, sdpo_ema_rate=rate))
+        assert trainer.s.sdpo_teacher == "ema" and trainer.teacher is not None
+        names = list(trainer.weights.params)
+        teacher = dict(trainer.teacher.named_parameters())
+        untrained = {n: p.detach().clone() for n, p in teacher.items() if n not in trainer.weights.params}
+        prev = {n: teacher[n].detach().clone() for n in names}
+        for r in range(2):
+            res = trainer.update([dict(x) for x in rows], round_idx=r)
+            assert [m["n_sdpo_rows"] for m in res["steps"]] == [1]  # one step, with an SDPO term
+            student = {n: trainer.weights.params[n].detach() for n in names}
+            assert sum(not torch.equal(student[n], prev[n]) for n in names) > len(names) // 2  # the step moved it
+            for n in names:
+                want = prev[n] + rate * (student[n].to(prev[n].dtype) - prev[n])
+                assert torch.allclose(teacher[n], want, rtol=0, atol=1e-6), (rate, r, n)
+            assert any(not torch.equal(teacher[n], student[n]) for n in names)  # it lags: not a copy of the student
+            prev = {n: teacher[n].detach().clone() for n in names}
+        assert all(torch.equal(teacher[n], p) for n, p in untrained.items())
+    model, proc = _load(tiny)
+    trainer = RLTrainer(model, proc, RLSettings(**kw, sdpo_teacher="frozen"))
+    start = {n: p.detach().clone() for n, p in trainer.teacher.named_parameters()}
+    assert [m["n_sdpo_rows"] for m in trainer.update([dict(x) for x in rows])["steps"]] == [1]
+    assert all(torch.equal(p, start[n]) for n, p in trainer.teacher.named_parameters())
+
+
 # ------------------------------------------------------------------------------------------------ knobs
 @pytest.mark.parametrize(
     "algo,aggregation", [("grpo", "constant"), ("dr_grpo", "token_mean"), ("gspo", "seq_mean_token_mean")]
