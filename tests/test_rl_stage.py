@@ -8,6 +8,7 @@ rows, and held-out tasks never reach training.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -96,17 +97,28 @@ def test_rounds_land_in_the_lake_and_a_rerun_is_a_no_op(setup):
     assert _counts(root / "lake") == before
 
 
-def test_sigkill_mid_rl_resumes_from_the_last_finished_round(setup, tmp_path):
+def test_sigkill_mid_rl_resumes_from_the_last_finished_round(setup, tmp_path, monkeypatch):
+    """SIGKILL after round 0 finished: the rerun starts at the first unfinished round (its result says so, its
+    history holds only the rounds it ran), leaves every finished round's folder as it was (the same folder, the
+    same rl_round.json, the same weights), and adds no duplicate episode and no second set of a round's metrics.
+    The lake has the bootstrap's demos, so every round replays them and updates the weights (without them all
+    groups fail alike: no update, and every round's weights would be the start's)."""
+    from flywheel.stages import bootstrap
+
     cfg, root, model = setup
     lake = tmp_path / "lake"
+    monkeypatch.setenv("FLYWHEEL_LAKE", str(lake))
+    bootstrap(cfg, 0, progress=False)
     env = {**os.environ, "FLYWHEEL_LAKE": str(lake), "HF_HUB_OFFLINE": "1"}
     sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in OVERRIDES.items()]
     code = (
-        "import sys; from configs.models import load_config; from flywheel.specs import register_tasks;"
+        "import json, sys; from configs.models import load_config; from flywheel.specs import register_tasks;"
         "from flywheel.stages import rl;"
         "ov = dict(kv.split('=', 1) for kv in sys.argv[2:]);"
         "ov = {k: (True if v == 'true' else int(v) if v.isdigit() else v) for k, v in ov.items()};"
-        "cfg = load_config('configs/tiny.yaml', ov); register_tasks(cfg); rl(cfg, 0, sys.argv[1], progress=False)"
+        "cfg = load_config('configs/tiny.yaml', ov); register_tasks(cfg);"
+        "res = rl(cfg, 0, sys.argv[1], progress=False);"
+        "print('RESULT ' + json.dumps({k: res[k] for k in ('resumed_from_round', 'history')}, default=str))"
     )
     cmd = [sys.executable, "-c", code, model, *sets, "rl.rounds=3"]
     p = subprocess.Popen(
@@ -118,15 +130,34 @@ def test_sigkill_mid_rl_resumes_from_the_last_finished_round(setup, tmp_path):
         round0 = next(lake.glob("_checkpoints/rl-*/round-0/rl_round.json"), None)
         time.sleep(0.5)
     assert round0 is not None, "round 0 never finished"
-    os.killpg(p.pid, signal.SIGKILL)  # mid round 1: the runner, its workers and their browsers
+    os.killpg(p.pid, signal.SIGKILL)  # mid round 1 (or just after it): the runner, its workers and their browsers
     p.wait()
-    weights0 = (round0.parent / "model.safetensors").read_bytes()
-    assert not (round0.parent.parent / "round-2" / "rl_round.json").exists()
+    out = round0.parent.parent
+    assert not (out / "round-2" / "rl_round.json").exists()
+    done = sum((out / f"round-{i}" / "rl_round.json").exists() for i in range(3))  # 1, or 2 if round 1 just finished
+    kept = {}  # each finished round as the killed run left it: folder inode, marker mtime and text, weights
+    for i in range(done):
+        rdir = out / f"round-{i}"
+        marker = (rdir / "rl_round.json").stat()
+        kept[i] = (rdir.stat().st_ino, marker.st_mtime_ns, (rdir / "rl_round.json").read_text())
+        kept[i] += ((rdir / "model.safetensors").read_bytes(),)
+    sql = "SELECT round, count(*) FROM rl_metrics GROUP BY round"
+    metrics = {k: n for k, n in connect(lake).execute(sql).fetchall() if k < done}
+    assert sorted(metrics) == list(range(done)) and all(n > 0 for n in metrics.values())  # every round updated
+    assert kept[0][3] != (Path(model) / "model.safetensors").read_bytes()
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    out = round0.parent.parent
+    res = json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1][len("RESULT ") :])
+    assert res["resumed_from_round"] == done  # rl_round.json is where it resumed from: round 0 is not redone
+    assert [h["round"] for h in res["history"]] == list(range(done, 3))
     assert all((out / f"round-{i}" / "rl_round.json").exists() for i in range(3))
-    assert (round0.parent / "model.safetensors").read_bytes() == weights0  # a finished round is never redone
+    for i, (ino, mtime, text, weights) in kept.items():  # a finished round is never redone, not even identically
+        rdir = out / f"round-{i}"
+        marker = (rdir / "rl_round.json").stat()
+        assert (rdir.stat().st_ino, marker.st_mtime_ns, (rdir / "rl_round.json").read_text()) == (ino, mtime, text), i
+        assert (rdir / "model.safetensors").read_bytes() == weights, i
+    after = dict(connect(lake).execute(sql).fetchall())
+    assert sorted(after) == [0, 1, 2] and all(after[i] == n for i, n in metrics.items())  # no round's metrics twice
     total, distinct, _ = _counts(lake)
     assert total == distinct == 12  # 3 rounds x 4 episodes, none duplicated by the rerun
 
