@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pyarrow.parquet as pq
 import pytest
@@ -52,8 +53,23 @@ def env(monkeypatch, tmp_path):
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
 
 
+# Put first on the spawned rollout workers' PYTHONPATH: every logger of theirs at DEBUG, to their stderr (inherited
+# from pytest, whose fd capture holds it), each line tagged with its process id. Claude is called from them.
+WORKER_LOGGING = """import logging, sys
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="[pid %(process)d] %(name)s: %(message)s")
+"""
+
+
+@pytest.fixture
+def worker_logs(tmp_path, monkeypatch):
+    site = tmp_path / "worker-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(WORKER_LOGGING)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+
+
 @pytest.mark.browser
-def test_claude_bootstrap_fills_the_lake_that_curate_consumes(server, tmp_path, env, caplog):
+def test_claude_bootstrap_fills_the_lake_that_curate_consumes(server, tmp_path, env, caplog, capfd, worker_logs):
     from flywheel import stages
 
     caplog.set_level(logging.DEBUG)
@@ -135,14 +151,20 @@ def test_claude_bootstrap_fills_the_lake_that_curate_consumes(server, tmp_path, 
     ck = connect(tmp_path / "lake").execute("SELECT dataset_id, method FROM checkpoints WHERE stage = 'sft'").fetchall()
     assert ck == [(cur["dataset_id"], "sft")]
 
-    # the key reaches no lake row, no export, no log line
+    # the key reaches no lake row, no file the run wrote (lake, export, checkpoint), no log line of this process or
+    # of the rollout workers that called Claude (their stderr, every logger at DEBUG)
     dump = [
         repr(con.execute(f"SELECT * EXCLUDE ({'screenshot' if t == 'steps' else 'run_key'}) FROM {t}").fetchall())
         for t in ("steps", "episodes", "datasets")
     ]
-    files = [p.read_bytes() for p in (tmp_path / "lake").rglob("*") if p.is_file()]
-    assert not [d for d in dump if KEY in d] and not [f for f in files if KEY.encode() in f]
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.parent.name != "worker-site"]
+    assert len([p for p in files if p.is_relative_to(tmp_path / "lake")]) > 10
+    assert not [d for d in dump if KEY in d] and not [p for p in files if KEY.encode() in p.read_bytes()]
     assert KEY not in caplog.text and KEY not in json.dumps(res, default=str)
+    out, err = capfd.readouterr()
+    worker = [ln for ln in err.splitlines() if ln.startswith("[pid ") and ln[5:].split("]")[0] != str(os.getpid())]
+    assert [ln for ln in worker if "anthropic" in ln and "/v1/messages" in ln]  # the workers' Claude calls, logged
+    assert KEY not in out and KEY not in err
 
 
 @pytest.mark.browser
