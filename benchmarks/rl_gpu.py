@@ -253,10 +253,14 @@ def run_ours(
     sdpo_mode: str = "sampled",
     kernels: bool = True,
     levers: bool = True,
+    text: bool = True,
 ) -> dict:
     """One RLTrainer.update over the batch with epochs = warmup + steps (one optimizer step per epoch). `levers`
     False: the step as before issue #33 (Liger only: no fast_vision, no linear patch embedding, foreach AdamW, the
-    padding mask in the forward)."""
+    padding mask in the forward). `text` False: session 20's levers off (training.kernels.TEXT_LEVERS and the
+    vision grid cache / LayerNorm: Liger's RMSNorm, PEFT's LoRA forward, the stock DeepStack adds and tower
+    preamble)."""
+    import training.kernels as K
     import training.rl as rl_mod
     import training.rl_encode as enc_mod
     from training.kernels import unfuse_model
@@ -267,6 +271,8 @@ def run_ours(
         rl_mod.fast_vision, rl_mod.linear_patch_embed = (lambda m: []), (lambda m: False)
         rl_mod.make_optimizer = lambda w, lr, wd, fused=False: saved[2](w, lr, wd)
     enc_mod.NO_PAD_MASK = levers  # before: the padded rows' attention mask went into the forward
+    K.TEXT_LEVERS.update(rms_norm=text, lora=text, deepstack=text)
+    K.VISION_LEVERS.update(grid_cache=text, layer_norm=text)
 
     s = RLSettings(
         algorithm=algo,
@@ -284,6 +290,8 @@ def run_ours(
     finally:
         rl_mod.fast_vision, rl_mod.linear_patch_embed, rl_mod.make_optimizer = saved
         enc_mod.NO_PAD_MASK = True
+        K.TEXT_LEVERS.update(rms_norm=True, lora=True, deepstack=True)
+        K.VISION_LEVERS.update(grid_cache=True, layer_norm=True)
         unfuse_model(model)  # the next run (and TRL) gets the stock model
 
 
@@ -584,6 +592,13 @@ def main() -> None:
         help="also time GRPO as before issue #33 ('grpo_before': Liger only, no fast_vision / linear patch "
         "embedding / fused AdamW, the padding mask in the forward), right before and after 'grpo'",
     )
+    ap.add_argument(
+        "--ablate-text",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also time GRPO with session 20's text levers off ('grpo_prev': Liger's RMSNorm, PEFT's LoRA forward), "
+        "right before and after 'grpo'; `text_levers` compares the pairs",
+    )
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--text-tokens", type=int, default=600, help="prompt text tokens per row (approximate)")
@@ -639,20 +654,26 @@ def main() -> None:
         res = out["results"].setdefault(
             mode, {"params": counts["total"], "trainable_params": counts["trainable"], "ours": {}}
         )
-        runs = []  # (result key, algo, sdpo_mode, fused kernels, issue-33 levers)
+        runs = []  # (result key, algo, sdpo_mode, fused kernels, issue-33 levers, session-20 text levers)
         for algo in a.algos:
             if algo == "sdpo":
-                runs += [("sdpo" if m == "sampled" else f"sdpo_{m}", algo, m, True, True) for m in a.sdpo_modes]
+                runs += [("sdpo" if m == "sampled" else f"sdpo_{m}", algo, m, True, True, True) for m in a.sdpo_modes]
             else:
-                if algo == "grpo" and a.ablate_levers and _cuda():
-                    runs.append(("grpo_before", algo, "sampled", True, False))
-                runs.append((algo, algo, "sampled", True, True))
-                if algo == "grpo" and a.ablate_levers and _cuda():
-                    runs.append(("grpo_before_again", algo, "sampled", True, False))
-                    runs.append(("grpo_again", algo, "sampled", True, True))
-                if algo == "grpo" and a.ablate_kernels and _cuda():
-                    runs.append(("grpo_no_kernels", algo, "sampled", False, True))
-        for key, algo, sdpo_mode, kern, lev in runs:
+                grpo = algo == "grpo" and _cuda()
+                if grpo and a.ablate_levers:
+                    runs.append(("grpo_before", algo, "sampled", True, False, False))
+                if grpo and a.ablate_text:
+                    runs.append(("grpo_prev", algo, "sampled", True, True, False))
+                runs.append((algo, algo, "sampled", True, True, True))
+                if grpo and a.ablate_levers:
+                    runs.append(("grpo_before_again", algo, "sampled", True, False, False))
+                if grpo and a.ablate_text:
+                    runs.append(("grpo_prev_again", algo, "sampled", True, True, False))
+                if grpo and (a.ablate_levers or a.ablate_text):
+                    runs.append(("grpo_again", algo, "sampled", True, True, True))
+                if grpo and a.ablate_kernels:
+                    runs.append(("grpo_no_kernels", algo, "sampled", False, True, True))
+        for key, algo, sdpo_mode, kern, lev, text in runs:
             res["ours"][key] = _guard(
                 lambda: run_ours(
                     model,
@@ -668,6 +689,7 @@ def main() -> None:
                     sdpo_mode,
                     kern,
                     lev,
+                    text,
                 ),
                 a.batch,
             )
@@ -703,6 +725,18 @@ def main() -> None:
                     res[f"{key}_over_grpo_step"] = round(ours[key]["step_s"] / ours["grpo"]["step_s"], 3)
             if "step_s" in ours.get("grpo_before", {}):
                 res["speedup_vs_before"] = round(ours["grpo_before"]["step_s"] / ours["grpo"]["step_s"], 3)
+            pairs = [k for k in ("grpo_prev", "grpo_prev_again") if "step_s" in ours.get(k, {})]
+            nows = [k for k in ("grpo", "grpo_again") if "step_s" in ours.get(k, {})]
+            if pairs and nows:  # session 20: the last commit (text levers off) vs now, each side's median averaged
+                prev = sum(ours[k]["step_s"] for k in pairs) / len(pairs)
+                now = sum(ours[k]["step_s"] for k in nows) / len(nows)
+                res["text_levers"] = {
+                    "step_s_prev": round(prev, 4),
+                    "step_s_now": round(now, 4),
+                    "speedup": round(prev / now, 3),
+                    "mfu_prev": round(sum(ours[k]["mfu"] for k in pairs) / len(pairs), 3),
+                    "mfu_now": round(sum(ours[k]["mfu"] for k in nows) / len(nows), 3),
+                }
             trl_s = res.get("trl", {}).get("grpo", {}).get("step_s")
             if trl_s:
                 res["speedup_vs_trl_grpo"] = round(trl_s / ours["grpo"]["step_s"], 3)

@@ -85,15 +85,49 @@ def _try(fn):
         return {"error": f"{type(e).__name__}: {e}"[:300]}
 
 
-def probe(n_images: int, text_lengths: list[int]) -> dict:
-    """Attention kernels at the run's shapes (random bf16 inputs)."""
+def padded_text_attention(q, k, v, lengths: list[int], group: int, gqa: bool):
+    """Causal attention of the packed samples on cuDNN SDPA, the samples right-padded into batches of `group`
+    (sorted by length; 0 = one batch): a real query never sees a pad key (the pads come after it), so no mask is
+    needed; the pads' outputs are dropped. q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq, D]."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    starts = [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + n)
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    size = group or len(order)
+    outs, inv = [], torch.empty(sum(lengths), dtype=torch.long)
+    base = 0
+    hq, hk = q.shape[1], k.shape[1]
+    for g0 in range(0, len(order), size):
+        grp = order[g0 : g0 + size]
+        lmax = lengths[grp[0]]
+        src = torch.zeros(len(grp) * lmax, dtype=torch.long)
+        for j, i in enumerate(grp):
+            src[j * lmax : j * lmax + lengths[i]] = torch.arange(starts[i], starts[i] + lengths[i])
+            inv[starts[i] : starts[i] + lengths[i]] = torch.arange(lengths[i]) + base + j * lmax
+        src = src.to(q.device, non_blocking=True)
+        qp, kp, vp = (x.index_select(0, src).view(len(grp), lmax, x.shape[1], -1).transpose(1, 2) for x in (q, k, v))
+        if not gqa and hq != hk:
+            kp, vp = (x.repeat_interleave(hq // hk, dim=1) for x in (kp, vp))
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=gqa and hq != hk)
+        outs.append(o.transpose(1, 2).reshape(len(grp) * lmax, hq, -1))
+        base += len(grp) * lmax
+    return torch.cat(outs).index_select(0, inv.to(q.device, non_blocking=True))
+
+
+def probe(n_images: int, text_lengths: list[int], vision: bool = False) -> dict:
+    """Attention kernels at the run's shapes (random bf16 inputs); the images' part only with `vision` (session 18
+    measured it)."""
+    import torch.nn.functional as F
+
     import training.kernels as K
-    from training.packing import _FlashVarlen
 
     out: dict = {"vision": {"images": n_images, "tokens_per_image": 3520, "heads": 16, "head_dim": 64}}
+    if not vision:
+        return probe_text(text_lengths, out)
     t, h, d = n_images * 3520, 16, 64
     q, k, v = (torch.randn(t, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     lengths = [3520] * n_images
@@ -114,8 +148,18 @@ def probe(n_images: int, text_lengths: list[int]) -> dict:
         if isinstance(r, float):
             out["vision"][f"batched_{name}_tflops"] = round(flops / r / 1e9, 1)
     K.VISION_SDPA = ("cudnn", "flash", "efficient")
-    del q, k, v
-    # text: causal GQA over one pack
+    return probe_text(text_lengths, out)
+
+
+def probe_text(text_lengths: list[int], out: dict) -> dict:
+    """The text model's causal GQA attention over one pack: our flash varlen (FA2) vs cuDNN SDPA one call per sample
+    and on right-padded batches of samples (pad/unpad copies included), fwd and fwd+bwd; the largest output and
+    gradient differences against FA2 for the padded cuDNN ones."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from training.packing import _FlashVarlen
+
     tt = sum(text_lengths)
     cu = torch.tensor([0] + text_lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
     mx = max(text_lengths)
@@ -141,8 +185,21 @@ def probe(n_images: int, text_lengths: list[int]) -> dict:
         if bwd:
             o.backward(g)
 
-    out["text"] = {"pack_tokens": tt, "samples": len(text_lengths)}
-    for name, fn in (("fa2_varlen", fa2), ("cudnn_per_sample", cudnn)):
+    def padded(group: int, gqa: bool):
+        def fn(bwd: bool):
+            o = padded_text_attention(q, k, v, text_lengths, group, gqa)
+            if bwd:
+                o.backward(g)
+            return o
+
+        return fn
+
+    out["text"] = {"pack_tokens": tt, "samples": len(text_lengths), "lengths": text_lengths}
+    runs = [("fa2_varlen", fa2), ("cudnn_per_sample", cudnn)]
+    runs += [
+        (f"cudnn_padded_g{n}{'' if gqa else '_repeat'}", padded(n, gqa)) for n in (0, 4, 2) for gqa in (True, False)
+    ]
+    for name, fn in runs:
         f = _try(lambda: _events_ms(lambda: fn(False)))
         fb = _try(lambda: _events_ms(lambda: fn(True)))
         out["text"][f"{name}_fwd_ms"] = f
@@ -151,6 +208,20 @@ def probe(n_images: int, text_lengths: list[int]) -> dict:
             out["text"][f"{name}_fwd_tflops"] = round(tflops_fwd / f / 1e9, 1)
         if isinstance(fb, float):
             out["text"][f"{name}_fwd_bwd_tflops"] = round(3.5 * tflops_fwd / fb / 1e9, 1)  # bwd ~2.5x fwd
+
+    def check() -> list[float]:  # the padded cuDNN path against FA2: output, dq, dk, dv (max |diff| / max |ref|)
+        res = []
+        for fn in (
+            lambda: _FlashVarlen.apply(q, k, v, cu, cu, mx, mx, True, 128**-0.5),
+            lambda: padded_text_attention(q, k, v, text_lengths, 4, True),
+        ):
+            q.grad = k.grad = v.grad = None
+            o = fn()
+            o.backward(g)
+            res.append([o.detach().float()] + [x.grad.float() for x in (q, k, v)])
+        return [round(float((x - y).abs().max() / y.abs().max()), 5) for x, y in zip(res[1], res[0])]
+
+    out["text"]["cudnn_padded_g4_vs_fa2_max_rel"] = _try(check)
     return out
 
 
@@ -210,6 +281,108 @@ def checks(model, samples, idx: list[int]) -> dict:
     return out
 
 
+def rms_check(sweep: bool = False) -> dict:
+    """training.kernels.rms_norm (ours) and Liger's against an fp32 reference of the stock math, bf16 inputs at the
+    text model's two shapes (hidden norms over a 24,576-token pack; q_norm over its 16 heads x 128): max |diff| over
+    max |ref| of y, dx, dw, and fwd+bwd time (CUDA events, median of 5)."""
+    import training.kernels as K
+
+    out: dict = {}
+    for shape, (m, n) in {"hidden": (24576, 2048), "q_norm": (24576 * 16, 128)}.items():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = (torch.randn(m, n, device="cuda", generator=g) * 2).to(torch.bfloat16)
+        w = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(torch.bfloat16)
+        dy = torch.randn(m, n, device="cuda", generator=g).to(torch.bfloat16)
+        xr, wr = x.float().requires_grad_(), w.float().requires_grad_()
+        (wr * (xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6))).backward(dy.float())
+        ref = {"dx": xr.grad, "dw": wr.grad}
+        with torch.no_grad():
+            ref["y"] = wr * (xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6))
+        del xr, wr
+        out[shape] = {}
+        for impl in ("ours", "liger"):
+            K.TEXT_LEVERS["rms_norm"] = impl == "ours"
+            xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+            y = K.rms_norm(xi, wi, 1e-6)
+            y.backward(dy.clone())  # Liger writes dx into dy's buffer
+            got = {"y": y.detach(), "dx": xi.grad, "dw": wi.grad}
+            r = {k: round(float((got[k].float() - ref[k]).abs().max() / ref[k].abs().max()), 6) for k in ref}
+
+            def step(xi=xi, wi=wi):
+                xi.grad = wi.grad = None
+                K.rms_norm(xi, wi, 1e-6).backward(dy.clone())
+
+            r["fwd_bwd_ms"] = _events_ms(step)
+            out[shape][impl] = r
+            del y, got
+        K.TEXT_LEVERS["rms_norm"] = True
+        if sweep:  # the backward's launch configurations at this width (training.kernels.RMS_BWD_CONFIG)
+            block_n = K._rms_blocks(n)[0]
+            keep = K.RMS_BWD_CONFIG.get(block_n)
+            xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+            y = K.rms_norm(xi, wi, 1e-6)
+            res = []
+
+            def bwd_once(y=y, xi=xi, wi=wi):
+                return torch.autograd.grad(y, (xi, wi), dy, retain_graph=True)
+
+            for bm in (1, 2, 4, 8, 16, 32, 64, 128):
+                if not 1024 <= bm * block_n <= 16384 and bm != 1:
+                    continue
+                for per_sm in (2, 4, 8):
+                    for warps in (4, 8, 16):
+                        for acc2d in (False, True):
+                            K.RMS_BWD_CONFIG[block_n] = (bm, per_sm, warps, acc2d)
+                            ms = _try(lambda: _events_ms(bwd_once))
+                            res.append([bm, per_sm, warps, acc2d, ms])
+            if keep is None:
+                K.RMS_BWD_CONFIG.pop(block_n, None)
+            else:
+                K.RMS_BWD_CONFIG[block_n] = keep
+            ok = sorted((r for r in res if isinstance(r[-1], float)), key=lambda r: r[-1])
+            out[shape]["bwd_sweep_best"] = ok[:8]
+            out[shape]["bwd_current_ms"] = next((r[-1] for r in res if tuple(r[:4]) == tuple(keep or ())), None)
+            del y, xi, wi
+    return out
+
+
+def text_check(model, samples, idx: list[int]) -> dict:
+    """One pack's loss and a few parameters' gradients with the text levers off (Liger's RMSNorm) and on (ours):
+    relative loss difference, and per parameter the cosine and the norm ratio of the gradients."""
+    import training.packing as packing_mod
+    from training.losses import labelled_token_loss
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad and ("norm" in n or "layers.0." in n)]
+    names = names[:12] + [n for n, p in model.named_parameters() if p.requires_grad and "layers.27.mlp" in n]
+    params = dict(model.named_parameters())
+    p = samples.packed(idx)
+    labels = p.pop("labels")
+    p = {k: v.cuda() if hasattr(v, "cuda") else v for k, v in p.items()}
+    got = {}
+    for on in (False, True):
+        use(model, samples, True, True, text=on)
+        model.zero_grad(set_to_none=True)
+        with packing_mod.packed_attention(model, p, varlen=True):
+            loss = labelled_token_loss(model, p, labels)[0]
+        loss.backward()
+        got[on] = (float(loss), {n: params[n].grad.float().clone() for n in names if params[n].grad is not None})
+    model.zero_grad(set_to_none=True)
+    use(model, samples, True, True, text=True)
+    (l0, g0), (l1, g1) = got[False], got[True]
+    cos = {
+        n: round(float(torch.nn.functional.cosine_similarity(g0[n].flatten(), g1[n].flatten(), dim=0)), 6) for n in g0
+    }
+    ratio = {n: round(float(g1[n].norm() / g0[n].norm().clamp_min(1e-30)), 6) for n in g0}
+    return {
+        "loss_text_off": l0,
+        "loss_text_on": l1,
+        "loss_rel_diff": abs(l1 - l0) / abs(l0),
+        "grad_cos_min": min(cos.values()) if cos else None,
+        "grad_norm_ratio_range": [min(ratio.values()), max(ratio.values())] if ratio else None,
+        "grad_cos": cos,
+    }
+
+
 def make_samples(model, proc, rows, encoded):
     """EncodedSamples with every sample kept, as the stage keeps them on CUDA (bf16 pixel_values in page-locked
     slabs); `samples.unpinned` holds the same encodings with pageable pixel_values, as the last commit kept them."""
@@ -228,10 +401,51 @@ def make_samples(model, proc, rows, encoded):
     return samples
 
 
-def use(model, samples, levers: bool, pinned: bool, rope_attention: bool | None = None, gelu: bool | None = None):
-    """The step as of the last commit (levers False, pinned False) or now (both True), or a mix."""
+def use(
+    model,
+    samples,
+    levers: bool,
+    pinned: bool,
+    rope_attention: bool | None = None,
+    gelu: bool | None = None,
+    text: bool | None = None,
+):
+    """The step before issue #33 (levers False, pinned False), with its levers (both True), or a mix; `text`
+    (default: `levers`) switches session 20's text-model levers (training.kernels.TEXT_LEVERS: our RMSNorm kernels
+    instead of Liger's, the fused LoRA linear)."""
+    import training.kernels as K
+    import training.losses as losses_mod
+    import training.sft as sft_mod
+
+    on = levers if text is None else text
+    K.TEXT_LEVERS.update(rms_norm=on, lora=on, deepstack=on)
+    K.VISION_LEVERS.update(grid_cache=on, layer_norm=on)
+    losses_mod.HOST_INDEX = sft_mod.PIN_BATCH = sft_mod.DEFER_LOSS = on
     samples.cache = samples.pinned_cache if pinned else samples.unpinned
-    return vision_levers(model, levers if rope_attention is None else rope_attention, levers if gelu is None else gelu)
+    got = vision_levers(model, levers if rope_attention is None else rope_attention, levers if gelu is None else gelu)
+    s20 = ["s20_rms_norm", "s20_lora", "s20_deepstack", "s20_grid_cache", "s20_layer_norm", "s20_host_loss_index"]
+    return got + (s20 + ["s20_pinned_batch", "s20_deferred_loss_read"] if on else [])
+
+
+def summarize(v: dict, n_params: int) -> dict:
+    """Before vs after over the two pairs: mean tokens/s (sum of tokens over sum of step times per side, averaged)
+    and the median step time over both sides' timed steps, with the MFU of each."""
+    mean = {k: (v[k]["tokens_per_s"] + v[f"{k}_again"]["tokens_per_s"]) / 2 for k in ("before", "after")}
+    out = {
+        "tokens_per_s_before": round(mean["before"], 1),
+        "tokens_per_s_after": round(mean["after"], 1),
+        "speedup": round(mean["after"] / mean["before"], 3),
+        "mfu_before": round(6 * n_params * mean["before"] / PEAK_BF16, 3),
+        "mfu_after": round(6 * n_params * mean["after"] / PEAK_BF16, 3),
+    }
+    for k in ("before", "after"):
+        steps = sorted(v[k]["step_times"] + v[f"{k}_again"]["step_times"])
+        med = (steps[(len(steps) - 1) // 2] + steps[len(steps) // 2]) / 2
+        tok = (v[k]["tokens_per_step"] + v[f"{k}_again"]["tokens_per_step"]) / 2
+        out[f"median_step_s_{k}"] = round(med, 4)
+        out[f"mfu_median_step_{k}"] = round(6 * n_params * tok / med / PEAK_BF16, 3)
+        out[f"timed_steps_{k}"] = len(steps)
+    return out
 
 
 def run_side(model, samples, batches, s, n_params, phases, profile: Path | None = None) -> dict:
@@ -265,6 +479,7 @@ def main() -> None:
     ap.add_argument(
         "--groups", nargs="+", default=["checks", "variants", "b4"], help="what to run (checks variants b4)"
     )
+    ap.add_argument("--rms-sweep", action="store_true", help="checks: time the RMSNorm backward's launch configs")
     ap.add_argument("--out", type=Path, default=Path("."))
     a = ap.parse_args()
     import dataclasses
@@ -342,29 +557,37 @@ def main() -> None:
         out["dump_s"] = round(time.time() - t1, 1)
         log("dumped", out["dump_s"])
     linear_patch_embed(model)
+    from training.kernels import fast_lora, fast_text
+
+    out["text_bound"] = fast_lora(model) + fast_text(model)  # as training.sft binds them on CUDA
     samples = make_samples(model, proc, rows, encoded)
     phases = Phases(model)
     s = TrainSettings(method="full", batch_size=a.batch, packing=True, pack_tokens=a.pack, lora_dropout=0.0, lr=1e-5)
     if "checks" in a.groups:
         out["checks"] = _try(lambda: checks(model, samples, first[:8]))
         log("checks", json.dumps(out["checks"]))
+        out["rms_check"] = _try(lambda: rms_check(a.rms_sweep))
+        log("rms_check", json.dumps(out["rms_check"]))
+        vision_levers(model, True, True)
+        out["text_check"] = _try(lambda: text_check(model, samples, first))
+        log("text_check", json.dumps({k: v for k, v in out["text_check"].items() if k != "grad_cos"}))
         save()
     use(model, samples, True, True)
 
-    plan = [  # (name, fast_vision levers, pinned pixel parts, rope+attention / GELU override)
-        ("warmup", True, True, None),  # untimed in the comparison: clocks, cuDNN plans, the allocator's pools
-        ("before", False, False, None),
-        ("after", True, True, None),
-        ("after_unpinned", True, False, None),
-        ("after_no_gelu_epilogue", True, True, (True, False)),
-        ("before_again", False, False, None),
-        ("after_again", True, True, None),
+    # (name, fast_vision levers, pinned pixel parts, rope+attention / GELU override, text levers): session 20
+    # compares the last commit (issue #33's levers, text levers off) with the text levers on
+    plan = [
+        ("warmup", True, True, None, True),  # untimed in the comparison: clocks, cuDNN plans, the allocator's pools
+        ("before", True, True, None, False),
+        ("after", True, True, None, True),
+        ("before_again", True, True, None, False),
+        ("after_again", True, True, None, True),
     ]
     out["variants"] = {}
-    for name, lev, pin, over in plan if "variants" in a.groups else []:
+    for name, lev, pin, over, text in plan if "variants" in a.groups else []:
         out["variants"][name] = res = _try(
             lambda: dict(
-                levers=use(model, samples, lev, pin, *(over or (None, None))),
+                levers=use(model, samples, lev, pin, *(over or (None, None)), text=text),
                 pinned_pixels=pin,
                 **run_side(model, samples, batches, s, counts["total"], phases),
             )
@@ -395,30 +618,20 @@ def main() -> None:
         torch.cuda.empty_cache()
         model, proc, lcounts = bench.build(a.size, "lora", peft_default=False)  # bf16 adapters, fp32 masters
         linear_patch_embed(model)
+        out["lora_bound"] = fast_lora(model) + fast_text(model)  # as training.sft binds them on CUDA
         samples = make_samples(model, proc, rows, encoded)
         phases = Phases(model)
         sl = dataclasses.replace(s, method="lora")
         out["lora"] = {"params": lcounts}
-        for name, on, bs, ss in (
-            ("before", False, batches, sl),
-            ("after", True, batches, sl),
-            ("b4_before", False, b4, dataclasses.replace(sl, batch_size=4)),
-            ("b4_after", True, b4, dataclasses.replace(sl, batch_size=4)),
-        ):
-            use(model, samples, on, on)
+        for name, on in (("before", False), ("after", True), ("before_again", False), ("after_again", True)):
+            bs, ss = batches, sl
+            use(model, samples, True, True, text=on)
             out["lora"][name] = r = _try(lambda: run_side(model, samples, bs, ss, lcounts["total"], phases))
             log("lora", name, json.dumps({k: r.get(k) for k in ("tokens_per_s", "mfu", "peak_mem_gib", "error")}))
             save()
-    v = out["variants"]
-    if all("tokens_per_s" in v.get(k, {}) for k in ("before", "after", "before_again", "after_again")):
-        mean = {k: (v[k]["tokens_per_s"] + v[f"{k}_again"]["tokens_per_s"]) / 2 for k in ("before", "after")}
-        out["summary"] = {
-            "tokens_per_s_before": round(mean["before"], 1),
-            "tokens_per_s_after": round(mean["after"], 1),
-            "speedup": round(mean["after"] / mean["before"], 3),
-            "mfu_before": round(6 * counts["total"] * mean["before"] / PEAK_BF16, 3),
-            "mfu_after": round(6 * counts["total"] * mean["after"] / PEAK_BF16, 3),
-        }
+    for key, v, n in (("summary", out["variants"], counts["total"]), ("lora_summary", out.get("lora", {}), None)):
+        if all("tokens_per_s" in v.get(k, {}) for k in ("before", "after", "before_again", "after_again")):
+            out[key] = summarize(v, n or out["lora"]["params"]["total"])
     out["target"] = {"mfu": 0.5}
     save()
     print(json.dumps(out, indent=1))

@@ -79,6 +79,13 @@ class Phases:
         return {k: round(v, 4) for k, v in out.items()}
 
 
+def _defer() -> bool:
+    """What training.sft's stage passes as train_step(defer=...), where this tree has it (else False)."""
+    import training.sft as sft_mod
+
+    return bool(getattr(sft_mod, "DEFER_LOSS", False))
+
+
 def run_variant(model, samples, weights, opt, batches, s, n_params: int, phases: Phases, profile: Path | None = None):
     from training.core import optimizer_step
     from training.sft import train_step
@@ -89,9 +96,10 @@ def run_variant(model, samples, weights, opt, batches, s, n_params: int, phases:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         phases.mark("step_start")
-        _, _, tokens = train_step(model, samples, idx, s, torch.device("cuda"))
+        loss, _, tokens = train_step(model, samples, idx, s, torch.device("cuda"), defer=_defer())
         phases.mark("optimizer_start")
         optimizer_step(weights, opt, 1.0)
+        float(loss)  # as training.sft reads it: after the optimizer step is queued
         phases.mark("optimizer_end")
         phases.mark("step_end")
         torch.cuda.synchronize()
@@ -125,8 +133,9 @@ def profile_step(model, samples, weights, opt, idx, s, trace: Path) -> dict:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        train_step(model, samples, idx, s, torch.device("cuda"))
+        loss, _, _ = train_step(model, samples, idx, s, torch.device("cuda"), defer=_defer())
         optimizer_step(weights, opt, 1.0)
+        float(loss)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     events = prof.key_averages()
@@ -142,15 +151,21 @@ def profile_step(model, samples, weights, opt, idx, s, trace: Path) -> dict:
         for e in rows[:40]
     ]
     cpu_top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:25]
+    gaps: dict = {}
     try:
         raw = trace.with_suffix("")
         prof.export_chrome_trace(str(raw))
+        try:
+            gaps = gpu_gaps(json.loads(raw.read_text()))
+        except Exception as e:  # noqa: BLE001 - the gap table is a bonus too
+            gaps = {"error": f"{type(e).__name__}: {e}"[:300]}
         with open(raw, "rb") as f, gzip.open(trace, "wb") as g:
             g.write(f.read())
         raw.unlink()
     except Exception as e:  # noqa: BLE001 - the trace is a bonus
         print(f"trace not written: {e}", file=sys.stderr)
     return {
+        "gpu_gaps": gaps,
         "wall_s": round(wall, 4),
         "gpu_kernel_s": round(kernel_us / 1e6, 4),
         "gpu_busy_fraction": round(kernel_us / 1e6 / wall, 3),
@@ -158,6 +173,72 @@ def profile_step(model, samples, weights, opt, idx, s, trace: Path) -> dict:
         "top_cpu": [
             {"name": e.key[:110], "calls": e.count, "cpu_ms": round(e.self_cpu_time_total / 1e3, 2)} for e in cpu_top
         ],
+    }
+
+
+def gpu_gaps(trace: dict, min_us: float = 20.0, top: int = 20) -> dict:
+    """Where the GPU idles in a chrome trace: the gaps between its kernels/copies longer than `min_us`, grouped by
+    the CPU ops around the launch of the kernel after each gap (outermost two and innermost), and the host's
+    synchronizing runtime calls (stream/device/event syncs, blocking copies) by their enclosing op."""
+    import bisect
+
+    ev = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    gpu = sorted(
+        (e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: float(e["ts"])
+    )
+    runtime = {e["args"].get("correlation"): e for e in ev if e.get("cat") == "cuda_runtime" and "args" in e}
+    ops: dict = {}
+    for e in ev:
+        if e.get("cat") == "cpu_op":
+            ops.setdefault(e.get("tid"), []).append(e)
+    for v in ops.values():
+        v.sort(key=lambda e: float(e["ts"]))
+    starts = {tid: [float(e["ts"]) for e in v] for tid, v in ops.items()}
+
+    def around(tid, t: float) -> list[str]:
+        v, st = ops.get(tid, []), starts.get(tid, [])
+        i = bisect.bisect_right(st, t)
+        chain = [e for e in v[max(0, i - 4000) : i] if float(e["ts"]) + float(e.get("dur", 0)) >= t]
+        return [e["name"][:60] for e in chain]
+
+    groups: dict[str, list[float]] = {}
+    end, idle, n = None, 0.0, 0
+    for k in gpu:
+        ts, dur = float(k["ts"]), float(k.get("dur", 0))
+        if end is not None and ts - end > min_us:
+            gap = ts - end
+            idle += gap
+            n += 1
+            r = runtime.get(k.get("args", {}).get("correlation"))
+            chain = around(r.get("tid"), float(r["ts"])) if r else []
+            key = " > ".join(chain[:2] + (["..", chain[-1]] if len(chain) > 2 else [])) or k["name"][:60]
+            g = groups.setdefault(key, [0.0, 0])
+            g[0] += gap
+            g[1] += 1
+        end = ts + dur if end is None else max(end, ts + dur)
+    syncs: dict[str, list[float]] = {}
+    for e in ev:
+        name = e.get("name", "")
+        if e.get("cat") == "cuda_runtime" and ("Synchronize" in name or name == "cudaMemcpy" or "MemcpyAsync" in name):
+            if float(e.get("dur", 0)) < 50:
+                continue
+            chain = around(e.get("tid"), float(e["ts"]))
+            key = name + " in " + " > ".join(chain[:2] + (["..", chain[-1]] if len(chain) > 2 else []))
+            g = syncs.setdefault(key, [0.0, 0])
+            g[0] += float(e["dur"])
+            g[1] += 1
+    span = (float(gpu[-1]["ts"]) + float(gpu[-1].get("dur", 0)) - float(gpu[0]["ts"])) if gpu else 0.0
+
+    def table(d):
+        rows = sorted(d.items(), key=lambda kv: -kv[1][0])[:top]
+        return [{"where": k, "ms": round(v[0] / 1e3, 2), "count": v[1]} for k, v in rows]
+
+    return {
+        "gpu_span_ms": round(span / 1e3, 2),
+        "idle_ms": round(idle / 1e3, 2),
+        "gaps": n,
+        "by_next_launch": table(groups),
+        "host_syncs": table(syncs),
     }
 
 

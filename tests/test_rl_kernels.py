@@ -141,7 +141,7 @@ def test_trainer_on_cuda_fuses_keeps_rows_on_the_device_and_shares_teacher_pixel
     for mode in ("sampled", "topk"):
         s = RLSettings(algorithm="sdpo", lr=1e-4, batch_size=4, epochs=2, sdpo_mode=mode)
         tr = RLTrainer(model, proc, s)
-        assert tr.kernels == ["rms_norm", "rope", "swiglu"] and tr.pixel_dtype == torch.bfloat16
+        assert {"rms_norm", "rope", "swiglu", "lora"} <= set(tr.kernels) and tr.pixel_dtype == torch.bfloat16
         assert any("forward" in mod.__dict__ for mod in tr.teacher.modules())  # the teacher runs fused too
         rows = attach_sdpo_context(_rows(proc), "both")
         enc = [tr.encoder.encode(r["messages"], r["images"], tr.encoder.response_ids(r)) for r in rows]
@@ -261,7 +261,7 @@ def test_fast_vision_tower_matches_the_stock_tower_on_cuda():
     visual = model.model.visual
     with torch.no_grad():
         stock = visual(pv, grid_thw=grid)
-        assert fast_vision(model) == ["vision_gelu_epilogue", "vision_rope_attention"]
+        assert {"vision_gelu_epilogue", "vision_rope_attention"} <= set(fast_vision(model))
         fast = visual(pv, grid_thw=grid)
     unfuse_model(model)
     a, b = fast.last_hidden_state.float(), stock.last_hidden_state.float()

@@ -5,6 +5,9 @@
     unfuse_model(model)                         # back to the stock forwards
     linear_patch_embed(model)                   # the vision patch embedding as one matrix product (CPU and CUDA)
     applied = fast_vision(model)                # the frozen vision tower's no-grad forward in fewer passes (CUDA)
+    applied = fast_lora(model)                  # PEFT's LoRA linears as one autograd function each (CUDA)
+    applied = fast_text(model)                  # DeepStack's feature adds without host syncs (CUDA)
+    y = rms_norm(x, weight, eps)                # RMSNorm: this module's Triton kernels on CUDA, else Liger's / torch
 
 Only on CUDA with `liger-kernel` installed (its kernels are Triton). We swap the transformers
 module-level pieces ourselves from Liger's public components rather than calling its
@@ -43,7 +46,7 @@ def apply_fused_kernels(arch: str) -> list[str]:
     if arch == "qwen3-vl":
         from transformers.models.qwen3_vl import modeling_qwen3_vl as m
 
-        m.Qwen3VLTextRMSNorm, m.Qwen3VLTextMLP = LigerRMSNorm, LigerSwiGLUMLP
+        m.Qwen3VLTextRMSNorm, m.Qwen3VLTextMLP = rms_norm_class(), LigerSwiGLUMLP  # rms_norm: ours, else Liger's
     elif arch == "qwen2.5-vl":
         from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as m
 
@@ -57,10 +60,7 @@ def apply_fused_kernels(arch: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ built models
 def _rms_forward(self, hidden_states):
-    from liger_kernel.ops import LigerRMSNormFunction
-
-    # (X, W, eps, offset, casting_mode, in_place, row_mode): LigerRMSNorm's defaults, as SFT's class swap uses
-    return LigerRMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon, 0.0, "llama", True, None)
+    return rms_norm(hidden_states, self.weight, self.variance_epsilon)  # this module's kernels, else Liger's
 
 
 def _swiglu_forward(self, x):
@@ -128,8 +128,15 @@ def unfuse_model(model) -> None:
             _vision_attn_forward,
             _vision_mlp_forward,
             _patch_linear_forward,
+            _lora_forward,
+            _vision_model_forward,
+            _layer_norm_forward,
+            _deepstack_process,
         ):
             del mod.forward
+        ds = mod.__dict__.get("_deepstack_process")
+        if ds is not None and getattr(ds, "__func__", None) is _deepstack_process:
+            del mod._deepstack_process
     if _STOCK_ROPE:
         from transformers.models.qwen3_vl import modeling_qwen3_vl as m
 
@@ -313,7 +320,119 @@ def _vision_mlp_forward(self, hidden_state):
     return self.linear_fc2(act.view(*hidden_state.shape[:-1], -1))
 
 
-VISION_LEVERS = {"rope_attention": True, "gelu_epilogue": True}  # benchmarks switch each off to measure it
+# The tower's per-forward preamble (session 20): transformers computes the position-embedding interpolation taps, the
+# rotary position ids (a Python loop of small kernels per image) and the attention boundaries from grid_thw on every
+# call, with host syncs between them; the GPU idles while the host runs it. Its forward takes them precomputed
+# (`interp_indices`/`interp_weights`, `position_ids`, `cu_seqlens`, `max_seqlen`), so `_vision_model_forward` computes
+# them once per distinct set of image grids (the same transformers helpers) and passes them in: the same values.
+_VISION_MODEL_CLASSES = ("Qwen3VLVisionModel",)
+_GRID_CACHE_SIZE = 64
+
+
+def _grid_inputs_supported() -> bool:
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as m
+
+    names = ("get_vision_interpolation_indices_and_weights", "get_vision_position_ids", "get_vision_attention_seqlens")
+    return all(hasattr(m, n) for n in names)
+
+
+def _grid_inputs(self, grid_thw) -> dict:
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as m
+
+    grids = tuple(tuple(int(v) for v in r) for r in grid_thw.tolist())  # the one host read of the grids
+    key = (str(grid_thw.device), grids)
+    cache = self.__dict__.setdefault("_flywheel_grid_inputs", {})
+    hit = cache.get(key)
+    if hit is None:
+        idx, w = m.get_vision_interpolation_indices_and_weights(
+            grid_thw,
+            num_grid_per_side=self.num_grid_per_side,
+            mode=self.interpolation_mode,
+            align_corners=self.interpolation_align_corners,
+            spatial_merge_size=self.config.spatial_merge_size,
+        )
+        pos = m.get_vision_position_ids(grid_thw, self.spatial_merge_size)
+        cu, mx = m.get_vision_attention_seqlens(grid_thw, self.config)
+        cu._flywheel_lengths = [h * w_ for t, h, w_ in grids for _ in range(t)]  # what _image_lengths reads
+        hit = {"interp_indices": idx, "interp_weights": w, "position_ids": pos, "cu_seqlens": cu}
+        if mx is not None:
+            hit["max_seqlen"] = mx
+        if len(cache) >= _GRID_CACHE_SIZE:
+            cache.pop(next(iter(cache)))
+        cache[key] = hit
+    return dict(hit)
+
+
+def _vision_model_forward(self, hidden_states, grid_thw=None, **kwargs):
+    precomputed = ("interp_indices", "interp_weights", "position_ids", "cu_seqlens", "max_seqlen")
+    if grid_thw is None or not VISION_LEVERS["grid_cache"] or any(k in kwargs for k in precomputed):
+        return type(self).forward(self, hidden_states, grid_thw=grid_thw, **kwargs)
+    return type(self).forward(self, hidden_states, grid_thw=grid_thw, **_grid_inputs(self, grid_thw), **kwargs)
+
+
+# The tower's LayerNorms (no-grad, CUDA): one Triton program per block of rows, fp32 statistics, one rounding.
+_LN_KERNEL: list = []
+
+
+def _ln_kernel():
+    if not _LN_KERNEL:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def ln(X, W, B, Y, M, N, eps, sx, sy, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = tl.arange(0, BLOCK_N)
+            rm, cm = rows < M, cols < N
+            mask = rm[:, None] & cm[None, :]
+            r64 = rows.to(tl.int64)[:, None]
+            x = tl.load(X + r64 * sx + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            mean = tl.sum(x, axis=1) / N
+            xc = tl.where(mask, x - mean[:, None], 0.0)
+            rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+            w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
+            b = tl.load(B + cols, mask=cm, other=0.0).to(tl.float32)
+            y = xc * rstd[:, None] * w[None, :] + b[None, :]
+            tl.store(Y + r64 * sy + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+        _LN_KERNEL.append(ln)
+    return _LN_KERNEL[0]
+
+
+def _layer_norm_forward(self, x):
+    import torch
+
+    w, b = self.weight, self.bias
+    if (
+        not VISION_LEVERS["layer_norm"]
+        or not x.is_cuda
+        or w is None
+        or b is None
+        or len(self.normalized_shape) != 1
+        or x.shape[-1] > 16384
+        or not _no_grad_needed(x, w)
+        or (b.requires_grad and torch.is_grad_enabled())
+    ):
+        return type(self).forward(self, x)
+    try:
+        kernel = _ln_kernel()
+    except ImportError:
+        return type(self).forward(self, x)
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, block_m, warps = _rms_blocks(n)
+    if m:
+        kernel[(triton_cdiv(m, block_m),)](
+            x2, w, b, y, m, n, self.eps, x2.stride(0), y.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps
+        )
+    return y.view(x.shape)
+
+
+VISION_LEVERS = {"rope_attention": True, "gelu_epilogue": True, "grid_cache": True, "layer_norm": True}
 
 
 def fast_vision(model) -> list[str]:
@@ -324,6 +443,18 @@ def fast_vision(model) -> list[str]:
     if params is None or not params.is_cuda:
         return []
     applied: set[str] = set()
+    visual = [m for m in model.modules() if type(m).__name__ in _VISION_MODEL_CLASSES]
+    if VISION_LEVERS["grid_cache"] and visual and _grid_inputs_supported():
+        for mod in visual:
+            mod.forward = MethodType(_vision_model_forward, mod)
+        applied.add("vision_grid_cache")
+    if VISION_LEVERS["layer_norm"]:
+        import torch
+
+        for mod in (m for v in visual for m in v.modules()):
+            if type(mod) is torch.nn.LayerNorm and mod.elementwise_affine and mod.bias is not None:
+                mod.forward = MethodType(_layer_norm_forward, mod)
+                applied.add("vision_layer_norm")
     for mod in model.modules():
         name = type(mod).__name__
         if VISION_LEVERS["rope_attention"] and name in _VISION_ATTN_CLASSES and hasattr(mod, "qkv"):
@@ -338,3 +469,355 @@ def fast_vision(model) -> list[str]:
             mod.forward = MethodType(_vision_mlp_forward, mod)
             applied.add("vision_gelu_epilogue")
     return sorted(applied)
+
+
+# ------------------------------------------------------------------------------------------------ text model
+# Two levers for the trained text model (session 20, issue #33 on the H100, where the step's non-matmul share is
+# larger than on the H200):
+# - `rms_norm`: the llama-style RMSNorm (fp32 inverse RMS, rounded to the input dtype, times the weight) as Triton
+#   kernels that take a block of rows per program. Liger's backward walks one row at a time per SM, a latency-bound
+#   loop: on the H100 its backward took 46 ms of a 1.25 s packed step, ~2.5x the memory-traffic bound.
+# - `fast_lora`: PEFT's LoRA linear (dropout off or inactive) as one autograd function: base GEMM, then the adapter's
+#   product added into the output in the GEMM (addmm_, alpha = scaling), and in backward the adapter's input
+#   gradient added into the base GEMM's output the same way. PEFT's forward makes the adapter output, scales it and
+#   adds it as three more passes over the [tokens, out] activation, and its backward adds two input gradients
+#   (with the adapter's dropout active that last add stays).
+TEXT_LEVERS = {"rms_norm": True, "lora": True, "deepstack": True}  # benchmarks switch each off to measure it
+_RMS_KERNELS: list = []
+
+
+def _rms_kernels():
+    if not _RMS_KERNELS:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def fwd(X, W, Y, RSTD, M, N, eps, sx, sy, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = tl.arange(0, BLOCK_N)
+            rm, cm = rows < M, cols < N
+            mask = rm[:, None] & cm[None, :]
+            r64 = rows.to(tl.int64)[:, None]
+            x = tl.load(X + r64 * sx + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+            w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
+            n = (x * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)  # rounded to the input dtype, as stock
+            tl.store(Y + r64 * sy + cols[None, :], (n * w[None, :]).to(Y.dtype.element_ty), mask=mask)
+            tl.store(RSTD + rows, rstd, mask=rm)
+
+        @triton.jit
+        def bwd(
+            DY, X, W, RSTD, DX, DW, M, N, sdy, sx, sdx, per_prog,
+            HAS_DW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC2D: tl.constexpr,
+        ):  # fmt: skip
+            # one program per `per_prog` rows, BLOCK_M rows at a time; dW partial sums per program in fp32, summed
+            # over the rows every block (ACC2D False) or once at the end (True: wide blocks of narrow rows)
+            pid = tl.program_id(0)
+            cols = tl.arange(0, BLOCK_N)
+            cm = cols < N
+            w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
+            if ACC2D:
+                acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            else:
+                acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+            start = pid * per_prog
+            end = tl.minimum(start + per_prog, M)
+            for i in range(0, per_prog, BLOCK_M):
+                rows = start + i + tl.arange(0, BLOCK_M)
+                rm = rows < end
+                mask = rm[:, None] & cm[None, :]
+                r64 = rows.to(tl.int64)[:, None]
+                x = tl.load(X + r64 * sx + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + r64 * sdy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                rstd = tl.load(RSTD + rows, mask=rm, other=0.0)
+                xh = x * rstd[:, None]
+                if HAS_DW:
+                    if ACC2D:
+                        acc += dy * xh.to(X.dtype.element_ty).to(tl.float32)
+                    else:
+                        acc += tl.sum(dy * xh.to(X.dtype.element_ty).to(tl.float32), axis=0)
+                dn = dy * w[None, :]
+                c = tl.sum(dn * xh, axis=1) / N
+                dx = (dn - xh * c[:, None]) * rstd[:, None]
+                tl.store(DX + r64 * sdx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+            if HAS_DW:
+                if ACC2D:
+                    tl.store(DW + pid.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=cm)
+                else:
+                    tl.store(DW + pid.to(tl.int64) * N + cols, acc, mask=cm)
+
+        _RMS_KERNELS.extend([fwd, bwd])
+    return _RMS_KERNELS
+
+
+def _rms_blocks(n: int) -> tuple[int, int, int]:
+    import triton
+
+    block_n = triton.next_power_of_2(n)
+    block_m = max(1, min(64, 8192 // block_n))
+    return block_n, block_m, 8 if block_n * block_m >= 8192 else 4
+
+
+# The backward's launch per row width (block_n): (rows a block, programs per SM, warps, dW summed once at the end).
+# Measured on an H100 (session 20, benchmarks/sft_mfu.py rms_check --rms-sweep); other widths: _rms_blocks.
+RMS_BWD_CONFIG: dict[int, tuple[int, int, int, bool]] = {2048: (1, 4, 4, False), 128: (64, 8, 8, True)}
+
+
+def _rms_bwd_config(n: int) -> tuple[int, int, int, int, bool]:
+    block_n, block_m, warps = _rms_blocks(n)
+    bm, per_sm, w, acc2d = RMS_BWD_CONFIG.get(block_n, (block_m, 4, warps, block_m >= 16))
+    return block_n, bm, per_sm, w, acc2d
+
+
+_RMS_FN: list = []
+
+
+def _rms_fn():
+    if not _RMS_FN:
+        import torch
+
+        class RMSNormFn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, weight, eps):
+                fwd, _ = _rms_kernels()
+                shape, n = x.shape, x.shape[-1]
+                x2 = x.reshape(-1, n)
+                if x2.stride(-1) != 1:
+                    x2 = x2.contiguous()
+                m = x2.shape[0]
+                y = torch.empty((m, n), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+                rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+                block_n, block_m, warps = _rms_blocks(n)
+                if m:
+                    fwd[(triton_cdiv(m, block_m),)](
+                        x2, weight, y, rstd, m, n, eps, x2.stride(0), y.stride(0),
+                        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+                    )  # fmt: skip
+                ctx.save_for_backward(x2, weight, rstd)
+                ctx.shape = shape
+                return y.view(shape)
+
+            @staticmethod
+            def backward(ctx, dy):
+                _, bwd = _rms_kernels()
+                x2, weight, rstd = ctx.saved_tensors
+                m, n = x2.shape
+                dy2 = dy.reshape(-1, n)
+                if dy2.stride(-1) != 1:
+                    dy2 = dy2.contiguous()
+                dx = torch.empty_like(x2)
+                block_n, block_m, per_sm, warps, acc2d = _rms_bwd_config(n)
+                has_dw = ctx.needs_input_grad[1]
+                progs = max(1, min(triton_cdiv(m, block_m), per_sm * _sm_count(x2.device)))
+                per_prog = triton_cdiv(triton_cdiv(m, progs), block_m) * block_m
+                progs = max(1, triton_cdiv(m, per_prog))
+                part = torch.empty((progs, n) if has_dw else (1, n), dtype=torch.float32, device=x2.device)
+                if m:
+                    bwd[(progs,)](
+                        dy2, x2, weight, rstd, dx, part, m, n, dy2.stride(0), x2.stride(0), dx.stride(0), per_prog,
+                        HAS_DW=has_dw, BLOCK_M=block_m, BLOCK_N=block_n, ACC2D=acc2d, num_warps=warps,
+                    )  # fmt: skip
+                dw = part.sum(0).to(weight.dtype) if has_dw else None
+                return dx.view(ctx.shape), dw, None
+
+        _RMS_FN.append(RMSNormFn)
+    return _RMS_FN[0]
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+_SM: dict = {}
+
+
+def _sm_count(device) -> int:
+    import torch
+
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SM:
+        _SM[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SM[i]
+
+
+def rms_norm(x, weight, eps: float):
+    """Llama-style RMSNorm, `weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)` with the statistics in fp32 (the
+    Qwen/Llama RMSNorm modules' math). CUDA with Triton and TEXT_LEVERS["rms_norm"]: this module's kernels (one
+    rounding per output; the backward in fp32, dW summed in fp32 per block of rows); else Liger's kernel on CUDA when
+    installed, else the torch ops."""
+    import torch
+
+    if x.is_cuda and x.shape[-1] <= 65536:
+        if TEXT_LEVERS["rms_norm"]:
+            try:
+                return _rms_fn().apply(x, weight, eps)
+            except ImportError:
+                pass
+        try:
+            from liger_kernel.ops import LigerRMSNormFunction
+
+            # (X, W, eps, offset, casting_mode, in_place, row_mode): LigerRMSNorm's defaults
+            return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", True, None)
+        except ImportError:
+            pass
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+_RMS_CLASS: list = []
+
+
+def rms_norm_class():
+    """An RMSNorm module (parameter `weight`, attribute `variance_epsilon`, as the Qwen classes) whose forward is
+    `rms_norm`: what apply_fused_kernels puts in place of the stock class for SFT."""
+    if not _RMS_CLASS:
+        import torch
+
+        class FlywheelRMSNorm(torch.nn.Module):
+            def __init__(self, hidden_size, eps: float = 1e-6, **_):
+                super().__init__()
+                self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+                self.variance_epsilon = eps
+
+            def forward(self, hidden_states):
+                return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+            def extra_repr(self):
+                return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+        _RMS_CLASS.append(FlywheelRMSNorm)
+    return _RMS_CLASS[0]
+
+
+_LORA_FN: list = []
+
+
+def _lora_fn():
+    if not _LORA_FN:
+        import torch
+
+        class LoraLinearFn(torch.autograd.Function):
+            """y = x W^T + b + s (xd A^T) B^T with W, b frozen, xd = x or the adapter's dropout of x (None: x); the
+            adapter's product added in the GEMM, and with xd = x its input gradient too."""
+
+            @staticmethod
+            def forward(ctx, x, xd, w, bias, a, b, scaling):
+                shape = x.shape
+                x2 = x.reshape(-1, shape[-1])
+                xd2 = x2 if xd is None else xd.reshape(-1, shape[-1])
+                h = torch.mm(xd2, a.t())
+                y = torch.mm(x2, w.t()) if bias is None else torch.addmm(bias, x2, w.t())
+                y.addmm_(h, b.t(), alpha=scaling)
+                ctx.save_for_backward(xd2, w, a, b, h)
+                ctx.scaling, ctx.shape, ctx.same = scaling, shape, xd is None
+                return y.view(*shape[:-1], y.shape[-1])
+
+            @staticmethod
+            def backward(ctx, dy):
+                xd2, w, a, b, h = ctx.saved_tensors
+                s = ctx.scaling
+                dy2 = dy.reshape(-1, dy.shape[-1])
+                dh = torch.mm(dy2, b).mul_(s)  # [tokens, r]
+                dx = dxd = None
+                if ctx.needs_input_grad[0]:
+                    dx = torch.mm(dy2, w)
+                    if ctx.same:
+                        dx.addmm_(dh, a)
+                    dx = dx.view(ctx.shape)
+                if not ctx.same and ctx.needs_input_grad[1]:
+                    dxd = torch.mm(dh, a).view(ctx.shape)
+                da = torch.mm(dh.t(), xd2) if ctx.needs_input_grad[4] else None
+                db = torch.mm(dy2.t(), h).mul_(s) if ctx.needs_input_grad[5] else None
+                return dx, dxd, None, None, da, db, None
+
+        _LORA_FN.append(LoraLinearFn)
+    return _LORA_FN[0]
+
+
+def _lora_forward(self, x, *args, **kwargs):
+    """PEFT lora.Linear's forward for one active vanilla adapter with the base weights frozen: LoraLinearFn (an
+    active dropout is applied to the adapter's input as PEFT does: same module, same random stream). Anything else
+    (merged, disabled, several adapters, DoRA, a base weight with gradients, extra arguments, TEXT_LEVERS["lora"]
+    off) takes PEFT's own forward."""
+    import torch
+
+    cls_forward = type(self).forward
+    if args or kwargs or not TEXT_LEVERS["lora"] or self.disable_adapters or self.merged:
+        return cls_forward(self, x, *args, **kwargs)
+    active = self.active_adapters
+    if len(active) != 1 or active[0] not in self.lora_A or active[0] in getattr(self, "lora_variant", {}):
+        return cls_forward(self, x, *args, **kwargs)
+    name = active[0]
+    drop, base = self.lora_dropout[name], self.base_layer
+    la, lb = self.lora_A[name], self.lora_B[name]
+    if (
+        not isinstance(drop, (torch.nn.Dropout, torch.nn.Identity))
+        or type(base) is not torch.nn.Linear
+        or base.weight.requires_grad
+        or (base.bias is not None and base.bias.requires_grad)
+        or la.bias is not None
+        or lb.bias is not None
+        or not (x.dtype == base.weight.dtype == la.weight.dtype == lb.weight.dtype)
+        or getattr(self, "use_dora", {}).get(name, False)
+    ):
+        return cls_forward(self, x, *args, **kwargs)
+    xd = drop(x) if isinstance(drop, torch.nn.Dropout) and drop.training and drop.p > 0 else None
+    return _lora_fn().apply(x, xd, base.weight, base.bias, la.weight, lb.weight, float(self.scaling[name]))
+
+
+def fast_lora(model, force: bool = False) -> list[str]:
+    """Bind `_lora_forward` onto `model`'s PEFT LoRA Linear modules (same parameters and names); returns ["lora"]
+    when any was bound: only with the model's weights on CUDA (or `force`, for tests). Idempotent; `unfuse_model`
+    takes it off again."""
+    params = next(model.parameters(), None)
+    if params is None or not (params.is_cuda or force):
+        return []
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError:
+        return []
+    found = False
+    for mod in model.modules():
+        if isinstance(mod, LoraLinear) and hasattr(mod, "base_layer"):
+            mod.forward = MethodType(_lora_forward, mod)
+            found = True
+    return ["lora"] if found else []
+
+
+# DeepStack (Qwen3-VL adds three vision layers' features to the first text layers' hidden states at the image
+# tokens): the stock `_deepstack_process` clones the hidden states and indexes them with the boolean image mask
+# twice, so each call is two host syncs (nonzero) forward and two backward, six calls a micro-batch. Here the mask's
+# positions are found once per forward without a host read (nonzero_static: their count is the features' rows)
+# and the features are added with index_add, whose backward is a gather. Same sums (one bf16 rounding each).
+_TEXT_MODEL_CLASSES = ("Qwen3VLTextModel",)
+
+
+def _deepstack_process(self, hidden_states, visual_pos_masks, visual_embeds):
+    import torch
+
+    if not TEXT_LEVERS["deepstack"] or not hidden_states.is_cuda or not hasattr(torch, "nonzero_static"):
+        return type(self)._deepstack_process(self, hidden_states, visual_pos_masks, visual_embeds)
+    visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
+    idx = getattr(visual_pos_masks, "_flywheel_idx", None)
+    if idx is None or idx.device != hidden_states.device or idx.numel() != visual_embeds.shape[0]:
+        mask = visual_pos_masks.to(hidden_states.device).reshape(-1)
+        idx = torch.nonzero_static(mask, size=visual_embeds.shape[0]).squeeze(1)
+        visual_pos_masks._flywheel_idx = idx  # the same mask object serves the three DeepStack layers
+    flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+    return flat.index_add(0, idx, visual_embeds).view(hidden_states.shape)
+
+
+def fast_text(model) -> list[str]:
+    """Bind `_deepstack_process` onto `model`'s Qwen3-VL text model (same math, no host syncs); returns
+    ["deepstack_index"] when bound: only with the weights on CUDA. Idempotent; `unfuse_model` takes it off."""
+    params = next(model.parameters(), None)
+    if params is None or not params.is_cuda:
+        return []
+    found = False
+    for mod in model.modules():
+        if type(mod).__name__ in _TEXT_MODEL_CLASSES and hasattr(type(mod), "_deepstack_process"):
+            mod._deepstack_process = MethodType(_deepstack_process, mod)
+            found = True
+    return ["deepstack_index"] if found else []

@@ -57,7 +57,7 @@ from typing import Any, Sequence
 
 from training.core import Bar, TrainableWeights, TrainState, make_optimizer, optimizer_step
 from training.distributed import Context, balanced_share, ddp_wrap, gather, global_float, global_floats
-from training.kernels import fast_vision, fuse_model, linear_patch_embed
+from training.kernels import fast_lora, fast_text, fast_vision, fuse_model, linear_patch_embed
 from training.progress import ProgressLog, draws_bar
 from training.rl_data import (
     assign_advantages,
@@ -86,8 +86,8 @@ class RLTrainer(ResumableTrainer):
     exactly. The vision tower is frozen (as in SFT); LoRA adapters get fp32 master copies. On CUDA (with
     liger-kernel, rl.fused_kernels) the fused RMSNorm/SwiGLU/RoPE forwards are bound onto the model, its teacher
     and reference (training.kernels.fuse_model), with rl.fused_kernels the frozen tower's forward takes
-    kernels.fast_vision and the linear patch embedding (no liger needed), AdamW is fused, and an update keeps its
-    encoded rows on the device."""
+    kernels.fast_vision and the linear patch embedding (no liger needed), PEFT's LoRA linears kernels.fast_lora and
+    DeepStack kernels.fast_text, AdamW is fused, and an update keeps its encoded rows on the device."""
 
     device_rows_bytes = 4 << 30  # an update's encoded rows kept on a GPU (bf16 pixels); the rest is placed per use
 
@@ -121,9 +121,10 @@ class RLTrainer(ResumableTrainer):
                 fuse_model(twin)
         if settings.fused_kernels and self.device.type == "cuda":  # the frozen vision tower (no liger needed)
             vision = fast_vision(model) + (["patch_linear"] if linear_patch_embed(model) else [])
+            vision += fast_lora(model) + fast_text(model)
             for twin in (self.ref, self.teacher):
                 if twin is not None:
-                    fast_vision(twin), linear_patch_embed(twin)
+                    fast_vision(twin), linear_patch_embed(twin), fast_lora(twin), fast_text(twin)
             self.kernels = sorted(set(self.kernels) | set(vision))
         self.pixel_dtype = pixel_dtype(model)  # bf16 on GPU: what the vision tower casts pixel_values to anyway
         self._ema_pairs = None

@@ -180,15 +180,24 @@ def _plan(n: int, s: TrainSettings) -> tuple[int, int]:
 
 
 def train_step(
-    model, samples: EncodedSamples, idx: list[int], s: TrainSettings, device, ddp=None, ctx: Context = Context()
-) -> tuple[float, int, int]:
+    model,
+    samples: EncodedSamples,
+    idx: list[int],
+    s: TrainSettings,
+    device,
+    ddp=None,
+    ctx: Context = Context(),
+    defer: bool = False,
+) -> tuple["float | DeferredLoss", int, int]:
     """Forward/backward over grad_accum micro-batches; the loss is normalised by the step's target tokens.
 
     The loss projects only the labelled positions through the LM head (training.losses.labelled_token_loss:
     the same value as the full-logits loss, without the [tokens x vocab] matrix). Under DDP (`ddp` wraps
     `_loss_sum`) this rank takes its token-balanced share of the step's samples, and the normaliser is the step's
     target tokens over all ranks times the world size over DDP's gradient average: the same objective as one
-    device."""
+    device. With `defer` (one process, CUDA) the loss is not read here: it comes back as a DeferredLoss that
+    float() reads later, so the host can queue the optimizer step while the GPU still runs the backward pass (the
+    read waits for the whole queue)."""
     from contextlib import nullcontext
 
     from training.losses import labelled_token_loss
@@ -208,7 +217,7 @@ def train_step(
         b = samples.packed(g, pin, encs) if s.packing else samples.batch(g, pin, encs)
         labels = b.pop("labels")
         tokens += int(b["attention_mask"].sum()) if "attention_mask" in b else int(b["input_ids"].numel())
-        b = {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in b.items()}
+        b = {k: _to_device(v, device) if hasattr(v, "to") else v for k, v in b.items()}
         if samples.vision is not None:  # training.vision_cache: the kept image features, or the tower now
             b = samples.vision.attach(g, encs, b, device)
         with packed_attention(model, b, varlen=varlen) if s.packing else nullcontext():
@@ -219,10 +228,39 @@ def train_step(
                     loss_sum = ddp(b, labels)
         (loss_sum * ctx.world / n_target).backward()
         total = loss_sum.detach() if total is None else total + loss_sum.detach()  # read once, after the step
+    if defer and not ctx.active and total is not None and total.is_cuda:
+        return DeferredLoss(total, n_target), n_target, tokens
     total = float(total)
     if ctx.active:
         total, tokens = global_float(ctx, total), global_sum(ctx, tokens)
     return total / n_target, n_target, tokens
+
+
+class DeferredLoss:
+    """A step's loss (summed on the GPU) over its target tokens, read when float() is called."""
+
+    __slots__ = ("total", "n")
+
+    def __init__(self, total, n: int):
+        self.total, self.n = total, n
+
+    def __float__(self) -> float:
+        return float(self.total) / self.n
+
+
+DEFER_LOSS = True  # the stage reads a step's loss after queueing its optimizer step (benchmarks switch it off)
+PIN_BATCH = True  # CUDA: a micro-batch's host tensors go through page-locked memory (benchmarks switch it off)
+
+
+def _to_device(v, device):
+    """`v` on `device` without blocking: a host tensor is first put in page-locked memory on CUDA, since a copy
+    from pageable memory waits for the GPU to finish all the work queued before it."""
+    import torch
+
+    if PIN_BATCH and device.type == "cuda" and isinstance(v, torch.Tensor) and v.device.type == "cpu":
+        if not v.is_pinned():
+            v = v.pin_memory()
+    return v.to(device, non_blocking=True)
 
 
 def _varlen(device) -> bool:
@@ -248,8 +286,9 @@ def _optimizer(weights: TrainableWeights, s: TrainSettings):
 def _encoded_samples(model, proc, rows: list[dict[str, Any]], s: TrainSettings, device) -> "EncodedSamples":
     """The run's encoded samples: pixel_values kept in the vision tower's dtype within sft.encode_cache_gib, each
     sample's mRoPE positions with packing, and with sft.vision_cache (epochs > 1) the frozen tower's features;
-    on CUDA the patch embedding runs as the matrix product it is (kernels.linear_patch_embed) and the frozen vision
-    tower's forward takes kernels.fast_vision's fused RoPE, batched image attention and GELU epilogue."""
+    on CUDA the patch embedding runs as the matrix product it is (kernels.linear_patch_embed), the frozen vision
+    tower's forward takes kernels.fast_vision's fused RoPE, batched image attention, GELU epilogue, cached grid
+    inputs and LayerNorm kernel, LoRA linears kernels.fast_lora and DeepStack kernels.fast_text."""
     from training.data import SFTCollator
     from training.rl_encode import pixel_dtype
 
@@ -259,10 +298,12 @@ def _encoded_samples(model, proc, rows: list[dict[str, Any]], s: TrainSettings, 
 
         positions = rope_positions_fn(model)
     if device.type == "cuda" and s.fused_kernels:  # the frozen tower's no-grad forward in fewer passes (kernels.py)
-        from training.kernels import fast_vision, linear_patch_embed
+        from training.kernels import fast_lora, fast_text, fast_vision, linear_patch_embed
 
         linear_patch_embed(model)
         fast_vision(model)
+        fast_lora(model)  # LoRA linears as one autograd function each
+        fast_text(model)  # DeepStack's adds without host syncs
     samples = EncodedSamples(
         rows,
         SFTCollator(proc),
@@ -384,8 +425,9 @@ def _train(
                 ahead.start(balanced_share(nxt, [samples.length(i) for i in nxt], ctx))
             for g in opt.param_groups:
                 g["lr"] = s.lr * lr_factor(st.step + 1, st.planned_steps, st.warmup_steps)
-            loss, n_target, tokens = train_step(model, samples, idx, s, device, ddp, ctx)
+            loss, n_target, tokens = train_step(model, samples, idx, s, device, ddp, ctx, defer=DEFER_LOSS)
             optimizer_step(weights, opt, s.grad_clip)
+            loss = float(loss)  # after the optimizer step is queued (DeferredLoss)
             if s.step_sleep_s:
                 time.sleep(s.step_sleep_s)
             st.step, st.samples_seen = st.step + 1, st.samples_seen + per_step
@@ -550,8 +592,8 @@ def sft_stage(
     training settings (default cfg.sft) and `id_prefix` the checkpoint id's prefix (checkpoint_id_for). Mid-training
     (flywheel/midtrain.py) trains its base through here with method 'midtrain' and cfg.midtrain.sft."""
     from storage.catalog import connect
-    from training.curation import EXPORT_FILE, manifest
     from storage.lake import open_lake
+    from training.curation import EXPORT_FILE, manifest
 
     lake = lake or open_lake(cfg)
     dataset = manifest(lake, dataset_id)

@@ -1,0 +1,227 @@
+"""The text model's levers in training.kernels (session 20): `rms_norm` (Triton kernels on CUDA, the stock math
+elsewhere) and `fast_lora` (PEFT's LoRA linear as one autograd function). On CPU: the fallback is the stock
+module's math, and the fused LoRA function gives PEFT's outputs and gradients (dropout on and off) and comes off
+again. The CUDA tests skip without CUDA; `python tests/test_text_kernels.py` runs them without pytest (the GPU box
+has no pytest)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+try:
+    import pytest  # noqa: E402
+
+    cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+except ImportError:  # run as a script on the GPU box
+    pytest = None
+
+    def cuda(f):
+        return f
+
+
+def _stock_rms(x, w, eps):
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRMSNorm
+
+    m = Qwen3VLTextRMSNorm(x.shape[-1], eps=eps).to(device=x.device, dtype=w.dtype)
+    with torch.no_grad():
+        m.weight.copy_(w)
+    return m(x)
+
+
+def test_rms_norm_off_cuda_is_the_stock_math_and_the_module_keeps_the_names():
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRMSNorm
+
+    from training.kernels import rms_norm, rms_norm_class
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(3, 5, 64, generator=g) * 3).to(dtype)
+        w = (1 + 0.1 * torch.randn(64, generator=g)).to(dtype)
+        assert torch.equal(rms_norm(x, w, 1e-6), _stock_rms(x, w, 1e-6))
+    ours, stock = rms_norm_class()(64, eps=1e-5), Qwen3VLTextRMSNorm(64, eps=1e-5)
+    assert ours.state_dict().keys() == stock.state_dict().keys() and ours.variance_epsilon == 1e-5
+    ours.load_state_dict(stock.state_dict())
+
+
+def _lora_model(dropout: float):
+    from training.models import apply_lora, build_model
+
+    model, _ = build_model("qwen3-vl", "tiny", seed=0, dtype="auto", device="cpu")
+    model = apply_lora(model, r=8, alpha=16, dropout=dropout, fp32_adapters=False)
+    for n, p in model.named_parameters():  # PEFT starts B at zero: give it values so the adapter path counts
+        if "lora_B" in n:
+            with torch.no_grad():
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(hash(n) % 1000))
+    return model
+
+
+def _out_and_grads(model, ids, seed: int = 0):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    logits = model(input_ids=ids).logits
+    (logits.float().pow(2).mean()).backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_fast_lora_gives_peft_outputs_and_gradients_and_comes_off():
+    import training.kernels as K
+
+    ids = torch.randint(5, 200, (2, 17), generator=torch.Generator().manual_seed(1))
+    for dropout, train in ((0.0, False), (0.0, True), (0.2, True), (0.2, False)):
+        model = _lora_model(dropout)
+        model.train(train)
+        assert K.fast_lora(model) == []  # CPU: not bound unless forced
+        assert K.fast_lora(model, force=True) == ["lora"]
+        got = {}
+        for on in (False, True):
+            K.TEXT_LEVERS["lora"] = on
+            try:
+                got[on] = _out_and_grads(model, ids)
+            finally:
+                K.TEXT_LEVERS["lora"] = True
+        (y0, g0), (y1, g1) = got[False], got[True]
+        assert torch.allclose(y1, y0, atol=1e-5, rtol=1e-4), (dropout, train, float((y1 - y0).abs().max()))
+        assert g0.keys() == g1.keys() and any("lora_A" in n for n in g0)
+        for n in g0:
+            assert torch.allclose(g1[n], g0[n], atol=1e-6, rtol=1e-3), (dropout, train, n)
+        K.unfuse_model(model)
+        assert not any("forward" in mod.__dict__ for mod in model.modules())
+
+
+@cuda
+def test_rms_norm_kernels_match_the_stock_math_on_cuda():
+    """bf16 and fp32, the text model's widths and odd ones, a strided input: the Triton forward against the stock
+    module (one rounding apart at most), the backward against fp32 autograd of the stock math."""
+    import training.kernels as K
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for (m, n), dtype in [((300, 2048), torch.bfloat16), ((4096, 128), torch.bfloat16), ((77, 100), torch.float32)]:
+        x = (torch.randn(m, n, device="cuda", generator=g) * 2).to(dtype)
+        w = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+        dy = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = K.rms_norm(xi, wi, 1e-6)
+        y.backward(dy)
+        ref = _stock_rms(x, w, 1e-6)
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+        assert float((y.float() - ref.float()).abs().max() / ref.float().abs().max()) < tol
+        xr, wr = x.float().requires_grad_(), w.float().requires_grad_()
+        (wr * (xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6))).backward(dy.float())
+        for a, b in ((xi.grad, xr.grad), (wi.grad, wr.grad)):
+            assert float((a.float() - b).abs().max() / b.abs().max()) < 2 * tol, (m, n, dtype)
+    base = torch.randn(64, 3, 256, device="cuda", dtype=torch.bfloat16)
+    x = base[:, 1]  # strided rows
+    w = torch.ones(256, device="cuda", dtype=torch.bfloat16)
+    assert torch.allclose(K.rms_norm(x, w, 1e-6).float(), _stock_rms(x, w, 1e-6).float(), atol=2e-2)
+
+
+@cuda
+def test_fast_lora_matches_peft_on_cuda_bf16():
+    import training.kernels as K
+
+    ids = torch.randint(5, 200, (2, 33), generator=torch.Generator().manual_seed(1)).cuda()
+    model = _lora_model(0.0).to("cuda", torch.bfloat16)
+    model.eval()
+    assert K.fast_lora(model) == ["lora"]
+    got = {}
+    for on in (False, True):
+        K.TEXT_LEVERS["lora"] = on
+        try:
+            got[on] = _out_and_grads(model, ids)
+        finally:
+            K.TEXT_LEVERS["lora"] = True
+    (y0, g0), (y1, g1) = got[False], got[True]
+    assert float((y1.float() - y0.float()).abs().max() / y0.float().abs().max()) < 3e-2
+    for n in g0:
+        cos = torch.nn.functional.cosine_similarity(g0[n].float().flatten(), g1[n].float().flatten(), dim=0)
+        assert cos > 0.99 or g0[n].norm() < 1e-6, (n, float(cos))
+    K.unfuse_model(model)
+
+
+def _image_batch(device: str, n: int = 3):
+    from training.models import build_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_rl_kernels import _rows
+
+    model, proc = build_model("qwen3-vl", "tiny", seed=0, dtype="auto", device=device)
+    rows = _rows(proc, n)
+    from training.rl import RowEncoder
+
+    enc = RowEncoder(proc)
+    encs = [enc.encode(r["messages"], r["images"], enc.response_ids(r)) for r in rows]
+    return model, encs
+
+
+def test_vision_grid_inputs_give_the_same_tower_outputs():
+    """The tower's forward with its grid inputs precomputed and cached (what fast_vision binds on CUDA) equals the
+    stock forward bitwise (same helpers, same values), also on the cached second call."""
+    from types import MethodType
+
+    import training.kernels as K
+
+    model, encs = _image_batch("cpu")
+    visual = model.model.visual
+    pv = torch.cat([e["pixel_values"] for e in encs]).to(next(visual.parameters()).dtype)
+    grid = torch.cat([e["image_grid_thw"] for e in encs])
+    with torch.no_grad():
+        stock = visual(pv, grid_thw=grid)
+        visual.forward = MethodType(K._vision_model_forward, visual)
+        first, second = visual(pv, grid_thw=grid), visual(pv, grid_thw=grid)
+    assert len(visual.__dict__["_flywheel_grid_inputs"]) == 1
+    for out in (first, second):
+        assert torch.equal(out.last_hidden_state, stock.last_hidden_state)
+        assert torch.equal(out.pooler_output, stock.pooler_output)
+        assert all(torch.equal(a, b) for a, b in zip(out.deepstack_features, stock.deepstack_features))
+    K.unfuse_model(model)
+    assert not any("forward" in mod.__dict__ for mod in model.modules())
+
+
+@cuda
+def test_deepstack_layer_norm_and_host_loss_index_match_the_stock_path_on_cuda():
+    """On the tiny model with images, bf16 on the GPU: the logits and the labelled-token loss with DeepStack's
+    index_add, the vision LayerNorm kernel and the host-side loss index equal (DeepStack, loss index) or stay within
+    bf16 rounding of (LayerNorm) the stock path, gradients too."""
+    import training.kernels as K
+    import training.losses as L
+
+    model, encs = _image_batch("cuda")
+    model = model.to(torch.bfloat16)
+    e = encs[0]
+    batch = {k: v.cuda() for k, v in e.items() if torch.is_tensor(v) and k not in ("labels", "response_mask")}
+    batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
+    labels = e["input_ids"].clone()
+    labels[:, : labels.shape[1] // 2] = -100
+    bound = K.fast_vision(model) + K.fast_text(model)
+    assert {"deepstack_index", "vision_grid_cache", "vision_layer_norm"} <= set(bound)
+    got = {}
+    for on in (False, True):
+        K.TEXT_LEVERS["deepstack"] = K.VISION_LEVERS["layer_norm"] = K.VISION_LEVERS["grid_cache"] = on
+        L.HOST_INDEX = on
+        try:
+            model.zero_grad(set_to_none=True)
+            loss, n = L.labelled_token_loss(model, batch, labels)
+            loss.backward()
+            grads = {k: p.grad.float().clone() for k, p in model.named_parameters() if p.grad is not None}
+            got[on] = (float(loss), n, grads)
+        finally:
+            K.TEXT_LEVERS["deepstack"] = K.VISION_LEVERS["layer_norm"] = K.VISION_LEVERS["grid_cache"] = True
+            L.HOST_INDEX = True
+    (l0, n0, g0), (l1, n1, g1) = got[False], got[True]
+    assert n0 == n1 > 0 and abs(l1 - l0) <= 2e-2 * abs(l0), (l0, l1)
+    for k in g0:
+        cos = torch.nn.functional.cosine_similarity(g0[k].flatten(), g1[k].flatten(), dim=0)
+        assert cos > 0.98 or g0[k].norm() < 1e-6, (k, float(cos))
+    K.unfuse_model(model)
+
+
+if __name__ == "__main__":
+    for name, fn in list(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            fn()
+            print("passed", name, flush=True)
