@@ -249,6 +249,70 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, pg, tm
     assert lake_b.store.exists(lake_b.store.join(row[0][0], "sft_result.json"))
 
 
+def test_a_checkpoint_upload_failing_partway_leaves_no_row_and_a_rerun_completes_it(s3, tmp_path, monkeypatch):
+    """The object store fails on the 3rd file of the SFT checkpoint folder's upload (injected where s3fs sends each
+    file to the bucket): the stage fails with one line, the bucket holds 2 files of the folder, and no checkpoints
+    row names it, so no reader is sent to a half-uploaded folder. A rerun trains it again, uploads every file, then
+    writes the row; another machine (an empty cache) loads the checkpoint from the bucket."""
+    import s3fs
+
+    from configs.models import load_config
+    from training.export import curate
+    from training.models import init_model, load_model
+    from training.sft import sft_stage
+
+    uri = f"s3://{BUCKET}/partial"
+    lake = Lake(uri, cache_dir=tmp_path / "a")
+    eps, steps = synthetic_episodes(8, 2, seed=3, run_key="boot", tasks=("click-test",))
+    eps = [dict(e, policy="scripted") for e in eps]  # teacher demos: what curate exports
+    lake.write_many([("episodes", eps), ("steps", steps)], iteration=0, stage="bootstrap", run_key="boot")
+    tiny = init_model("qwen3-vl", "tiny", tmp_path / "tiny", seed=0)
+    over = {
+        "lake.root": uri,
+        "lake.cache_dir": str(tmp_path / "a"),
+        "student.model": str(tiny),
+        "sft.max_steps": 2,
+        "sft.batch_size": 2,
+        "sft.warmup_ratio": 0.0,
+        "sft.save_every": 2,
+    }
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", over)
+    dataset_id = curate(cfg, 0)["dataset_id"]
+
+    real, sent = s3fs.S3FileSystem._put_file, []
+
+    async def flaky(self, lpath, rpath, *args, **kwargs):  # each S3FileSystem made from now on binds this one
+        sent.append(rpath)
+        if len(sent) == 3:
+            raise OSError("injected: connection reset by the object store")
+        return await real(self, lpath, rpath, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", flaky)
+    with pytest.raises(LakeError, match="object store error.*uploading .*injected") as e:
+        sft_stage(cfg, 0, dataset_id, progress=False)
+    assert SECRET not in str(e.value) and len(sent) == 3
+    (local,) = (tmp_path / "a" / "_checkpoints").iterdir()
+    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    assert len(files) > 3 and (local / "sft_result.json").exists()  # trained and saved whole, here
+    folder = lake.store.join("_checkpoints", local.name)
+    assert len(lake.store.list_files(folder)) == 2  # half of it in the bucket
+    assert connect(lake).execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 0  # no row names it
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", real)
+    out = sft_stage(cfg, 0, dataset_id, progress=False)
+    assert out["checkpoint_id"] == local.name and not out["skipped"] and out["steps"] == 2
+    rows = connect(lake).execute("SELECT checkpoint_id, path FROM checkpoints").fetchall()
+    assert rows == [(local.name, f"_checkpoints/{local.name}")]
+    here = {p.relative_to(local).as_posix(): p.stat().st_size for p in local.rglob("*") if p.is_file()}
+    there = {u[len(folder) + 1 :]: n for u, n in lake.store.list_files(folder)}
+    assert there == here and sorted(here) == files  # every file of the folder, whole
+    other = Lake(uri, cache_dir=tmp_path / "b", catalog=str(tmp_path / "a" / "catalog.sqlite"))
+    fetched = other.fetch(rows[0][1])
+    assert fetched.is_relative_to(tmp_path / "b")
+    assert all((fetched / f).read_bytes() == (local / f).read_bytes() for f in files)
+    load_model(str(fetched / "merged"))  # tiny.yaml trains a LoRA: its merged model too
+
+
 def _hold(uri: str, catalog: str, cache: str, ready) -> None:
     socket.gethostname = lambda: "machine-a"  # another machine: its pid cannot be checked from here
     from storage.lock import parent_lock
