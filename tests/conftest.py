@@ -12,19 +12,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
-def pytest_collection_modifyitems(config, items):
-    try:
-        import torch
-
-        has_cuda = torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        has_cuda = False
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords and not has_cuda:
-            item.add_marker(skip_gpu)
-
-
 @pytest.fixture
 def lake_root(tmp_path):
     return tmp_path / "lake"
