@@ -21,7 +21,8 @@ What the schema cannot hold exactly is said, never guessed silently:
   and its unit (pyautogui `clicks`), and the importers record it with the step.
 - `ParsedCode.flag`: a scroll before any pointer position is known (pyautogui scrolls wherever the mouse is) is
   placed at the screen centre and flagged; the importers keep the step, its action and the flag as its reason,
-  with parse_ok false, so it stays out of SFT.
+  with parse_ok false, so it stays out of SFT. That guessed centre never becomes the pointer: a scroll without
+  coordinates does not move the mouse, so the next one is just as unknown (and flagged) until a click or moveTo.
 """
 
 from __future__ import annotations
@@ -255,7 +256,10 @@ def _statement(st: ast.stmt, ctx: _Ctx) -> list[Action]:
     elif mod != "pyautogui" or fn not in _SIGS:
         raise PyAutoGUIError(f"unsupported function {mod}.{fn}")
     else:
-        actions = _action(fn, _bind(fn, call), ctx)
+        a = _bind(fn, call)
+        actions = _action(fn, a, ctx)
+        if fn in ("scroll", "hscroll") and a.get("x") is None and a.get("y") is None:
+            return actions  # pyautogui scrolls where the mouse is and leaves it there: the pointer is not moved
     for act in actions:
         if hasattr(act, "x"):
             ctx.ptr.x, ctx.ptr.y = act.x, act.y  # type: ignore[attr-defined]

@@ -346,6 +346,66 @@ def test_a_timed_out_run_keeps_its_steps_with_status_error_and_an_empty_run_is_n
     assert again.returncode == 0 and "imported 0 episodes" in again.stdout and "1 already in the lake" in again.stdout
 
 
+LAYOUTS = Path(__file__).parent / "fixtures" / "osworld_results_layouts"
+WRITER = "c0000000-0000-4000-8000-000000000001"
+LFS_RUN = "c0000000-0000-4000-8000-000000000002"
+
+
+def test_several_actions_of_one_response_see_its_screen_and_a_trial_folder_is_not_the_task(tmp_path):
+    # qwen3vl-fixture: <example_id>/0/ (one folder per trial); step 1's two actions (one model response, run under
+    # one step_num as lib_run_single.py does) were both saved to step_1.png, which holds the screen after the drag
+    lake = tmp_path / "lake"
+    r = fw("import", "osworld-results", str(LAYOUTS), "--lake", str(lake))
+    assert r.returncode == 1  # the pointer-only run is rejected, named
+    assert "imported 2 episodes (6 steps, 2 kept unparsed with a reason), 0 already in the lake, 1 rejected" in (
+        r.stdout
+    )
+    con = connect(lake)
+    ep = con.execute(
+        "SELECT episode_id, policy_version, sample_idx, task_reward, status FROM episodes WHERE task_id = ?", [WRITER]
+    ).fetchone()
+    assert ep[1:] == ("qwen3vl-fixture", 0, 1.0, "ok")
+    run = LAYOUTS / "pyautogui/screenshot/qwen3vl-fixture/libreoffice_writer" / WRITER / "0"
+    png = {n: (run / f"step_{n}.png").read_bytes() for n in range(4)}
+    steps = con.execute(
+        "SELECT action, screenshot, parse_ok, prompt_context FROM steps WHERE episode_id = ? ORDER BY step_idx",
+        [ep[0]],
+    ).fetchall()
+    assert [json.loads(s[0])["action"] for s in steps[:-1]] == ["move", "drag", "click", "done"]
+    assert [s[1] for s in steps] == [png[0], png[0], png[1], png[2], png[3]]  # the drag saw step_0, not step_1
+    ctx = [json.loads(s[3]) for s in steps[:-1]]
+    assert [(c["step_num"], c["action_of_step"]) for c in ctx] == [(1, 1), (1, 2), (2, 1), (3, 1)]
+    assert all(s[2] for s in steps[:-1])
+
+
+def test_a_git_lfs_pointer_before_the_lines_is_skipped_and_noted_and_alone_is_a_reason(tmp_path):
+    lake = tmp_path / "lake"
+    r = fw("import", "osworld-results", str(LAYOUTS), "--lake", str(lake))
+    assert "c0000000-0000-4000-8000-000000000003/traj.jsonl:1: a Git LFS pointer, not the trajectory" in r.stderr
+    con = connect(lake)
+    steps = con.execute(
+        """SELECT s.action, s.parse_ok, s.parse_error, s.prompt_context FROM steps s JOIN episodes e
+           USING (episode_id) WHERE e.task_id = ? AND NOT s.is_final ORDER BY s.step_idx""",
+        [LFS_RUN],
+    ).fetchall()
+    assert [json.loads(s[0]) for s in steps] == [Scroll(x=32, y=18, dy=10).model_dump()] * 2
+    notes = [json.loads(s[3])["notes"] for s in steps]
+    assert all("lines 1-3 are a Git LFS pointer" in n[0]["note"] for n in notes)
+    # no click or moveTo ever placed the pointer: both scrolls are kept, flagged (the first one no more than the next)
+    assert [s[1] for s in steps] == [False, False] and all("before any pointer position" in s[2] for s in steps)
+
+
+def test_a_scroll_without_coordinates_does_not_make_its_guessed_point_the_pointer():
+    ptr = Pointer()
+    first = read_pyautogui("pyautogui.scroll(-3)", 100, 100, ptr)
+    second = read_pyautogui("pyautogui.scroll(-3)", 100, 100, ptr)
+    assert first.flag and second.flag and (ptr.x, ptr.y) == (None, None)
+    read_pyautogui("pyautogui.scroll(2, x=10, y=20)", 100, 100, ptr)  # with coordinates pyautogui moves there
+    assert (ptr.x, ptr.y) == (10, 20)
+    p = read_pyautogui("pyautogui.scroll(-3)", 100, 100, ptr)
+    assert p.flag is None and p.actions == [Scroll(x=10, y=20, dy=3)] and (ptr.x, ptr.y) == (10, 20)
+
+
 BENCH = Path(__file__).parent / "fixtures" / "agentnet_shapes"
 
 

@@ -15,7 +15,14 @@ The format (OSWorld's run.py / lib_run_single.py; docs/IMPORTS.md cites the file
 
 Each traj line becomes one step per action its code holds (parsed by agents.pyautogui_parse, never run; a line
 with code we cannot read is kept with parse_ok false and the reason). The screen a step saw is the previous
-line's screenshot (``step_0.png`` for the first step); the last screenshot is the episode's final row. The
+line's screenshot (``step_0.png`` for the first step); the last screenshot is the episode's final row. Lines that
+share a ``step_num`` are the actions of one model response (lib_run_single.py runs ``for action in actions`` under
+one step index; Qwen3-VL's agent even writes each of them to the same ``step_<n>.png``): they all get the screen
+the model saw, before the first of them, as the parts of one code string do. A numbered folder below the task
+folder (``<example_id>/0/``, one per trial) is a trial of that task: the task id is its parent, the trial number
+the episode's ``sample_idx``. A traj.jsonl that begins with a Git LFS pointer (the file was never fetched, and a
+later run appended its lines to the pointer) keeps the lines after the pointer, each step noting it; a pointer
+alone rejects the run with that reason. The
 reward is ``result.txt``; success means a score of 1. A final ``{"Error": ...}`` line (run.py appends
 ``Time limit exceeded in <domain>/<id>`` on a timeout) ends the run: its steps are kept and the episode's status is
 ``error`` with that line as the error; a run whose only line is an Error holds no step and is passed over, named.
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -46,6 +54,7 @@ from storage.lake import Lake
 
 RUN_KEY = "import-osworld"
 POLICY = "osworld-import"
+_TASK_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)  # OSWorld's task ids
 
 
 def task_dirs(root: Path) -> list[Path]:
@@ -53,13 +62,26 @@ def task_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("traj.jsonl"))
 
 
-def _read_lines(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+def _read_lines(path: Path) -> tuple[list[dict[str, Any]], str | None, list[dict[str, str]]]:
     """The action lines of a traj.jsonl, and the run's error: run.py / lib_run_single.py append
     ``{"Error": "Time limit exceeded in <domain>/<id>"}`` (or the exception) when a run is cut off; that line ends
-    the run, and the steps before it are kept."""
+    the run, and the steps before it are kept. The third value: notes for every step (a Git LFS pointer skipped)."""
     rows, error = [], None
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start, notes = _lfs_pointer(lines), []
+    if start:
+        if not any(line.strip() for line in lines[start:]):
+            raise ImportError_(
+                f"{path}:1: a Git LFS pointer, not the trajectory: the file was never fetched (run `git lfs pull`)"
+            )
+        notes.append(
+            {
+                "note": f"traj.jsonl lines 1-{start} are a Git LFS pointer (the file was never fetched); "
+                "the lines after it (a later run appended them to the pointer file) are imported"
+            }
+        )
+    for i, line in enumerate(lines, 1):
+        if i <= start or not line.strip():
             continue
         try:
             row = json.loads(line)
@@ -83,7 +105,18 @@ def _read_lines(path: Path) -> tuple[list[dict[str, Any]], str | None]:
         if error is not None:
             raise PassOver(f"{path}: no steps to import: the run stopped before its first action ({error})")
         raise ImportError_(f"{path}:1: empty trajectory")
-    return rows, error
+    return rows, error, notes
+
+
+def _lfs_pointer(lines: list[str]) -> int:
+    """How many leading lines are a Git LFS pointer (its spec: ``version https://git-lfs.github.com/spec/v1``, then
+    ``key value`` lines such as ``oid sha256:...`` and ``size N``); 0 when the file does not begin with one."""
+    if not lines or not lines[0].strip().startswith("version https://git-lfs.github.com/spec/"):
+        return 0
+    n = 1
+    while n < len(lines) and re.fullmatch(r"(oid|size|ext-[0-9]-\w+) \S+", lines[n].strip()):
+        n += 1
+    return n
 
 
 def _image(folder: Path, name: str | None, where: str) -> bytes | None:
@@ -122,11 +155,14 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
     """One task-run folder -> (episode row, step rows). Raises ImportError_ naming the file and line."""
     rel = folder.relative_to(root).as_posix()
     parts = rel.split("/")
+    trial = 0
+    if len(parts) >= 2 and parts[-1].isdigit() and _TASK_ID.match(parts[-2]):  # <example_id>/<trial>/
+        trial, parts = int(parts[-1]), parts[:-1]
     example_id = parts[-1]
     model = parts[-3] if len(parts) >= 3 else "unknown"
     eid = hashlib.sha1(f"osworld|{rel}".encode()).hexdigest()[:16]
     traj = folder / "traj.jsonl"
-    lines, run_error = _read_lines(traj)
+    lines, run_error, file_notes = _read_lines(traj)
     before = _image(folder, "step_0.png", f"{traj}:1") if (folder / "step_0.png").is_file() else None
     size = png_size(before) if before else None
     instr_p = folder / "instruction.txt"
@@ -134,16 +170,23 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
     score = _score(folder)
     ptr, steps, n_unparsed = Pointer(), [], 0
     common = dict(episode_id=eid, run_key=RUN_KEY, git_sha=git_sha, config_hash=None, ui_text=None)
+    step_num, seen, nth = None, before, 0  # seen: the screen the model saw for the current step_num
     for row in lines:
         where = f"{traj}:{row['_line']}"
+        sn = row.get("step_num")
+        if isinstance(sn, int) and not isinstance(sn, bool) and sn == step_num:
+            nth += 1  # another action of the same model response: it saw the same screen as the first
+        else:
+            step_num, seen, nth = sn, before, 1
         after = _image(folder, row.get("screenshot_file"), where)
         if size is None and after is not None:
             size = png_size(after)
         w, h = size or (1920, 1080)  # OSWorld's default screen when no screenshot says otherwise
         parsed = read_pyautogui(row["action"], w, h, ptr)
         actions, err = parsed.actions, parsed.error or parsed.flag
-        if before is None and not err:
+        if seen is None and not err:
             err = "no screenshot of the screen before this step (the run saved no step_0.png)"
+        notes = file_notes + parsed.notes
         code = row["action"] if isinstance(row["action"], str) else json.dumps(row["action"])
         text = _response_text(row)
         for k, act in enumerate(actions or [None]):
@@ -155,16 +198,17 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
                     common,
                     step_idx=len(steps),
                     is_final=False,
-                    screenshot=before,
-                    screen_w=w if before else None,
-                    screen_h=h if before else None,
+                    screenshot=seen,
+                    screen_w=w if seen else None,
+                    screen_h=h if seen else None,
                     prompt_context=json.dumps(
                         {
                             "source": "osworld",
                             "traj_line": row["_line"],
                             "part": k + 1,
                             "parts": len(actions) or 1,
-                            **({"notes": parsed.notes} if parsed.notes else {}),
+                            **({"step_num": sn, "action_of_step": nth} if isinstance(sn, int) else {}),
+                            **({"notes": notes} if notes else {}),
                         }
                     ),
                     response_text=text,
@@ -205,7 +249,7 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
         policy=POLICY,
         policy_version=model,
         group_id=None,
-        sample_idx=0,
+        sample_idx=trial,
         task_reward=score,
         success=score is not None and score >= 1.0,
         n_steps=len(steps) - 1,
