@@ -378,6 +378,24 @@ def test_several_actions_of_one_response_see_its_screen_and_a_trial_folder_is_no
     assert all(s[2] for s in steps[:-1])
 
 
+def test_a_repeated_step_num_with_another_response_is_not_the_same_response(tmp_path):
+    # a fork that never advances step_num: each line has its own response, so each saw the previous line's screen
+    from flywheel.interop.osworld import episode_rows
+
+    src = LAYOUTS / "pyautogui/screenshot/qwen3vl-fixture/libreoffice_writer" / WRITER / "0"
+    run = tmp_path / "res/pyautogui/screenshot/m/chrome/c0000000-0000-4000-8000-000000000009"
+    run.mkdir(parents=True)
+    for n in range(3):
+        (run / f"step_{n}.png").write_bytes((src / f"step_{n}.png").read_bytes())
+    lines = [
+        {"step_num": 0, "action": "pyautogui.click(1, 2)", "response": f"r{n}", "screenshot_file": f"step_{n}.png"}
+        for n in (1, 2)
+    ]
+    (run / "traj.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    _, steps = episode_rows(tmp_path / "res", run)
+    assert [s["screenshot"] for s in steps] == [(run / f"step_{n}.png").read_bytes() for n in range(3)]
+
+
 def test_a_git_lfs_pointer_before_the_lines_is_skipped_and_noted_and_alone_is_a_reason(tmp_path):
     lake = tmp_path / "lake"
     r = fw("import", "osworld-results", str(LAYOUTS), "--lake", str(lake))

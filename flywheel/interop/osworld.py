@@ -16,13 +16,13 @@ The format (OSWorld's run.py / lib_run_single.py; docs/IMPORTS.md cites the file
 Each traj line becomes one step per action its code holds (parsed by agents.pyautogui_parse, never run; a line
 with code we cannot read is kept with parse_ok false and the reason). The screen a step saw is the previous
 line's screenshot (``step_0.png`` for the first step); the last screenshot is the episode's final row. Lines that
-share a ``step_num`` are the actions of one model response (lib_run_single.py runs ``for action in actions`` under
-one step index; Qwen3-VL's agent even writes each of them to the same ``step_<n>.png``): they all get the screen
-the model saw, before the first of them, as the parts of one code string do. A numbered folder below the task
-folder (``<example_id>/0/``, one per trial) is a trial of that task: the task id is its parent, the trial number
-the episode's ``sample_idx``. A traj.jsonl that begins with a Git LFS pointer (the file was never fetched, and a
-later run appended its lines to the pointer) keeps the lines after the pointer, each step noting it; a pointer
-alone rejects the run with that reason. The
+share a ``step_num`` and a ``response`` are the actions of one model response (lib_run_single.py runs
+``for action in actions`` under one step index; Qwen3-VL's agent even writes each of them to the same
+``step_<n>.png``): they all get the screen the model saw, before the first of them, as the parts of one code
+string do. A numbered folder below the task folder (``<example_id>/0/``, one per trial) is a trial of that task:
+the task id is its parent, the trial number the episode's ``sample_idx``. A traj.jsonl that begins with a Git
+LFS pointer (the file was never fetched, and a later run appended its lines to the pointer) keeps the lines
+after the pointer, each step noting it; a pointer alone rejects the run with that reason. The
 reward is ``result.txt``; success means a score of 1. A final ``{"Error": ...}`` line (run.py appends
 ``Time limit exceeded in <domain>/<id>`` on a timeout) ends the run: its steps are kept and the episode's status is
 ``error`` with that line as the error; a run whose only line is an Error holds no step and is passed over, named.
@@ -170,14 +170,16 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
     score = _score(folder)
     ptr, steps, n_unparsed = Pointer(), [], 0
     common = dict(episode_id=eid, run_key=RUN_KEY, git_sha=git_sha, config_hash=None, ui_text=None)
-    step_num, seen, nth = None, before, 0  # seen: the screen the model saw for the current step_num
+    # seen: the screen the model saw for the current response (its step_num and response text)
+    step_num, response, seen, nth = None, None, before, 0
     for row in lines:
         where = f"{traj}:{row['_line']}"
         sn = row.get("step_num")
-        if isinstance(sn, int) and not isinstance(sn, bool) and sn == step_num:
-            nth += 1  # another action of the same model response: it saw the same screen as the first
+        same = isinstance(sn, int) and not isinstance(sn, bool) and sn == step_num and row.get("response") == response
+        if same:  # another action of the same model response: it saw the same screen as the first
+            nth += 1
         else:
-            step_num, seen, nth = sn, before, 1
+            step_num, response, seen, nth = sn, row.get("response"), before, 1
         after = _image(folder, row.get("screenshot_file"), where)
         if size is None and after is not None:
             size = png_size(after)
