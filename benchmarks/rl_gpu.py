@@ -271,7 +271,7 @@ def run_ours(
         rl_mod.fast_vision, rl_mod.linear_patch_embed = (lambda m: []), (lambda m: False)
         rl_mod.make_optimizer = lambda w, lr, wd, fused=False: saved[2](w, lr, wd)
     enc_mod.NO_PAD_MASK = levers  # before: the padded rows' attention mask went into the forward
-    K.TEXT_LEVERS.update(rms_norm=text, lora=text, deepstack=text)
+    K.TEXT_LEVERS.update(rms_norm=text, lora=text, deepstack=text, shared_input=text, add_norm=text)
     K.VISION_LEVERS.update(grid_cache=text, layer_norm=text)
 
     s = RLSettings(
@@ -290,7 +290,7 @@ def run_ours(
     finally:
         rl_mod.fast_vision, rl_mod.linear_patch_embed, rl_mod.make_optimizer = saved
         enc_mod.NO_PAD_MASK = True
-        K.TEXT_LEVERS.update(rms_norm=True, lora=True, deepstack=True)
+        K.TEXT_LEVERS.update(rms_norm=True, lora=True, deepstack=True, shared_input=True, add_norm=True)
         K.VISION_LEVERS.update(grid_cache=True, layer_norm=True)
         unfuse_model(model)  # the next run (and TRL) gets the stock model
 

@@ -418,19 +418,26 @@ def use(
     import training.sft as sft_mod
 
     on = levers if text is None else text
-    K.TEXT_LEVERS.update(rms_norm=on, lora=on, deepstack=on)
+    K.TEXT_LEVERS.update(rms_norm=on, lora=on, deepstack=on, shared_input=on, add_norm=on)
     K.VISION_LEVERS.update(grid_cache=on, layer_norm=on)
     losses_mod.HOST_INDEX = sft_mod.PIN_BATCH = sft_mod.DEFER_LOSS = on
     samples.cache = samples.pinned_cache if pinned else samples.unpinned
     got = vision_levers(model, levers if rope_attention is None else rope_attention, levers if gelu is None else gelu)
-    s20 = ["s20_rms_norm", "s20_lora", "s20_deepstack", "s20_grid_cache", "s20_layer_norm", "s20_host_loss_index"]
+    s20 = ["s20_rms_norm", "s20_lora", "s20_deepstack", "s20_shared_input", "s20_grid_cache", "s20_layer_norm"]
+    s20 += ["s20_add_rms_norm", "s20_host_loss_index"]
     return got + (s20 + ["s20_pinned_batch", "s20_deferred_loss_read"] if on else [])
 
 
+def _sides(v: dict, k: str) -> list[dict]:
+    """The `k` sides ("before" / "after") of every pair: k, k_again, k_3, ..."""
+    names = [k, f"{k}_again"] + sorted(n for n in v if n.startswith(f"{k}_") and n[len(k) + 1 :].isdigit())
+    return [v[n] for n in names if "tokens_per_s" in v.get(n, {})]
+
+
 def summarize(v: dict, n_params: int) -> dict:
-    """Before vs after over the two pairs: mean tokens/s (sum of tokens over sum of step times per side, averaged)
-    and the median step time over both sides' timed steps, with the MFU of each."""
-    mean = {k: (v[k]["tokens_per_s"] + v[f"{k}_again"]["tokens_per_s"]) / 2 for k in ("before", "after")}
+    """Before vs after over the pairs: mean tokens/s (sum of tokens over sum of step times per side, averaged over
+    the sides) and the median step time over all sides' timed steps, with the MFU of each."""
+    mean = {k: sum(x["tokens_per_s"] for x in _sides(v, k)) / len(_sides(v, k)) for k in ("before", "after")}
     out = {
         "tokens_per_s_before": round(mean["before"], 1),
         "tokens_per_s_after": round(mean["after"], 1),
@@ -439,9 +446,10 @@ def summarize(v: dict, n_params: int) -> dict:
         "mfu_after": round(6 * n_params * mean["after"] / PEAK_BF16, 3),
     }
     for k in ("before", "after"):
-        steps = sorted(v[k]["step_times"] + v[f"{k}_again"]["step_times"])
+        sides = _sides(v, k)
+        steps = sorted(t for x in sides for t in x["step_times"])
         med = (steps[(len(steps) - 1) // 2] + steps[len(steps) // 2]) / 2
-        tok = (v[k]["tokens_per_step"] + v[f"{k}_again"]["tokens_per_step"]) / 2
+        tok = sum(x["tokens_per_step"] for x in sides) / len(sides)
         out[f"median_step_s_{k}"] = round(med, 4)
         out[f"mfu_median_step_{k}"] = round(6 * n_params * tok / med / PEAK_BF16, 3)
         out[f"timed_steps_{k}"] = len(steps)
@@ -479,6 +487,7 @@ def main() -> None:
     ap.add_argument(
         "--groups", nargs="+", default=["checks", "variants", "b4"], help="what to run (checks variants b4)"
     )
+    ap.add_argument("--pairs", type=int, default=2, help="before/after pairs in `variants` (and `lora`)")
     ap.add_argument("--rms-sweep", action="store_true", help="checks: time the RMSNorm backward's launch configs")
     ap.add_argument("--out", type=Path, default=Path("."))
     a = ap.parse_args()
@@ -583,6 +592,8 @@ def main() -> None:
         ("before_again", True, True, None, False),
         ("after_again", True, True, None, True),
     ]
+    for k in range(3, a.pairs + 1):
+        plan += [(f"before_{k}", True, True, None, False), (f"after_{k}", True, True, None, True)]
     out["variants"] = {}
     for name, lev, pin, over, text in plan if "variants" in a.groups else []:
         out["variants"][name] = res = _try(
@@ -623,7 +634,10 @@ def main() -> None:
         phases = Phases(model)
         sl = dataclasses.replace(s, method="lora")
         out["lora"] = {"params": lcounts}
-        for name, on in (("before", False), ("after", True), ("before_again", False), ("after_again", True)):
+        lplan = [("before", False), ("after", True), ("before_again", False), ("after_again", True)]
+        for k in range(3, a.pairs + 1):
+            lplan += [(f"before_{k}", False), (f"after_{k}", True)]
+        for name, on in lplan:
             bs, ss = batches, sl
             use(model, samples, True, True, text=on)
             out["lora"][name] = r = _try(lambda: run_side(model, samples, bs, ss, lcounts["total"], phases))

@@ -93,6 +93,32 @@ def test_fast_lora_gives_peft_outputs_and_gradients_and_comes_off():
         assert not any("forward" in mod.__dict__ for mod in model.modules())
 
 
+def test_shared_input_linears_give_the_stock_outputs_and_gradients():
+    """q/k/v and gate/up through one autograd function each (kernels.fast_text): the same logits, and the same
+    gradients up to the order of the fp32 sums of the input gradient; off again with unfuse_model."""
+    import training.kernels as K
+    from training.models import build_model
+
+    model, _ = build_model("qwen3-vl", "tiny", seed=0, dtype="auto", device="cpu")
+    ids = torch.randint(5, 200, (2, 17), generator=torch.Generator().manual_seed(1))
+    assert K.fast_text(model) == []  # CPU: not bound unless forced
+    assert K.fast_text(model, force=True) == ["shared_input_linears"]
+    got = {}
+    for on in (False, True):
+        K.TEXT_LEVERS["shared_input"] = on
+        try:
+            got[on] = _out_and_grads(model, ids)
+        finally:
+            K.TEXT_LEVERS["shared_input"] = True
+    (y0, g0), (y1, g1) = got[False], got[True]
+    assert torch.equal(y1, y0)
+    assert g0.keys() == g1.keys() and any("q_proj" in n for n in g0)
+    for n in g0:
+        assert torch.allclose(g1[n], g0[n], atol=1e-6, rtol=1e-4), n
+    K.unfuse_model(model)
+    assert not any("forward" in mod.__dict__ or "_flywheel_group" in mod.__dict__ for mod in model.modules())
+
+
 @cuda
 def test_rms_norm_kernels_match_the_stock_math_on_cuda():
     """bf16 and fp32, the text model's widths and odd ones, a strided input: the Triton forward against the stock
@@ -184,9 +210,9 @@ def test_vision_grid_inputs_give_the_same_tower_outputs():
 
 @cuda
 def test_deepstack_layer_norm_and_host_loss_index_match_the_stock_path_on_cuda():
-    """On the tiny model with images, bf16 on the GPU: the logits and the labelled-token loss with DeepStack's
-    index_add, the vision LayerNorm kernel and the host-side loss index equal (DeepStack, loss index) or stay within
-    bf16 rounding of (LayerNorm) the stock path, gradients too."""
+    """On the tiny model with images, bf16 on the GPU: the labelled-token loss and gradients with DeepStack's
+    index_add, the vision LayerNorm kernel, the fused add + RMSNorm, the shared-input linears and the host-side loss
+    index stay within bf16 rounding of the stock path."""
     import training.kernels as K
     import training.losses as L
 
@@ -198,10 +224,13 @@ def test_deepstack_layer_norm_and_host_loss_index_match_the_stock_path_on_cuda()
     labels = e["input_ids"].clone()
     labels[:, : labels.shape[1] // 2] = -100
     bound = K.fast_vision(model) + K.fast_text(model)
-    assert {"deepstack_index", "vision_grid_cache", "vision_layer_norm"} <= set(bound)
+    assert {"deepstack_index", "vision_grid_cache", "vision_layer_norm", "add_rms_norm"} <= set(bound)
+    assert "shared_input_linears" in bound
+    levers = ("deepstack", "add_norm", "shared_input", "rms_norm")
     got = {}
     for on in (False, True):
-        K.TEXT_LEVERS["deepstack"] = K.VISION_LEVERS["layer_norm"] = K.VISION_LEVERS["grid_cache"] = on
+        K.VISION_LEVERS["layer_norm"] = K.VISION_LEVERS["grid_cache"] = on
+        K.TEXT_LEVERS.update({k: on for k in levers})
         L.HOST_INDEX = on
         try:
             model.zero_grad(set_to_none=True)
@@ -210,7 +239,8 @@ def test_deepstack_layer_norm_and_host_loss_index_match_the_stock_path_on_cuda()
             grads = {k: p.grad.float().clone() for k, p in model.named_parameters() if p.grad is not None}
             got[on] = (float(loss), n, grads)
         finally:
-            K.TEXT_LEVERS["deepstack"] = K.VISION_LEVERS["layer_norm"] = K.VISION_LEVERS["grid_cache"] = True
+            K.VISION_LEVERS["layer_norm"] = K.VISION_LEVERS["grid_cache"] = True
+            K.TEXT_LEVERS.update({k: True for k in levers})
             L.HOST_INDEX = True
     (l0, n0, g0), (l1, n1, g1) = got[False], got[True]
     assert n0 == n1 > 0 and abs(l1 - l0) <= 2e-2 * abs(l0), (l0, l1)

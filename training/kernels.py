@@ -6,7 +6,7 @@
     linear_patch_embed(model)                   # the vision patch embedding as one matrix product (CPU and CUDA)
     applied = fast_vision(model)                # the frozen vision tower's no-grad forward in fewer passes (CUDA)
     applied = fast_lora(model)                  # PEFT's LoRA linears as one autograd function each (CUDA)
-    applied = fast_text(model)                  # DeepStack's feature adds without host syncs (CUDA)
+    applied = fast_text(model)                  # DeepStack's adds without host syncs, shared-input linears (CUDA)
     y = rms_norm(x, weight, eps)                # RMSNorm: this module's Triton kernels on CUDA, else Liger's / torch
 
 Only on CUDA with `liger-kernel` installed (its kernels are Triton). We swap the transformers
@@ -132,8 +132,11 @@ def unfuse_model(model) -> None:
             _vision_model_forward,
             _layer_norm_forward,
             _deepstack_process,
+            _shared_input_forward,
+            _decoder_layer_forward,
         ):
             del mod.forward
+        mod.__dict__.pop("_flywheel_group", None)
         ds = mod.__dict__.get("_deepstack_process")
         if ds is not None and getattr(ds, "__func__", None) is _deepstack_process:
             del mod._deepstack_process
@@ -482,7 +485,8 @@ def fast_vision(model) -> list[str]:
 #   gradient added into the base GEMM's output the same way. PEFT's forward makes the adapter output, scales it and
 #   adds it as three more passes over the [tokens, out] activation, and its backward adds two input gradients
 #   (with the adapter's dropout active that last add stays).
-TEXT_LEVERS = {"rms_norm": True, "lora": True, "deepstack": True}  # benchmarks switch each off to measure it
+# benchmarks switch each off to measure it
+TEXT_LEVERS = {"rms_norm": True, "lora": True, "deepstack": True, "shared_input": True, "add_norm": True}
 _RMS_KERNELS: list = []
 
 
@@ -492,13 +496,22 @@ def _rms_kernels():
         import triton.language as tl
 
         @triton.jit
-        def fwd(X, W, Y, RSTD, M, N, eps, sx, sy, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        def fwd(
+            X, W, Y, RSTD, B, S, M, N, eps, sx, sy, sb, ss,
+            HAS_ADD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        ):  # fmt: skip
+            # HAS_ADD: the input is X + B (rounded to the input dtype, as a separate add), also stored to S
             rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
             cols = tl.arange(0, BLOCK_N)
             rm, cm = rows < M, cols < N
             mask = rm[:, None] & cm[None, :]
             r64 = rows.to(tl.int64)[:, None]
             x = tl.load(X + r64 * sx + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if HAS_ADD:
+                b = tl.load(B + r64 * sb + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                xs = (x + b).to(X.dtype.element_ty)
+                tl.store(S + r64 * ss + cols[None, :], xs, mask=mask)
+                x = xs.to(tl.float32)
             rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
             w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
             n = (x * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)  # rounded to the input dtype, as stock
@@ -507,9 +520,11 @@ def _rms_kernels():
 
         @triton.jit
         def bwd(
-            DY, X, W, RSTD, DX, DW, M, N, sdy, sx, sdx, per_prog,
+            DY, X, W, RSTD, DX, DW, DS, M, N, sdy, sx, sdx, sds, per_prog,
             HAS_DW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC2D: tl.constexpr,
+            HAS_DS: tl.constexpr,
         ):  # fmt: skip
+            # HAS_DS: DS (the gradient reaching the input by another path: the residual) is added to dx
             # one program per `per_prog` rows, BLOCK_M rows at a time; dW partial sums per program in fp32, summed
             # over the rows every block (ACC2D False) or once at the end (True: wide blocks of narrow rows)
             pid = tl.program_id(0)
@@ -539,6 +554,8 @@ def _rms_kernels():
                 dn = dy * w[None, :]
                 c = tl.sum(dn * xh, axis=1) / N
                 dx = (dn - xh * c[:, None]) * rstd[:, None]
+                if HAS_DS:
+                    dx += tl.load(DS + r64 * sds + cols[None, :], mask=mask, other=0.0).to(tl.float32)
                 tl.store(DX + r64 * sdx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
             if HAS_DW:
                 if ACC2D:
@@ -572,6 +589,52 @@ def _rms_bwd_config(n: int) -> tuple[int, int, int, int, bool]:
 _RMS_FN: list = []
 
 
+def _rows(t, n: int):
+    t2 = t.reshape(-1, n)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _rms_fwd(x2, weight, eps: float, add=None):
+    """(y, rstd, s): the norm of x2 (+ add, stored to s) as [M, N] rows."""
+    import torch
+
+    fwd, _ = _rms_kernels()
+    m, n = x2.shape
+    y = torch.empty((m, n), dtype=torch.promote_types(x2.dtype, weight.dtype), device=x2.device)
+    rstd = torch.empty(m, dtype=torch.float32, device=x2.device)
+    s = torch.empty_like(x2) if add is not None else None
+    b = add if add is not None else x2
+    block_n, block_m, warps = _rms_blocks(n)
+    if m:
+        fwd[(triton_cdiv(m, block_m),)](
+            x2, weight, y, rstd, b, s if s is not None else y, m, n, eps, x2.stride(0), y.stride(0), b.stride(0),
+            (s if s is not None else y).stride(0), HAS_ADD=add is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=warps,
+        )  # fmt: skip
+    return y, rstd, s
+
+
+def _rms_bwd(dy2, x2, weight, rstd, has_dw: bool, ds2=None):
+    """(dx, dw) for rows x2 (+ ds2 added to dx)."""
+    import torch
+
+    _, bwd = _rms_kernels()
+    m, n = x2.shape
+    dx = torch.empty_like(x2)
+    block_n, block_m, per_sm, warps, acc2d = _rms_bwd_config(n)
+    progs = max(1, min(triton_cdiv(m, block_m), per_sm * _sm_count(x2.device)))
+    per_prog = triton_cdiv(triton_cdiv(m, progs), block_m) * block_m
+    progs = max(1, triton_cdiv(m, per_prog))
+    part = torch.empty((progs, n) if has_dw else (1, n), dtype=torch.float32, device=x2.device)
+    d = ds2 if ds2 is not None else dy2
+    if m:
+        bwd[(progs,)](
+            dy2, x2, weight, rstd, dx, part, d, m, n, dy2.stride(0), x2.stride(0), dx.stride(0), d.stride(0), per_prog,
+            HAS_DW=has_dw, BLOCK_M=block_m, BLOCK_N=block_n, ACC2D=acc2d, HAS_DS=ds2 is not None, num_warps=warps,
+        )  # fmt: skip
+    return dx, (part.sum(0).to(weight.dtype) if has_dw else None)
+
+
 def _rms_fn():
     if not _RMS_FN:
         import torch
@@ -579,49 +642,48 @@ def _rms_fn():
         class RMSNormFn(torch.autograd.Function):
             @staticmethod
             def forward(ctx, x, weight, eps):
-                fwd, _ = _rms_kernels()
-                shape, n = x.shape, x.shape[-1]
-                x2 = x.reshape(-1, n)
-                if x2.stride(-1) != 1:
-                    x2 = x2.contiguous()
-                m = x2.shape[0]
-                y = torch.empty((m, n), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
-                rstd = torch.empty(m, dtype=torch.float32, device=x.device)
-                block_n, block_m, warps = _rms_blocks(n)
-                if m:
-                    fwd[(triton_cdiv(m, block_m),)](
-                        x2, weight, y, rstd, m, n, eps, x2.stride(0), y.stride(0),
-                        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-                    )  # fmt: skip
+                x2 = _rows(x, x.shape[-1])
+                y, rstd, _ = _rms_fwd(x2, weight, eps)
                 ctx.save_for_backward(x2, weight, rstd)
-                ctx.shape = shape
-                return y.view(shape)
+                ctx.shape = x.shape
+                return y.view(x.shape)
 
             @staticmethod
             def backward(ctx, dy):
-                _, bwd = _rms_kernels()
                 x2, weight, rstd = ctx.saved_tensors
-                m, n = x2.shape
-                dy2 = dy.reshape(-1, n)
-                if dy2.stride(-1) != 1:
-                    dy2 = dy2.contiguous()
-                dx = torch.empty_like(x2)
-                block_n, block_m, per_sm, warps, acc2d = _rms_bwd_config(n)
-                has_dw = ctx.needs_input_grad[1]
-                progs = max(1, min(triton_cdiv(m, block_m), per_sm * _sm_count(x2.device)))
-                per_prog = triton_cdiv(triton_cdiv(m, progs), block_m) * block_m
-                progs = max(1, triton_cdiv(m, per_prog))
-                part = torch.empty((progs, n) if has_dw else (1, n), dtype=torch.float32, device=x2.device)
-                if m:
-                    bwd[(progs,)](
-                        dy2, x2, weight, rstd, dx, part, m, n, dy2.stride(0), x2.stride(0), dx.stride(0), per_prog,
-                        HAS_DW=has_dw, BLOCK_M=block_m, BLOCK_N=block_n, ACC2D=acc2d, num_warps=warps,
-                    )  # fmt: skip
-                dw = part.sum(0).to(weight.dtype) if has_dw else None
+                dx, dw = _rms_bwd(_rows(dy, x2.shape[1]), x2, weight, rstd, ctx.needs_input_grad[1])
                 return dx.view(ctx.shape), dw, None
 
-        _RMS_FN.append(RMSNormFn)
+        class AddRMSNormFn(torch.autograd.Function):
+            """(s, y) = (a + b, rms_norm(a + b)): the residual add and the norm after it in one pass each way."""
+
+            @staticmethod
+            def forward(ctx, a, b, weight, eps):
+                n = a.shape[-1]
+                y, rstd, s = _rms_fwd(_rows(a, n), weight, eps, add=_rows(b, n))
+                ctx.save_for_backward(s, weight, rstd)
+                ctx.shape = a.shape
+                return s.view(a.shape), y.view(a.shape)
+
+            @staticmethod
+            def backward(ctx, ds, dy):
+                s, weight, rstd = ctx.saved_tensors
+                n = s.shape[1]
+                ds2 = None if ds is None else _rows(ds, n)
+                if dy is None:
+                    dx, dw = ds2, None
+                else:
+                    dx, dw = _rms_bwd(_rows(dy, n), s, weight, rstd, ctx.needs_input_grad[2], ds2)
+                dx = None if dx is None else dx.view(ctx.shape)
+                return dx, dx, dw, None
+
+        _RMS_FN.extend([RMSNormFn, AddRMSNormFn])
     return _RMS_FN[0]
+
+
+def _add_rms_fn():
+    _rms_fn()
+    return _RMS_FN[1]
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -809,15 +871,130 @@ def _deepstack_process(self, hidden_states, visual_pos_masks, visual_embeds):
     return flat.index_add(0, idx, visual_embeds).view(hidden_states.shape)
 
 
-def fast_text(model) -> list[str]:
-    """Bind `_deepstack_process` onto `model`'s Qwen3-VL text model (same math, no host syncs); returns
-    ["deepstack_index"] when bound: only with the weights on CUDA. Idempotent; `unfuse_model` takes it off."""
-    params = next(model.parameters(), None)
-    if params is None or not params.is_cuda:
-        return []
-    found = False
+# Linears that read the same input (q/k/v_proj, gate/up_proj): in backward, autograd sums their input gradients
+# with separate adds over the [tokens, hidden] activation (two for q/k/v, one for gate/up, every layer and
+# micro-batch). `_shared_input_forward` runs the group through one autograd function whose backward accumulates the
+# input gradient in the GEMMs (addmm_, beta 1); the forward products are the stock ones.
+_MULTI_FN: list = []
+
+
+def _multi_linear_fn():
+    if not _MULTI_FN:
+        import torch
+
+        class MultiLinearFn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, *weights):
+                x2 = x.reshape(-1, x.shape[-1])
+                ctx.save_for_backward(x2, *weights)
+                ctx.shape = x.shape
+                return tuple(torch.mm(x2, w.t()).view(*x.shape[:-1], w.shape[0]) for w in weights)
+
+            @staticmethod
+            def backward(ctx, *dys):
+                x2, *weights = ctx.saved_tensors
+                dx, dws = None, []
+                for i, (dy, w) in enumerate(zip(dys, weights)):
+                    dy2 = dy.reshape(-1, dy.shape[-1])
+                    if ctx.needs_input_grad[0]:
+                        dx = torch.mm(dy2, w) if dx is None else dx.addmm_(dy2, w)
+                    dws.append(torch.mm(dy2.t(), x2) if ctx.needs_input_grad[i + 1] else None)
+                return (None if dx is None else dx.view(ctx.shape), *dws)
+
+        _MULTI_FN.append(MultiLinearFn)
+    return _MULTI_FN[0]
+
+
+class _SharedInput:
+    """A group of linears reading one input; the first one's call computes all, the others take their outputs."""
+
+    def __init__(self, mods):
+        self.mods, self.x, self.outs = list(mods), None, {}
+
+
+def _shared_input_forward(self, x):
+    g = self.__dict__.get("_flywheel_group")
+    if g is None or not TEXT_LEVERS["shared_input"] or not (x.is_cuda or g.__dict__.get("any_device")):
+        return type(self).forward(self, x)
+    if g.x is x and self in g.outs:
+        out = g.outs.pop(self)
+        if not g.outs:
+            g.x = None
+        return out
+    if self is not g.mods[0]:
+        return type(self).forward(self, x)
+    outs = _multi_linear_fn().apply(x, *(m.weight for m in g.mods))
+    g.x, g.outs = x, dict(zip(g.mods[1:], outs[1:]))
+    return outs[0]
+
+
+# The decoder layer's mid residual add and the post-attention RMSNorm after it as one function (AddRMSNormFn): one
+# pass forward instead of two, and in backward the residual's gradient is added inside the norm's backward kernel
+# instead of by a separate add. The layer's other steps are its own modules, called as its stock forward does.
+_DECODER_CLASSES = ("Qwen3VLTextDecoderLayer",)
+
+
+def _decoder_layer_forward(self, hidden_states, *args, **kwargs):
+    post = self.post_attention_layernorm
+    if (
+        args
+        or "past_key_values" in kwargs
+        or not TEXT_LEVERS["add_norm"]
+        or not TEXT_LEVERS["rms_norm"]
+        or not hidden_states.is_cuda
+        or not isinstance(getattr(post, "variance_epsilon", None), float)
+        or getattr(post, "offset", 0.0) != 0.0
+        or getattr(post, "casting_mode", "llama") != "llama"
+    ):
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    try:
+        fn = _add_rms_fn()
+    except ImportError:
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    residual = hidden_states
+    h, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    hidden_states, h = fn.apply(residual, h, post.weight, post.variance_epsilon)
+    return hidden_states + self.mlp(h)
+
+
+_SHARED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _shared_input_groups(model):
+    import torch
+
     for mod in model.modules():
-        if type(mod).__name__ in _TEXT_MODEL_CLASSES and hasattr(type(mod), "_deepstack_process"):
+        if not type(mod).__name__.startswith("Qwen3VLText"):
+            continue
+        for names in _SHARED_GROUPS:
+            lins = [getattr(mod, n, None) for n in names]
+            if all(type(m) is torch.nn.Linear and m.bias is None for m in lins):
+                yield lins
+
+
+def fast_text(model, force: bool = False) -> list[str]:
+    """Bind `_deepstack_process` onto `model`'s Qwen3-VL text model (same math, no host syncs),
+    `_decoder_layer_forward` onto its decoder layers (the mid residual add fused with the post-attention RMSNorm) and
+    `_shared_input_forward` onto its q/k/v and gate/up linears (plain nn.Linear: full fine-tuning); returns what was
+    bound: only with the weights on CUDA (or `force`, for tests: the shared-input groups only). Idempotent;
+    `unfuse_model` takes them off."""
+    params = next(model.parameters(), None)
+    if params is None or not (params.is_cuda or force):
+        return []
+    applied: set[str] = set()
+    for mod in model.modules():
+        if params.is_cuda and type(mod).__name__ in _TEXT_MODEL_CLASSES and hasattr(type(mod), "_deepstack_process"):
             mod._deepstack_process = MethodType(_deepstack_process, mod)
-            found = True
-    return ["deepstack_index"] if found else []
+            applied.add("deepstack_index")
+    for mod in model.modules():
+        if params.is_cuda and type(mod).__name__ in _DECODER_CLASSES and hasattr(mod, "post_attention_layernorm"):
+            mod.forward = MethodType(_decoder_layer_forward, mod)
+            applied.add("add_rms_norm")
+    for lins in _shared_input_groups(model):
+        g = _SharedInput(lins)
+        g.any_device = force
+        for m in lins:
+            m.__dict__["_flywheel_group"] = g
+            m.forward = MethodType(_shared_input_forward, m)
+        applied.add("shared_input_linears")
+    return sorted(applied)
