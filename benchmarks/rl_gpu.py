@@ -3,6 +3,7 @@ TRL's `GRPOTrainer` loss on the same batch.
 
     python benchmarks/rl_gpu.py [--size 2b] [--batch 8] [--modes lora full] [--algos grpo sdpo]
                                 [--sdpo-modes sampled topk] [--steps 10] [--trl] [--ablate-kernels] [--breakdown]
+                                [--ablate-levers] [--ablate-text]
     python benchmarks/rl_gpu.py --size tiny --batch 4 --steps 1 --warmup 1 --screen 320x176 --text-tokens 150  # CPU
 
 Model: Qwen3-VL with the released 2B shape (random init, bf16, SDPA, no gradient checkpointing), as
@@ -22,7 +23,9 @@ response of 64-96 random token ids with behaviour log-probs. SDPO rows carry the
         Liger's fused RMSNorm/SwiGLU/RoPE onto the model when liger-kernel is installed (rl.fused_kernels; `kernels`
         in the JSON says what was applied); --ablate-kernels also times GRPO with them off ("grpo_no_kernels");
         --ablate-levers times GRPO as before issue #33 ("grpo_before": no fast_vision / linear patch embedding /
-        fused AdamW, the padding mask in the forward) before and after "grpo" ("_again"), `speedup_vs_before`.
+        fused AdamW, the padding mask in the forward) before and after "grpo" ("_again"), `speedup_vs_before`;
+        --ablate-text times it with session 20's levers off ("grpo_prev", "grpo_prev_again": Liger's RMSNorm,
+        PEFT's LoRA forward, the stock DeepStack / linears / tower preamble) around "grpo", `text_levers`.
         The kernels are taken off the model again before the next run (TRL gets the stock model).
         SDPO runs once per --sdpo-modes entry: "sdpo" (sampled-token) and "sdpo_topk" (logit-level, top-20 + tail).
   trl:  trl.GRPOTrainer (loss_type dr_grpo, the same clip range and max_completion_length as ours), constructed

@@ -1,33 +1,35 @@
-"""Benchmark (GPU): MFU of the packed SFT step that runs the vision tower, the last commit's step vs
-training.kernels.fast_vision, side by side in one process; the attention kernels probed first.
+"""Benchmark (GPU): MFU of the packed SFT step that runs the vision tower, the last commit's step vs now (session
+20: issue 33's levers on both sides, the text-model and host levers of session 20 only in "after"), side by side in
+one process; the attention kernels probed first.
 
-    python benchmarks/sft_mfu.py --data EXPORT.parquet [--batch 24] [--pack 24576] [--steps 4] [--out DIR]
-                                 [--lora] [--dump DIR [--dump-big]] [--no-probe] [--profile after b4_after]
-                                 [--groups checks variants b4]
-    OUT=DIR bash benchmarks/mfu_gpu.sh        # issue #33's run: this, rl_gpu.py and sft_unsloth.py side by side
+    python benchmarks/sft_mfu.py --data EXPORT.parquet [--batch 24] [--pack 24576] [--steps 4] [--pairs 2]
+                                 [--out DIR] [--lora] [--dump DIR [--dump-big]] [--no-probe] [--rms-sweep]
+                                 [--profile after b4_after] [--groups checks variants b4]
+    OUT=DIR bash benchmarks/mfu_gpu.sh        # issue #33's run: this and rl_gpu.py (UNSLOTH=1: sft_unsloth.py too)
 
 Data, model and step are benchmarks/sft_packing.py's: the curate export's screenshots resized to 1280x704 (880 image
 tokens each), every sample encoded once before timing, Qwen3-VL with the released 2B shape (random init, bf16, no
-gradient checkpointing), full fine-tuning with the vision tower frozen, Liger's RMSNorm/SwiGLU/RoPE when
-liger-kernel is installed, `training.sft.train_step` + `optimizer_step` with fused AdamW, --batch samples a step in
-packs of at most --pack tokens (varlen flash attention, no pads). The vision cache is off: the tower runs in every
-step, as in a first epoch. Prints JSON (also written to --out/sft_mfu.json as it goes):
-- `probe`: the attention kernels at this data's shapes, fwd (+ bwd for text) by CUDA events, median of 5: the
-  images' attention [images, 16 heads, 3520, 64] one SDPA call per image (the stock tower) vs one batched call a
-  layer on cuDNN / FlashAttention-2 / memory-efficient; the text model's causal GQA attention over one pack
-  (16 q / 8 kv heads, head dim 128) on our flash varlen vs one cuDNN SDPA call per sample;
-- `checks`: the fused vision RoPE against the stock function (bitwise share, max difference), the tower's outputs
-  with the fast forwards vs stock (relative L2 per output), one pack's loss both ways;
+gradient checkpointing), full fine-tuning with the vision tower frozen, the fused kernels (training.kernels:
+RMSNorm, Liger's SwiGLU/RoPE), `training.sft.train_step` + `optimizer_step` with fused AdamW, --batch samples a
+step in packs of at most --pack tokens (varlen flash attention, no pads). The vision cache is off: the tower runs in
+every step, as in a first epoch. Prints JSON (also written to --out/sft_mfu.json as it goes):
+- `probe`: the text model's causal GQA attention over one pack (16 q / 8 kv heads, head dim 128), fwd and fwd+bwd by
+  CUDA events, median of 5: our flash varlen vs cuDNN SDPA one call per sample and on the samples right-padded into
+  batches (one, or by length in groups of 4 / 2; native GQA or K/V repeated), and the padded path's differences from
+  flash; `probe(..., vision=True)` also the images' attention (session 18);
+- `checks`: the fused vision RoPE against the stock function, the tower's outputs with the fast forwards vs stock,
+  one pack's loss both ways; `rms_check`: training.kernels.rms_norm and Liger's against an fp32 reference at the
+  text model's two widths, with --rms-sweep the backward's launch configurations; `text_check`: one pack's loss and
+  gradients with session 20's levers off and on;
 - `variants`: tokens/s, MFU = 6 * N * tokens/s / 989 TFLOP/s (N = all parameters, the tower's included, as in every
   earlier SFT row), peak memory and a CUDA-event split (vision forward / text forward / rest = loss + backward /
-  optimizer) of, after an untimed-in-the-summary `warmup` side: `before` (the last commit: fast_vision off,
-  pixel_values kept in pageable memory and concatenated into a pinned buffer every step), `after` (what the stage
-  runs now: fast_vision, pixel_values kept page-locked and copied per sample), `after` without the pinned parts
-  and without the GELU epilogue, and `before`/`after` again; `summary` averages the two before and two after;
-- `profile_before` / `profile_after`: torch.profiler's top kernels of one step;
-- `b4`: the same step at 4 samples a step (one pack), before/after twice, the batches benchmarks/sft_unsloth.py's
-  sides train on (padded there);
-- `lora` (--lora): LoRA r16 (bf16 adapters, fp32 masters) before/after, both batch sizes;
+  optimizer) of, after an untimed `warmup` side, --pairs pairs of `before` (session 20's levers off: Liger's
+  RMSNorm, the stock tower preamble / LayerNorm / DeepStack / linears, pageable micro-batch copies, the loss read
+  before the optimizer step) and `after` (all on: what the stage runs now); `summary`: mean tokens/s and median
+  step time of each side type, with their MFU;
+- `profile_after` (`--profile`): torch.profiler's top kernels of one step and `gpu_gaps`, where the GPU idles;
+- `b4`: the same step at 4 samples a step (one pack) before/after twice (--groups b4);
+- `lora` (--lora): LoRA r16 (bf16 adapters, fp32 masters, no dropout) before/after pairs, `lora_summary`;
 - --dump DIR: the random-init model folder and the 4-sample padded batches (SFTCollator.pad) of the B4 stream, for
   benchmarks/sft_unsloth.py (Unsloth and Trainer + Liger on the image's transformers).
 """
