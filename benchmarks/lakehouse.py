@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/lakehouse.py grow [--episodes 20000 --procs 4 --lake bench-out/grown]
     .venv/bin/python benchmarks/lakehouse.py kill [--episodes 5000]
+    .venv/bin/python benchmarks/lakehouse.py writes [--episodes 1000]
 
 grow: `--procs` writer processes write `--episodes` synthetic episodes (3 steps with real PNG screenshots each), one
 transaction per episode (an episode row and its steps, as a rollout worker writes them). Then, each in a fresh
@@ -15,6 +16,9 @@ kill: two writer processes with separate local caches (no shared folder) on one 
 (moto), catalog in a real PostgreSQL (tests/pg_server.py). Each writes `--episodes` episodes under its own run
 key; one is SIGKILLed partway (while it commits, most likely: it does little else), then rerun to the end.
 Target: 0 lost and 0 duplicated rows, and the rerun completes the killed run.
+
+writes: the cost of one episode's transaction as a lake grows, with the replace (DELETE + INSERT) and without it
+(a new part, as rollout workers write), side by side in one process.
 Prints JSON.
 """
 
@@ -212,6 +216,47 @@ def kill(a) -> dict:
     }
 
 
+def writes(a) -> dict:
+    """One writer, two fresh lakes side by side: each episode written with the replace (DELETE of its part, then
+    INSERT: what every write did before session 20) and without it (a rollout worker's new episode), alternating, so
+    both see the same box. Seconds per episode per window of --window episodes, to show how each grows with the lake."""
+    scratch = Path(a.scratch).resolve()
+    shutil.rmtree(scratch, ignore_errors=True)
+    lakes = {"replace": Lake(scratch / "replace"), "new_part": Lake(scratch / "new_part")}
+    pngs = png_pool(16)
+    spent = {k: 0.0 for k in lakes}
+    windows: dict[str, list[float]] = {k: [] for k in lakes}
+    for i in range(a.episodes):
+        for mode, lake in lakes.items():
+            eps, st = synthetic_episodes(1, 3, seed=i, run_key="w0", id_prefix=f"w0-{i}", pngs=pngs)
+            t0 = time.perf_counter()
+            lake.write_many(
+                [("steps", st), ("episodes", eps)],
+                iteration=0,
+                stage="rollouts",
+                run_key="w0",
+                part=eps[0]["episode_id"],
+                replace=mode == "replace",
+            )
+            spent[mode] += time.perf_counter() - t0
+        if (i + 1) % a.window == 0:
+            for mode in lakes:
+                windows[mode].append(round(spent[mode] / a.window, 4))
+                spent[mode] = 0.0
+    counts = {k: connect(lake).execute("SELECT count(*) FROM episodes").fetchone()[0] for k, lake in lakes.items()}
+    return {
+        "benchmark": "lakehouse_writes",
+        "episodes": a.episodes,
+        "steps_per_episode": 3,
+        "window": a.window,
+        "s_per_episode_by_window": windows,
+        "episodes_written": counts,
+        "speedup_last_window": round(windows["replace"][-1] / windows["new_part"][-1], 2)
+        if windows["replace"]
+        else None,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -223,13 +268,17 @@ def main() -> None:
     k = sub.add_parser("kill")
     k.add_argument("--episodes", type=int, default=5000)
     k.add_argument("--scratch", default="bench-out/killed")
+    w = sub.add_parser("writes")
+    w.add_argument("--episodes", type=int, default=1000)
+    w.add_argument("--window", type=int, default=250)
+    w.add_argument("--scratch", default="bench-out/writes")
     m = sub.add_parser("measure")
     m.add_argument("--lake", required=True)
     a = ap.parse_args()
     if a.cmd == "measure":
         print(json.dumps(_measure(a.lake)))
         return
-    print(json.dumps(grow(a) if a.cmd == "grow" else kill(a), indent=1))
+    print(json.dumps({"grow": grow, "kill": kill, "writes": writes}[a.cmd](a), indent=1))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,20 @@ def _out_and_grads(model, ids, seed: int = 0):
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _off_and_on(model, ids, lever: str):
+    """(logits, grads) with kernels.TEXT_LEVERS[lever] off, then on (it is left on)."""
+    import training.kernels as K
+
+    got = {}
+    for on in (False, True):
+        K.TEXT_LEVERS[lever] = on
+        try:
+            got[on] = _out_and_grads(model, ids)
+        finally:
+            K.TEXT_LEVERS[lever] = True
+    return got[False], got[True]
+
+
 def test_fast_lora_gives_peft_outputs_and_gradients_and_comes_off():
     import training.kernels as K
 
@@ -77,14 +91,7 @@ def test_fast_lora_gives_peft_outputs_and_gradients_and_comes_off():
         model.train(train)
         assert K.fast_lora(model) == []  # CPU: not bound unless forced
         assert K.fast_lora(model, force=True) == ["lora"]
-        got = {}
-        for on in (False, True):
-            K.TEXT_LEVERS["lora"] = on
-            try:
-                got[on] = _out_and_grads(model, ids)
-            finally:
-                K.TEXT_LEVERS["lora"] = True
-        (y0, g0), (y1, g1) = got[False], got[True]
+        (y0, g0), (y1, g1) = _off_and_on(model, ids, "lora")
         assert torch.allclose(y1, y0, atol=1e-5, rtol=1e-4), (dropout, train, float((y1 - y0).abs().max()))
         assert g0.keys() == g1.keys() and any("lora_A" in n for n in g0)
         for n in g0:
@@ -103,14 +110,7 @@ def test_shared_input_linears_give_the_stock_outputs_and_gradients():
     ids = torch.randint(5, 200, (2, 17), generator=torch.Generator().manual_seed(1))
     assert K.fast_text(model) == []  # CPU: not bound unless forced
     assert K.fast_text(model, force=True) == ["shared_input_linears"]
-    got = {}
-    for on in (False, True):
-        K.TEXT_LEVERS["shared_input"] = on
-        try:
-            got[on] = _out_and_grads(model, ids)
-        finally:
-            K.TEXT_LEVERS["shared_input"] = True
-    (y0, g0), (y1, g1) = got[False], got[True]
+    (y0, g0), (y1, g1) = _off_and_on(model, ids, "shared_input")
     assert torch.equal(y1, y0)
     assert g0.keys() == g1.keys() and any("q_proj" in n for n in g0)
     for n in g0:
@@ -154,14 +154,7 @@ def test_fast_lora_matches_peft_on_cuda_bf16():
     model = _lora_model(0.0).to("cuda", torch.bfloat16)
     model.eval()
     assert K.fast_lora(model) == ["lora"]
-    got = {}
-    for on in (False, True):
-        K.TEXT_LEVERS["lora"] = on
-        try:
-            got[on] = _out_and_grads(model, ids)
-        finally:
-            K.TEXT_LEVERS["lora"] = True
-    (y0, g0), (y1, g1) = got[False], got[True]
+    (y0, g0), (y1, g1) = _off_and_on(model, ids, "lora")
     assert float((y1.float() - y0.float()).abs().max() / y0.float().abs().max()) < 3e-2
     for n in g0:
         cos = torch.nn.functional.cosine_similarity(g0[n].float().flatten(), g1[n].float().flatten(), dim=0)
