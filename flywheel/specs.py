@@ -18,13 +18,19 @@ from configs.models import FlywheelConfig
 from configs.runkeys import run_key
 from flywheel.errors import UserError
 from flywheel.runtime.spec import PolicySpec, RolloutSpec, git_sha, make_jobs
-from storage.lake import Lake, open_lake
+from storage.lake import Lake, LakeError, open_lake
 
 
 def lake_for(cfg: FlywheelConfig) -> Lake:
     """The lake the stages read and write: $FLYWHEEL_LAKE, else the config's lake.root. A command's `--lake`
-    sets $FLYWHEEL_LAKE (flywheel.cli.common.use_lake), so it outranks both, here and in every process it starts."""
-    return open_lake(cfg)
+    sets $FLYWHEEL_LAKE (flywheel.cli.common.use_lake), so it outranks both, here and in every process it starts.
+    A lake the OS will not let us create or open (a root under a missing or read-only parent, a folder without
+    write permission) raises LakeError: one line naming the path, not a traceback (docs/ERRORS.md)."""
+    try:
+        return open_lake(cfg)
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        raise LakeError(f"cannot create or open the lake: {e.strerror or e}{where}") from None
 
 
 def resolve_tasks(tasks: list[str], *, for_training: bool, cfg: FlywheelConfig | None = None) -> list[str]:
@@ -270,12 +276,65 @@ def check_student_model(cfg: FlywheelConfig, model: str) -> str:
             raise UserError(f"no model folder at {model}: {todo}")
         if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
             raise UserError(f"{model} is not a model folder (no config.json or adapter_config.json): {todo}")
+        check_model_folder(p)
         return model
     try:
         _hub_preflight(model)
     except ModelError as e:
         raise UserError(f"no model folder at {model}, and as a Hub id: {e}") from None
     return model
+
+
+def check_model_folder(p) -> None:
+    """A local model or adapter folder the workers could load: a Qwen-VL `model_type` in config.json and complete
+    weights. Reads only config.json and each safetensors header (no torch), so a folder of another architecture,
+    a checkpoint missing its weights or one cut short mid-copy fails in one line before any worker starts."""
+    import json
+    import struct
+
+    from training.models import _MODEL_TYPES
+
+    if (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+        try:
+            model_type = json.loads((p / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError) as e:
+            raise UserError(f"{p}/config.json is not a readable JSON object: {e}") from None
+        if model_type not in _MODEL_TYPES:
+            raise UserError(f"{p}: model type {model_type!r} is not Qwen3-VL or Qwen2.5-VL (config.json)")
+        stem = "model"
+    else:
+        stem = "adapter_model"
+    index = p / f"{stem}.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise UserError(f"{index} is not a readable weight index: {e}") from None
+    elif (p / f"{stem}.safetensors").is_file():
+        shards = [f"{stem}.safetensors"]
+    elif (p / f"{stem}.bin").is_file() or (p / "pytorch_model.bin").is_file():
+        return  # a torch pickle: no header to check without loading it
+    else:
+        raise UserError(f"{p} has no weights ({stem}.safetensors): an incomplete checkpoint folder")
+    for name in shards:
+        f = p / name
+        if not f.is_file():
+            raise UserError(f"{p} is missing the weight file {name} its index names: an incomplete checkpoint folder")
+        size = f.stat().st_size
+        try:
+            with f.open("rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n)) if 8 + n <= size else None
+        except (OSError, ValueError, struct.error):
+            header = None
+        if not isinstance(header, dict):
+            raise UserError(f"{f} is not a whole safetensors file (bad header): an incomplete checkpoint folder")
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        if 8 + n + end > size:
+            raise UserError(
+                f"{f} is cut short ({size} of {8 + n + end} bytes): an incomplete checkpoint folder, "
+                "copy or save it again"
+            )
 
 
 def latest_checkpoint(cfg: FlywheelConfig, before: int) -> str | None:

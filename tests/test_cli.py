@@ -205,10 +205,12 @@ def test_evaluate_defaults_to_the_lakes_newest_checkpoint(tmp_path):
 
 
 def test_rollout_error_from_the_workers_is_one_line(tmp_path):
-    """A folder that passes the up-front check but cannot load: the workers' RolloutError ends as one line too."""
+    """A folder that passes the up-front check (a Qwen-VL config.json; torch weights, whose content only loading
+    checks) but cannot load: the workers' RolloutError ends as one line too."""
     bad = tmp_path / "bad-model"
     bad.mkdir()
-    (bad / "config.json").write_text('{"model_type": "bert"}')
+    (bad / "config.json").write_text('{"model_type": "qwen3_vl"}')
+    (bad / "pytorch_model.bin").write_bytes(b"not a torch file")
     r = fw(
         "rollout",
         "--policy",
@@ -226,7 +228,7 @@ def test_rollout_error_from_the_workers_is_one_line(tmp_path):
         env=_offline_env(),
     )
     line = _one_line_error(r)
-    assert "env workers cannot start" in line and "is not Qwen3-VL or Qwen2.5-VL" in line
+    assert line.startswith("error: env workers cannot start:")
 
 
 # ---------------------------------------------------------------------------- --lake on every lake command

@@ -1,0 +1,162 @@
+"""Bad input as a new user gives it (issue 32, part 4): each case is one line on stderr and exit 2, nothing written.
+The table of what each prints: docs/ERRORS.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from storage.lake import Lake
+from storage.synthetic import synthetic_episodes
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_LAKE"}
+    return {**env, "HF_HUB_OFFLINE": "1", "COLUMNS": "400"}
+
+
+def run_fw(*args, cwd=None, prefix=(), timeout=180) -> subprocess.CompletedProcess:
+    cmd = [*prefix, sys.executable, "-m", "flywheel", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or ROOT, env=_env(), timeout=timeout)
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    """The error of a failed command: exit 2, exactly one non-empty stderr line, no traceback anywhere."""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr + r.stdout and len(lines) == 1, r.stderr[-2000:]
+    return lines[0]
+
+
+def _small_lake(root: Path) -> Lake:
+    lk = Lake(root)
+    eps, steps = synthetic_episodes(4, 2)
+    lk.write("episodes", eps, iteration=0, stage="rollouts", run_key="r")
+    lk.write("steps", steps, iteration=0, stage="rollouts", run_key="r")
+    return lk
+
+
+# ---------------------------------------------------------------------------- the lake
+@pytest.mark.parametrize(
+    "args",
+    [["lake", "stats"], ["query", "SELECT 1"], ["stage", "curate", "-c", TINY]],
+    ids=["lake-stats", "query", "stage-curate"],
+)
+def test_lake_folder_that_is_a_file(tmp_path, args):
+    f = tmp_path / "lake"
+    f.write_text("not a lake")
+    line = one_line(run_fw(*args, "--lake", str(f)))
+    assert f"lake root {f} is not a directory" in line
+    assert f.read_text() == "not a lake"  # untouched
+
+
+def test_lake_root_that_cannot_be_created(tmp_path):
+    """A config whose lake.root sits under a path no one can create (/proc is read-only for root too)."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(Path(TINY).read_text().replace("root: lake", "root: /proc/no-such-dir/lake"))
+    assert "/proc/no-such-dir/lake" in cfg.read_text()
+    line = one_line(run_fw("stage", "curate", "-c", str(cfg)))
+    assert line.startswith("error: cannot create or open the lake:") and "/proc/no-such-dir" in line
+
+
+def _read_only_prefix(lake: Path) -> list[str]:
+    """A command prefix under which `lake` really denies writes: chmod for a normal user; for root (whom chmod does
+    not stop) a private mount namespace with a read-only bind mount of the lake. Skips where neither is possible."""
+    if os.geteuid() != 0:
+        for p in [lake, *lake.rglob("*")]:
+            p.chmod(p.stat().st_mode & ~0o222)
+        return []
+    if not shutil.which("unshare"):
+        pytest.skip("running as root (chmod does not deny root writes) and no `unshare` for a read-only mount")
+    ro = f'mount --bind {lake} {lake} && mount -o remount,bind,ro {lake} && exec "$0" "$@"'
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", ro, "sh", "-c", f"! touch {lake}/probe"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"running as root and cannot make a read-only mount here: {probe.stderr.decode()[-200:]}")
+    return ["unshare", "-m", "sh", "-c", ro]
+
+
+@pytest.mark.parametrize("args", [["lake", "stats"], ["stage", "curate", "-c", TINY]], ids=["lake-stats", "curate"])
+def test_read_only_lake(tmp_path, args):
+    lake = _small_lake(tmp_path / "lake").root
+    before = sorted(p.relative_to(lake) for p in lake.rglob("*"))
+    line = one_line(run_fw(*args, "--lake", str(lake), prefix=_read_only_prefix(lake)))
+    assert line.startswith("error:") and str(lake) in line
+    assert sorted(p.relative_to(lake) for p in lake.rglob("*")) == before  # nothing written
+
+
+# ---------------------------------------------------------------------------- model folders
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("model") / "m"
+    r = run_fw("model", "init", "--size", "tiny", "--out", str(out), "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+def _rollout(model: Path, lake: Path) -> subprocess.CompletedProcess:
+    args = ["--policy", "student", "--model", str(model), "--tasks", "click-test", "--seeds", "0"]
+    return run_fw("rollout", *args, "--lake", str(lake), "-c", TINY)
+
+
+def _broken(tiny_model: Path, tmp_path: Path, how: str) -> Path:
+    bad = tmp_path / how
+    shutil.copytree(tiny_model, bad)
+    w = bad / "model.safetensors"
+    if how == "no-weights":
+        w.unlink()
+    elif how == "cut-weights":
+        with w.open("r+b") as f:
+            f.truncate(w.stat().st_size // 2)
+    elif how == "other-arch":
+        cfg = json.loads((bad / "config.json").read_text())
+        (bad / "config.json").write_text(
+            json.dumps({**cfg, "model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+        )
+    return bad
+
+
+@pytest.mark.parametrize(
+    "how, needle",
+    [
+        ("no-weights", "has no weights (model.safetensors): an incomplete checkpoint folder"),
+        ("cut-weights", "model.safetensors is cut short"),
+        ("other-arch", "model type 'llama' is not Qwen3-VL or Qwen2.5-VL (config.json)"),
+    ],
+)
+def test_broken_model_folder_fails_before_any_worker(tiny_model, tmp_path, how, needle):
+    bad, lake = _broken(tiny_model, tmp_path, how), tmp_path / "lake"
+    assert needle in one_line(_rollout(bad, lake))
+    assert not lake.exists()  # checked up front: no lake written, no worker started
+    r = run_fw("stage", "evaluate", "--checkpoint", str(bad), "--lake", str(lake), "-c", TINY)
+    assert needle in one_line(r) and not lake.exists()
+
+
+def test_whole_model_folder_passes_the_check(tiny_model):
+    """The up-front check must not refuse a good folder (else the broken-folder tests could pass vacuously)."""
+    from flywheel.specs import check_model_folder
+
+    check_model_folder(tiny_model)
+
+
+# ---------------------------------------------------------------------------- flywheel up
+def test_up_on_a_taken_port(tmp_path):
+    """Another process holds the port (not a Prefect server): `flywheel up` says so at once, starts nothing."""
+    shutil.copy(ROOT / "prefect.yaml", tmp_path / "prefect.yaml")  # a project folder of its own: own .prefect state
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_fw("up", "--port", str(port), cwd=tmp_path, timeout=150)
+    line = one_line(r)
+    assert f"port {port} on 127.0.0.1 is taken by another process" in line and "pick another --port" in line
+    assert not (tmp_path / ".prefect" / "flywheel-up.json").exists()  # no server, pool or worker left behind
