@@ -160,3 +160,51 @@ def test_up_on_a_taken_port(tmp_path):
     line = one_line(r)
     assert f"port {port} on 127.0.0.1 is taken by another process" in line and "pick another --port" in line
     assert not (tmp_path / ".prefect" / "flywheel-up.json").exists()  # no server, pool or worker left behind
+
+
+# ---------------------------------------------------------------------------- Ctrl-C during a stage
+def test_ctrl_c_during_rollouts_leaves_whole_episodes_and_the_rerun_completes(tmp_path):
+    """SIGINT to the command's process group (what Ctrl-C sends) mid-rollout: one line, exit 130, only whole
+    episodes in the lake (every episode has its steps), and the same command run again fills in the rest."""
+    import signal
+    import threading
+    import time
+
+    lake = tmp_path / "lake"
+    args = ["rollout", "--policy", "scripted", "--tasks", "click-test,focus-text", "--seeds", "0-49", "--envs", "1"]
+    cmd = [sys.executable, "-m", "flywheel", *args, "-c", TINY, "--lake", str(lake)]
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    out_lines: list[str] = []
+    reader = threading.Thread(target=lambda: out_lines.extend(p.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and not any("episodes (0%), started" in ln for ln in out_lines):
+        time.sleep(0.2)
+    time.sleep(4)  # some episodes written (about 5/s on the tiny config), most still to come
+    os.killpg(p.pid, signal.SIGINT)
+    err = p.communicate(timeout=120)[1]
+    reader.join(timeout=10)
+    out = "".join(out_lines)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 130, (p.returncode, err[-2000:])
+    assert lines == ["interrupted (Ctrl-C); rerun the same command to continue"] and "Traceback" not in out + err
+
+    def counts():
+        from storage.catalog import connect
+
+        db = connect(Lake(lake))
+        n_eps = db.execute("SELECT count(*) FROM episodes").fetchone()[0]
+        orphans = db.execute(
+            "SELECT count(*) FROM episodes e WHERE NOT EXISTS (SELECT 1 FROM steps s WHERE s.episode_id = e.episode_id)"
+        ).fetchone()[0]
+        return n_eps, orphans
+
+    n_eps, orphans = counts()
+    assert 0 < n_eps < 100 and orphans == 0  # interrupted partway; nothing partial
+    r = run_fw(*args, "-c", TINY, "--lake", str(lake))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert counts() == (100, 0)
+    v = run_fw("lake", "verify", "--lake", str(lake))
+    assert v.returncode == 0 and "0 bad" in v.stdout, v.stdout + v.stderr

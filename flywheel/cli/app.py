@@ -82,6 +82,12 @@ def main() -> None:
     show_on_console()  # progress lines where no bar draws (`flywheel run > log.txt`): training/progress.py
     try:
         app()
+    except SystemExit as e:
+        if e.code == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into a silent Exit(130): say so in one line
+            err_console.print(
+                "[yellow]interrupted (Ctrl-C)[/yellow]; rerun the same command to continue", highlight=False
+            )
+        raise
     except USER_ERRORS as e:
         err_console.print(f"[red]error:[/red] {e}", highlight=False, markup=True)
         sys.exit(2)
