@@ -179,27 +179,35 @@ def test_ctrl_c_during_rollouts_leaves_whole_episodes_and_the_rerun_completes(tm
     out_lines: list[str] = []
     reader = threading.Thread(target=lambda: out_lines.extend(p.stdout), daemon=True)
     reader.start()
-    deadline = time.time() + 120
-    while time.time() < deadline and not any("episodes (0%), started" in ln for ln in out_lines):
-        time.sleep(0.2)
-    time.sleep(4)  # some episodes written (about 5/s on the tiny config), most still to come
+
+    def counts():
+        from storage.catalog import connect
+
+        db = connect(Lake(lake, create=False))
+        n_eps = db.execute("SELECT count(*) FROM episodes").fetchone()[0]
+        orphans = db.execute(
+            "SELECT count(*) FROM episodes e WHERE NOT EXISTS (SELECT 1 FROM steps s WHERE s.episode_id = e.episode_id)"
+        ).fetchone()[0]
+        return n_eps, orphans
+
+    # interrupt once the first episodes are committed (a slow box only moves this later; 100 episodes take ~20 s
+    # at the tiny config's ~5/s, so the interrupt lands mid-run)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        try:
+            if counts()[0] >= 2:
+                break
+        except Exception:  # noqa: BLE001 - no lake yet
+            pass
+        time.sleep(0.3)
+    assert p.poll() is None, "the rollout ended before it could be interrupted"
     os.killpg(p.pid, signal.SIGINT)
     err = p.communicate(timeout=120)[1]
     reader.join(timeout=10)
     out = "".join(out_lines)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert p.returncode == 130, (p.returncode, err[-2000:])
-    assert lines == ["interrupted (Ctrl-C); rerun the same command to continue"] and "Traceback" not in out + err
-
-    def counts():
-        from storage.catalog import connect
-
-        db = connect(Lake(lake))
-        n_eps = db.execute("SELECT count(*) FROM episodes").fetchone()[0]
-        orphans = db.execute(
-            "SELECT count(*) FROM episodes e WHERE NOT EXISTS (SELECT 1 FROM steps s WHERE s.episode_id = e.episode_id)"
-        ).fetchone()[0]
-        return n_eps, orphans
+    assert lines == ["interrupted (Ctrl-C); rerun the same command to continue"] and "Traceback" not in out + err, err
 
     n_eps, orphans = counts()
     assert 0 < n_eps < 100 and orphans == 0  # interrupted partway; nothing partial
