@@ -173,8 +173,17 @@ def test_ctrl_c_during_rollouts_leaves_whole_episodes_and_the_rerun_completes(tm
     lake = tmp_path / "lake"
     args = ["rollout", "--policy", "scripted", "--tasks", "click-test,focus-text", "--seeds", "0-49", "--envs", "1"]
     cmd = [sys.executable, "-m", "flywheel", *args, "-c", TINY, "--lake", str(lake)]
+    # SIGINT back to its default in the child: a test run started in the background by a shell without job control
+    # inherits SIGINT ignored, and an ignored signal stays ignored across exec (Python then installs no handler)
     p = subprocess.Popen(
-        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     out_lines: list[str] = []
     reader = threading.Thread(target=lambda: out_lines.extend(p.stdout), daemon=True)
