@@ -101,8 +101,8 @@ class _Meta:
                     [me, info, now + lease, _NAME, got["holder"], got["expires"]],
                 )
 
-        lost = (duckdb.ConstraintException, duckdb.TransactionException)
-        transaction(take, retry_if=lambda e: isinstance(e, lost) or is_conflict(e), deadline_s=10)
+        # a constraint error is the other parent's insert of the free row; is_conflict covers the rest
+        transaction(take, retry_if=lambda e: isinstance(e, duckdb.ConstraintException) or is_conflict(e), deadline_s=10)
         return self.current()
 
     def run(self, sql: str, params: list) -> None:
