@@ -19,15 +19,22 @@ uses the pointer left by an earlier moveTo/click of the same episode (`Pointer`)
 What the schema cannot hold exactly is said, never guessed silently:
 - `ParsedCode.notes`: a scroll beyond our +-50 wheel clicks is saturated at 50; the note keeps the source magnitude
   and its unit (pyautogui `clicks`), and the importers record it with the step.
-- `ParsedCode.flag`: a scroll before any pointer position is known (pyautogui scrolls wherever the mouse is) is
-  placed at the screen centre and flagged; the importers keep the step, its action and the flag as its reason,
-  with parse_ok false, so it stays out of SFT. That guessed centre never becomes the pointer: a scroll without
-  coordinates does not move the mouse, so the next one is just as unknown (and flagged) until a click or moveTo.
+- `ParsedCode.flag`: a step whose actions are in the schema but are not fit to be SFT targets. The importers keep
+  the step with its action (parse_ok true), set `fallback_parse` (curate's exclusion) and record the flag as the
+  step's reason (`parse_error`). Two rules set it:
+  - a scroll before any pointer position is known (pyautogui scrolls wherever the mouse is) is placed at the screen
+    centre. That guessed centre never becomes the pointer: a scroll without coordinates does not move the mouse,
+    so the next one is just as unknown (and flagged) until a click or moveTo;
+  - with `off_screen="clamp"` (code that ran through pyautogui on the VM, as OSWorld's result folders record it),
+    a point off the screen is kept where the pointer went: onto the screen's nearest edge pixel (X confines the
+    pointer to the screen). A note keeps the source point and the one mapped. With the default
+    `off_screen="reject"` such a point is an error (a 0..1 field holding pixels is a wrong unit, not an edge).
 """
 
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,8 +96,26 @@ class _Ctx:
     ptr: Pointer
     w: float
     h: float
+    clamp: bool = False  # off-screen points: onto the screen edge (flagged) instead of an error
     notes: list[dict[str, Any]] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
+
+    def on_screen(self, fn: str, x: float, y: float) -> tuple[float, float]:
+        """(x, y) if it lies on the screen; else the error, or with `clamp` the nearest edge pixel, noted and
+        flagged (pyautogui hands the point to X, which keeps the pointer on the screen)."""
+        if 0 <= x < self.w and 0 <= y < self.h:
+            return x, y
+        where = f"point ({x:g}, {y:g}) is off the {self.w:g}x{self.h:g} screen"
+        if not self.clamp:
+            raise PyAutoGUIError(where)
+        cx, cy = min(max(x, 0.0), float(math.ceil(self.w) - 1)), min(max(y, 0.0), float(math.ceil(self.h) - 1))
+        self.notes.append(
+            {"note": "point off the screen", "source": [x, y], "mapped": [cx, cy], "unit": "screen pixels"}
+        )
+        self.flags.append(
+            f"{where}: {fn} kept at ({cx:g}, {cy:g}), the screen edge where the pointer stops; not fit for SFT"
+        )
+        return cx, cy
 
 
 def _literal(node: ast.AST) -> Any:
@@ -132,7 +157,7 @@ def _bind(fn: str, call: ast.Call) -> dict[str, Any]:
     return out
 
 
-def _xy(fn: str, a: dict, ptr: Pointer) -> tuple[float, float]:
+def _xy(fn: str, a: dict, ptr: Pointer, ctx: _Ctx | None = None) -> tuple[float, float]:
     x, y = a.get("x"), a.get("y")
     if x is None and y is None:
         if ptr.x is None:
@@ -140,7 +165,9 @@ def _xy(fn: str, a: dict, ptr: Pointer) -> tuple[float, float]:
         return ptr.x, ptr.y  # type: ignore[return-value]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y)):
         raise PyAutoGUIError(f"{fn}: x and y must be numbers")
-    return float(x), float(y)
+    if ctx is not None and not all(math.isfinite(v) for v in (x, y)):
+        raise PyAutoGUIError(f"{fn}: x and y must be finite")
+    return ctx.on_screen(fn, float(x), float(y)) if ctx is not None else (float(x), float(y))
 
 
 def _keys(v: Any) -> list[str]:
@@ -164,7 +191,7 @@ def _scroll(fn: str, a: dict, ctx: _Ctx) -> list[Action]:
             "kept at the screen centre, not fit for SFT"
         )
     else:
-        x, y = _xy(fn, a, ctx.ptr)
+        x, y = _xy(fn, a, ctx.ptr, ctx)
     n = max(-MAX_SCROLL, min(MAX_SCROLL, clicks))
     if n != clicks:
         ctx.notes.append({"note": "scroll saturated", "source": clicks, "unit": SCROLL_UNIT, "mapped": n})
@@ -197,9 +224,9 @@ def _action(fn: str, a: dict, ctx: _Ctx) -> list[Action]:
     if fn == "dragTo":
         if ptr.x is None:
             raise PyAutoGUIError("dragTo without a known start point (no earlier moveTo/click)")
-        x, y = _xy(fn, a, ptr)
+        x, y = _xy(fn, a, ptr, ctx)
         return [Drag(x1=ptr.x, y1=ptr.y, x2=x, y2=y)]
-    x, y = _xy(fn, a, ptr)
+    x, y = _xy(fn, a, ptr, ctx)
     button = a.get("button", "left")
     if fn == "moveTo":
         return [Move(x=x, y=y)]
@@ -214,7 +241,7 @@ def _action(fn: str, a: dict, ctx: _Ctx) -> list[Action]:
     return [Click(x=x, y=y, button=button, clicks=a.get("clicks", 1))]
 
 
-def _computer(fn: str, call: ast.Call) -> list[Action]:
+def _computer(fn: str, call: ast.Call, ctx: _Ctx) -> list[Action]:
     """OpenCUA's own functions (its action list: wait, terminate, triple_click)."""
     _no_star(f"computer.{fn}", call)
     kw = {k.arg: _literal(k.value) for k in call.keywords}
@@ -224,7 +251,7 @@ def _computer(fn: str, call: ast.Call) -> list[Action]:
         pos = dict(zip(("x", "y"), (_literal(a) for a in call.args)))
         if len(call.args) > 2 or set(pos) & set(kw) or set(kw) - {"x", "y"} or len({**pos, **kw}) != 2:
             raise PyAutoGUIError("computer.triple_click takes x and y")
-        x, y = _xy("computer.triple_click", {**pos, **kw}, Pointer())
+        x, y = _xy("computer.triple_click", {**pos, **kw}, Pointer(), ctx)
         return [Click(x=x, y=y, clicks=3)]
     status = kw.get("status", _literal(call.args[0]) if call.args else None)
     if status not in ("success", "failure"):
@@ -252,7 +279,7 @@ def _statement(st: ast.stmt, ctx: _Ctx) -> list[Action]:
             raise PyAutoGUIError("time.sleep: seconds must be a number")
         return [Wait(seconds=float(s))]
     if mod == "computer" and fn in ("wait", "terminate", "triple_click"):
-        actions = _computer(fn, call)
+        actions = _computer(fn, call, ctx)
     elif mod != "pyautogui" or fn not in _SIGS:
         raise PyAutoGUIError(f"unsupported function {mod}.{fn}")
     else:
@@ -272,8 +299,13 @@ def _is_string(st: ast.stmt) -> bool:
     return isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str)
 
 
-def read_pyautogui(code: Any, screen_w: float, screen_h: float, pointer: Pointer | None = None) -> ParsedCode:
-    """OSWorld action text -> ParsedCode (actions in screen pixels, or the reason). Never raises, never executes."""
+def read_pyautogui(
+    code: Any, screen_w: float, screen_h: float, pointer: Pointer | None = None, *, off_screen: str = "reject"
+) -> ParsedCode:
+    """OSWorld action text -> ParsedCode (actions in screen pixels, or the reason). Never raises, never executes.
+    `off_screen`: "reject" (a point off the screen is an error) or "clamp" (kept at the screen edge, flagged)."""
+    if off_screen not in ("reject", "clamp"):
+        raise ValueError(f"off_screen must be 'reject' or 'clamp', not {off_screen!r}")
     ptr = pointer if pointer is not None else Pointer()
     if not isinstance(code, str):
         return ParsedCode(error=f"action is not a string ({type(code).__name__})")
@@ -290,7 +322,7 @@ def read_pyautogui(code: Any, screen_w: float, screen_h: float, pointer: Pointer
         tree = ast.parse(text, mode="exec")
         strings = [st.value.value.strip() for st in tree.body if _is_string(st)]  # type: ignore[attr-defined]
         thought = "\n\n".join(s for s in strings if s) or None
-        ctx = _Ctx(ptr, screen_w, screen_h)
+        ctx = _Ctx(ptr, screen_w, screen_h, clamp=off_screen == "clamp")
         actions = [a for st in tree.body if not _is_string(st) for a in _statement(st, ctx)]
         if not actions:
             raise PyAutoGUIError("no pyautogui action" + (" (only a string)" if strings else ""))

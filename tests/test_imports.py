@@ -105,7 +105,8 @@ def test_import_osworld_results_from_the_cli(tmp_path):
     r = fw("import", "osworld-results", str(FIXTURES), "--lake", str(lake))
     assert r.returncode == 1, r.stderr  # one folder has a corrupt line
     assert (
-        "imported 2 episodes (12 steps, 3 kept unparsed with a reason), 0 already in the lake, 1 rejected" in r.stdout
+        "imported 2 episodes (12 steps, 2 kept unparsed with a reason, 1 parsed but flagged unfit for SFT), "
+        "0 already in the lake, 1 rejected" in r.stdout
     )
     rejected = [ln for ln in r.stderr.splitlines() if "rejected" in ln]
     assert len(rejected) == 1 and "7a4deb26-d57d-4ea9-9a73-630f66a7b568/traj.jsonl:2: not JSON" in rejected[0]
@@ -137,13 +138,17 @@ def test_import_osworld_results_from_the_cli(tmp_path):
     assert all(s[1] for s in steps) and {(s[4], s[5]) for s in steps} == {(192, 108)} and all(s[8] for s in steps)
     assert steps[1][6].endswith("[part 1 of 3]") and steps[0][7].startswith("The Chrome menu")
     bad = con.execute(
-        """SELECT s.step_idx, s.parse_error FROM steps s JOIN episodes e USING (episode_id)
-                         WHERE e.task_id = ? AND NOT s.parse_ok ORDER BY 1""",
+        """SELECT s.step_idx, s.parse_ok, s.fallback_parse, s.parse_error, s.action FROM steps s
+                         JOIN episodes e USING (episode_id) WHERE e.task_id = ? AND s.parse_error IS NOT NULL
+                         ORDER BY 1""",
         [OS_TASK],
     ).fetchall()
     assert [b[0] for b in bad] == [0, 1, 2]
-    assert "no screenshot of the screen before" in bad[0][1] and "only `import pyautogui`" in bad[1][1]
-    assert "unsupported statement" in bad[2][1]
+    # the first step has no screen before it: its action is kept, in the schema, flagged out of SFT
+    assert bad[0][1:3] == (True, True) and json.loads(bad[0][4])["action"] == "right_click"
+    assert "no screenshot of the screen before this step" in bad[0][3] and "not fit for SFT" in bad[0][3]
+    assert bad[1][1:3] == (False, False) and bad[1][4] is None and "only `import pyautogui`" in bad[1][3]
+    assert "unsupported statement" in bad[2][3]
     final = con.execute("SELECT count(*) FROM steps WHERE is_final AND screenshot IS NOT NULL").fetchone()
     assert final == (2,)
 
@@ -319,8 +324,8 @@ def test_a_timed_out_run_keeps_its_steps_with_status_error_and_an_empty_run_is_n
     r = fw("import", "osworld-results", str(SHAPES), "--lake", str(lake))
     assert r.returncode == 0, r.stderr  # nothing rejected: the empty run is passed over, named
     assert (
-        "imported 1 episodes (4 steps, 1 kept unparsed with a reason), 0 already in the lake, "
-        "1 passed over (no episode in them), 0 rejected" in r.stdout
+        "imported 1 episodes (4 steps, 0 kept unparsed with a reason, 1 parsed but flagged unfit for SFT), "
+        "0 already in the lake, 1 passed over (no episode in them), 0 rejected" in r.stdout
     )
     assert "b0000000-0000-4000-8000-00000000000b/traj.jsonl: no steps to import" in r.stdout
     assert "a bytes-like object is required" in r.stdout
@@ -328,14 +333,15 @@ def test_a_timed_out_run_keeps_its_steps_with_status_error_and_an_empty_run_is_n
     ep = con.execute("SELECT status, error, task_reward, success, n_steps FROM episodes").fetchone()
     assert ep[0] == "error" and "traj.jsonl:5: Time limit exceeded in chrome/" in ep[1] and ep[2:] == (None, False, 4)
     steps = con.execute(
-        "SELECT action, parse_ok, parse_error, thought, prompt_context FROM steps WHERE NOT is_final ORDER BY step_idx"
+        """SELECT action, parse_ok, parse_error, thought, prompt_context, fallback_parse FROM steps
+           WHERE NOT is_final ORDER BY step_idx"""
     ).fetchall()
     acts = [json.loads(s[0]) for s in steps]
     assert [a["action"] for a in acts] == ["scroll", "click", "key", "scroll"]
-    # the first scroll comes before any pointer position: kept, with its action, out of SFT with the reason
-    assert steps[0][1] is False and "before any pointer position is known" in steps[0][2]
+    # the first scroll comes before any pointer position: parsed into the schema, kept, flagged out of SFT
+    assert steps[0][1] is True and steps[0][5] is True and "before any pointer position is known" in steps[0][2]
     assert steps[0][3].startswith("Observation:\nA long article") and steps[1][3].endswith("at the bottom left.")
-    assert all(s[1] for s in steps[1:]) and acts[2]["keys"] == ["ctrl", "f"]
+    assert all(s[1] and not s[5] for s in steps[1:]) and acts[2]["keys"] == ["ctrl", "f"]
     assert acts[3]["dy"] == 50 and json.loads(steps[3][4])["notes"][0] == {
         "note": "scroll saturated",
         "source": -800,
@@ -357,8 +363,9 @@ def test_several_actions_of_one_response_see_its_screen_and_a_trial_folder_is_no
     lake = tmp_path / "lake"
     r = fw("import", "osworld-results", str(LAYOUTS), "--lake", str(lake))
     assert r.returncode == 1  # the pointer-only run is rejected, named
-    assert "imported 2 episodes (6 steps, 2 kept unparsed with a reason), 0 already in the lake, 1 rejected" in (
-        r.stdout
+    assert (
+        "imported 2 episodes (6 steps, 0 kept unparsed with a reason, 2 parsed but flagged unfit for SFT), "
+        "0 already in the lake, 1 rejected" in r.stdout
     )
     con = connect(lake)
     ep = con.execute(
@@ -410,7 +417,7 @@ def test_a_git_lfs_pointer_before_the_lines_is_skipped_and_noted_and_alone_is_a_
     notes = [json.loads(s[3])["notes"] for s in steps]
     assert all("lines 1-3 are a Git LFS pointer" in n[0]["note"] for n in notes)
     # no click or moveTo ever placed the pointer: both scrolls are kept, flagged (the first one no more than the next)
-    assert [s[1] for s in steps] == [False, False] and all("before any pointer position" in s[2] for s in steps)
+    assert [s[1] for s in steps] == [True, True] and all("before any pointer position" in s[2] for s in steps)
 
 
 def test_a_scroll_without_coordinates_does_not_make_its_guessed_point_the_pointer():
@@ -478,7 +485,8 @@ def test_imported_demos_reach_the_sft_dataset_unchanged(tmp_path):
         for r in connect(root)
         .execute(
             """SELECT s.episode_id, s.step_idx, s.action, s.thought, s.action_desc, s.screen_w, s.screen_h
-               FROM steps s JOIN episodes e USING (episode_id) WHERE e.success AND s.parse_ok AND NOT s.is_final"""
+               FROM steps s JOIN episodes e USING (episode_id)
+               WHERE e.success AND s.parse_ok AND NOT s.fallback_parse AND NOT s.is_final"""
         )
         .fetchall()
     }
@@ -521,3 +529,85 @@ def test_agentnet_annotations_are_kept_with_each_step(tmp_path):
     assert ctx["observation"] == "The desktop shows report.txt." and ctx["last_step_correct"] is True
     assert ctx["last_step_redundant"] is False and ctx["record"]["alignment_score"] == 9
     assert ctx["record"]["actual_task"] == "Rename report.txt to final_report.txt"
+
+
+# ---- off-screen points, misread points, missing first screens (issue 31, session 21) ------------------------
+
+
+def test_an_off_screen_point_that_ran_is_kept_at_the_screen_edge_flagged_and_noted():
+    # pyautogui hands the point to X, which keeps the pointer on the screen: the click ran at the edge
+    ptr = Pointer()
+    p = read_pyautogui("pyautogui.click(1, 1649)", 1920, 1080, ptr, off_screen="clamp")
+    assert p.error is None and p.actions == [Click(x=1, y=1079)] and (ptr.x, ptr.y) == (1, 1079)
+    assert p.flag and "point (1, 1649) is off the 1920x1080 screen: click kept at (1, 1079)" in p.flag
+    assert p.notes == [
+        {"note": "point off the screen", "source": [1.0, 1649.0], "mapped": [1.0, 1079.0], "unit": "screen pixels"}
+    ]
+    p = read_pyautogui("pyautogui.moveTo(-5, 20); pyautogui.dragTo(2500, 2000)", 1920, 1080, off_screen="clamp")
+    assert p.actions == [Move(x=0, y=20), Drag(x1=0, y1=20, x2=1919, y2=1079)] and len(p.notes) == 2
+    assert read_pyautogui("pyautogui.click(5, 6)", 1920, 1080, off_screen="clamp").flag is None
+    # the default (AgentNet's unit square, where pixels in a 0..1 field are a wrong unit) stays an error
+    assert read_pyautogui("pyautogui.click(1, 1649)", 1920, 1080).error == "point (1, 1649) is off the 1920x1080 screen"
+    assert "must be finite" in read_pyautogui("pyautogui.click(1e999, 5)", 9, 9, off_screen="clamp").error
+
+
+GROUNDING = Path(__file__).parent / "fixtures" / "osworld_results_grounding"
+GROUNDED_RUN = "d0000000-0000-4000-8000-000000000001"
+
+
+def test_flagged_steps_are_in_the_schema_and_out_of_sft(tmp_path):
+    """A run in the shape of a grounding agent's (response 'click:<target>@(x,y)', x = 1 where its reply was misread)
+    without step_0.png: every step parses into the schema; the first (no screen before it, a point below the screen),
+    the second (x = 1 misread) are flagged, and curate takes only the others as SFT targets."""
+    from configs.models import load_config
+    from training.export import curate
+
+    lake = tmp_path / "lake"
+    r = fw("import", "osworld-results", str(GROUNDING), "--lake", str(lake))
+    assert r.returncode == 0, r.stderr
+    assert "imported 1 episodes (6 steps, 0 kept unparsed with a reason, 2 parsed but flagged unfit for SFT)" in (
+        r.stdout
+    )
+    steps = (
+        connect(lake)
+        .execute(
+            """SELECT s.step_idx, s.action, s.parse_ok, s.fallback_parse, s.parse_error, s.prompt_context
+               FROM steps s WHERE NOT s.is_final ORDER BY s.step_idx"""
+        )
+        .fetchall()
+    )
+    acts = [json.loads(s[1]) for s in steps]
+    assert all(s[2] for s in steps) and [s[3] for s in steps] == [True, True, False, False, False, False]
+    assert (acts[0]["x"], acts[0]["y"]) == (1, 107)  # click(1, 164) on a 192x108 screen: at the bottom edge
+    first = steps[0][4]
+    assert "no screenshot of the screen before this step" in first and "off the 192x108 screen" in first
+    assert "x = 1 is not the model's" in first and "x = 1 is not the model's" in steps[1][4]
+    assert json.loads(steps[0][5])["notes"][0] == {
+        "note": "point off the screen",
+        "source": [1.0, 164.0],
+        "mapped": [1.0, 107.0],
+        "unit": "screen pixels",
+    }
+    assert (acts[1]["x"], acts[1]["y"]) == (1, 40) and acts[3]["dy"] == 50 and steps[3][4] is None
+    assert (acts[4]["x"], acts[4]["y"]) == (1, 50) and steps[4][4] is None  # x = 1 in another agent's response
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", {"lake.root": str(lake)})
+    ds = curate(cfg, iteration=0, held_out=[])
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(ds["data_files"]).to_pylist()
+    assert sorted(int(r["step_idx"]) for r in rows) == [2, 3, 4, 5]
+
+
+def test_a_flagged_agentnet_step_is_in_the_schema_and_out_of_sft(tmp_path):
+    # our own record: a scroll before any click (pyautogui scrolls where the mouse is: unknown), then a click
+    from flywheel.interop.agentnet import import_agentnet
+    from storage.lake import Lake
+
+    import_agentnet(BENCH / "pointerless_scroll.jsonl", Lake(tmp_path / "lake"), images=BENCH / "images")
+    steps = (
+        connect(tmp_path / "lake")
+        .execute("SELECT action, parse_ok, fallback_parse, parse_error FROM steps ORDER BY step_idx")
+        .fetchall()
+    )
+    assert [(s[1], s[2]) for s in steps] == [(True, True), (True, False)]
+    assert json.loads(steps[0][0])["action"] == "scroll" and "before any pointer position is known" in steps[0][3]

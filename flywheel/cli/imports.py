@@ -25,7 +25,9 @@ import_app = typer.Typer(help="Import existing demonstrations into the lake.", n
 def _report(res, source: str) -> None:
     typer.echo(
         f"{source}: imported {res.episodes} episodes ({res.steps} steps, {res.unparsed_steps} kept "
-        f"unparsed with a reason), {res.skipped} already in the lake, "
+        f"unparsed with a reason"
+        + (f", {res.flagged_steps} parsed but flagged unfit for SFT" if res.flagged_steps else "")
+        + f"), {res.skipped} already in the lake, "
         + (f"{len(res.passed_over)} passed over (no episode in them), " if res.passed_over else "")
         + f"{len(res.rejected)} rejected"
     )

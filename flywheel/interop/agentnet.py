@@ -37,7 +37,7 @@ from typing import Any
 from agents.actions import action_from_dict
 from agents.coords import CoordTransform
 from agents.pyautogui_parse import Pointer, read_pyautogui
-from flywheel.interop.common import ImportError_, ImportResult, import_records, png_size
+from flywheel.interop.common import ImportError_, ImportResult, import_records, png_size, step_verdict
 from storage.lake import Lake
 
 RUN_KEY = "import-agentnet"
@@ -111,7 +111,8 @@ def record_rows(path: Path, n: int, rec: Any, images: Path, git_sha: str | None)
         w, h = png_size(png)
         # parsed on the unit square (a point must lie in [0, 1]; pixel coordinates would be rejected)
         parsed = read_pyautogui(val.get("code"), 1.0000001, 1.0000001, ptr)
-        actions, err = parsed.actions, parsed.error or parsed.flag
+        actions, err = parsed.actions, parsed.error
+        verdict = step_verdict(err, [parsed.flag] if parsed.flag else [])
         if actions:
             actions = _to_screen(actions, w, h)
         thought = val.get("thought") if isinstance(val.get("thought"), str) else parsed.thought
@@ -140,9 +141,7 @@ def record_rows(path: Path, n: int, rec: Any, images: Path, git_sha: str | None)
                     action_desc=desc,
                     raw_action=json.dumps({"code": val.get("code")}),
                     action=act.model_dump_json() if act is not None else None,
-                    parse_ok=err is None,
-                    parse_error=err,
-                    fallback_parse=False,
+                    **verdict,
                     exec_error=None,
                     run_key=RUN_KEY,
                     git_sha=git_sha,

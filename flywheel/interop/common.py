@@ -33,8 +33,20 @@ class ImportResult:
     steps: int = 0
     skipped: int = 0  # already in the lake (a rerun)
     unparsed_steps: int = 0  # kept, with parse_ok false and the reason
+    flagged_steps: int = 0  # parsed into the schema but not fit for SFT (fallback_parse), with the reason
     rejected: list[str] = field(default_factory=list)  # "file:line: reason"
     passed_over: list[str] = field(default_factory=list)  # "file:line: reason": not an episode, named, not an error
+
+
+def step_verdict(error: str | None, flags: list[str]) -> dict[str, Any]:
+    """The parse columns of an imported step. `error`: its code did not parse (no action; parse_ok false).
+    `flags`: it parsed into the schema but is not fit to be an SFT target (a scroll at a guessed point, a click
+    kept at the screen edge, no screen before it): parse_ok true and fallback_parse true, which curate excludes
+    (training/queries.py FIT_STEP). Either way `parse_error` says why."""
+    if error is not None:
+        return dict(parse_ok=False, parse_error=error, fallback_parse=False)
+    flag = "; ".join(f for f in flags if f) or None
+    return dict(parse_ok=True, parse_error=flag, fallback_parse=flag is not None)
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -96,6 +108,9 @@ def write_episode(lake: Lake, res: ImportResult, ep: dict, steps: list[dict], *,
     res.episodes += 1
     res.steps += ep["n_steps"]
     res.unparsed_steps += ep["n_parse_errors"]
+    res.flagged_steps += sum(
+        1 for s in steps if not s.get("is_final") and s.get("parse_ok") and s.get("fallback_parse")
+    )
 
 
 def import_records(

@@ -14,7 +14,13 @@ The format (OSWorld's run.py / lib_run_single.py; docs/IMPORTS.md cites the file
 - ``result.txt``: the evaluator's score (absent when the run did not finish).
 
 Each traj line becomes one step per action its code holds (parsed by agents.pyautogui_parse, never run; a line
-with code we cannot read is kept with parse_ok false and the reason). The screen a step saw is the previous
+with code we cannot read is kept with parse_ok false and the reason). A step whose action is in the schema but is
+no SFT target is kept with parse_ok true, ``fallback_parse`` true (curate's exclusion) and the reason in
+``parse_error`` (common.step_verdict): a scroll before any pointer position is known; a point off the screen, kept
+at the screen edge where the pointer went (the code ran through pyautogui); the first step of a run without
+``step_0.png`` (no screen before it; its ``screen_w/h`` are still the run's, the space of its action); and a click
+at x = 1 whose response is GUIAgentAdapter's ``click:<target>@(1,<y>)`` (``v3yu/osworld-eval``: that agent takes
+the first two numbers of its grounding reply, so x = 1 is not the model's). The screen a step saw is the previous
 line's screenshot (``step_0.png`` for the first step); the last screenshot is the episode's final row. Lines that
 share a ``step_num`` and a ``response`` are the actions of one model response (lib_run_single.py runs
 ``for action in actions`` under one step index; Qwen3-VL's agent even writes each of them to the same
@@ -48,12 +54,17 @@ from flywheel.interop.common import (  # noqa: F401
     PassOver,
     import_one,
     png_size,
+    step_verdict,
     write_episode,
 )
 from storage.lake import Lake
 
 RUN_KEY = "import-osworld"
 POLICY = "osworld-import"
+# The response v3yu/osworld-eval's GUIAgentAdapter writes for a click: "click:<target>@(<x>,<y>)". Its point is the
+# first two numbers of its grounding model's reply, so a reply with a digit before the point gives x = 1 (a digit
+# of the reply's text) and y = the model's x: 105 of its 158 clicks in the real runs have x = 1 (docs/IMPORTS.md).
+_GROUNDED_CLICK = re.compile(r"click:.*@\(1,(-?\d+)\)", re.S)
 _TASK_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)  # OSWorld's task ids
 
 
@@ -151,6 +162,18 @@ def _response_text(row: dict[str, Any]) -> str | None:
     return resp if isinstance(resp, str) else json.dumps(resp, ensure_ascii=False)
 
 
+def _misread_point(row: dict[str, Any], actions: list) -> list[str]:
+    """A flag for a click at x = 1 whose response is GUIAgentAdapter's "click:<target>@(1,<y>)": that x is not a
+    point the model gave (see _GROUNDED_CLICK), so the click is kept as it ran but is no SFT target."""
+    m = _GROUNDED_CLICK.fullmatch(row.get("response") or "") if isinstance(row.get("response"), str) else None
+    if not m or not any(getattr(a, "x", None) == 1 for a in actions):
+        return []
+    return [
+        f"x = 1 is not the model's: this agent's response 'click:<target>@(1,{m.group(1)})' takes the first two "
+        "numbers of its grounding reply (x = a digit of the reply's text, y = the model's x); not fit for SFT"
+    ]
+
+
 def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[dict, list[dict]]:
     """One task-run folder -> (episode row, step rows). Raises ImportError_ naming the file and line."""
     rel = folder.relative_to(root).as_posix()
@@ -184,10 +207,16 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
         if size is None and after is not None:
             size = png_size(after)
         w, h = size or (1920, 1080)  # OSWorld's default screen when no screenshot says otherwise
-        parsed = read_pyautogui(row["action"], w, h, ptr)
-        actions, err = parsed.actions, parsed.error or parsed.flag
-        if seen is None and not err:
-            err = "no screenshot of the screen before this step (the run saved no step_0.png)"
+        # the code ran through pyautogui on the VM: a point off the screen went to the screen's edge (flagged)
+        parsed = read_pyautogui(row["action"], w, h, ptr, off_screen="clamp")
+        actions, err, flags = parsed.actions, parsed.error, [parsed.flag] if parsed.flag else []
+        if seen is None:
+            flags.append(
+                "no screenshot of the screen before this step (the run saved no step_0.png): "
+                "the action is kept, not fit for SFT"
+            )
+        flags += _misread_point(row, actions)
+        verdict = step_verdict(err, flags)
         notes = file_notes + parsed.notes
         code = row["action"] if isinstance(row["action"], str) else json.dumps(row["action"])
         text = _response_text(row)
@@ -201,8 +230,9 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
                     step_idx=len(steps),
                     is_final=False,
                     screenshot=seen,
-                    screen_w=w if seen else None,
-                    screen_h=h if seen else None,
+                    # the screen space of the action, also without a screenshot (curate needs it for the history)
+                    screen_w=w,
+                    screen_h=h,
                     prompt_context=json.dumps(
                         {
                             "source": "osworld",
@@ -218,9 +248,7 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
                     action_desc=desc,
                     raw_action=json.dumps({"code": code}),
                     action=act.model_dump_json() if act is not None else None,
-                    parse_ok=err is None,
-                    parse_error=err,
-                    fallback_parse=False,
+                    **verdict,
                     exec_error=None,
                     reward=row.get("reward") if isinstance(row.get("reward"), (int, float)) else None,
                 )
