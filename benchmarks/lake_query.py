@@ -5,7 +5,7 @@
 Builds (once; reused while its row count matches) a synthetic lake of `--rows` step rows with
 realistic PNG screenshots (~7 KB each) spread over iterations x stages x parts (one transaction each, then
 compacted), then times "steps of successful episodes, without screenshots, joined to episodes" fetched as Arrow:
-  api:  storage.catalog.run_query(con, training.queries.curate_steps_sql()) on a connection from
+  api:  flywheel.query.run_query(con, training.queries.curate_steps_sql()) on a connection from
         storage.catalog.connect(lake), opened once (its one-off cost is reported as api_connect_s)
   hand: duckdb.connect() + the same SQL over read_parquet([...]) of the lake's Parquet data files, by hand
 side by side, alternating order, median of --reps. Prints JSON; target api <= 1 s and ratio <= 1.2.
@@ -32,12 +32,15 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # test data: synthetic
+
+from synthetic import png_pool  # noqa: E402
 
 from benchmarks._moto import start_moto, stop  # noqa: E402
-from storage.catalog import connect, run_query  # noqa: E402
+from flywheel.query import run_query  # noqa: E402
+from storage.catalog import connect  # noqa: E402
 from storage.inspect import lake_stats  # noqa: E402
 from storage.lake import Lake, open_lake  # noqa: E402
-from storage.synthetic import png_pool  # noqa: E402
 from training.queries import curate_steps_sql  # noqa: E402
 
 STEPS_PER_EPISODE = 5

@@ -38,11 +38,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # test data (synthetic) and the PostgreSQL starter
+
+from synthetic import png_pool, synthetic_episodes  # noqa: E402
 
 from benchmarks._moto import start_moto, stop  # noqa: E402
 from storage.catalog import connect  # noqa: E402
 from storage.lake import Lake, open_lake  # noqa: E402
-from storage.synthetic import png_pool, synthetic_episodes  # noqa: E402
 
 
 def _write(root: str, worker: int, start: int, n: int, steps: int, kw: dict | None = None) -> None:
@@ -154,7 +156,6 @@ def grow(a) -> dict:
 
 
 def kill(a) -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))
     import pg_server
 
     why = pg_server.available()

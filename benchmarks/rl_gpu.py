@@ -55,6 +55,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # test data: synthetic
 
 import torch  # noqa: E402
 
@@ -101,10 +102,10 @@ def make_rows(
     """n step rows through training.rl_data.episode_rows (as tests/test_rl.py builds them): n one-step episodes
     in groups of `group`, the first half of each group successful, each with its own sampled response."""
     import numpy as np
+    from synthetic import png_pool
 
     from agents.actions import Click
     from agents.prompts import PromptOptions
-    from storage.synthetic import png_pool
     from training.rl_data import episode_rows
 
     rng = np.random.default_rng(seed)

@@ -21,11 +21,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # test data: synthetic
 
 
 def _prompts(n: int, arch: str):
+    from synthetic import png_pool
+
     from agents.prompts import PromptOptions, build_prompt, transform_for
-    from storage.synthetic import png_pool
 
     pngs = png_pool(n)
     t = transform_for(arch, 160, 210)

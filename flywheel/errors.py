@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from configs.models import ConfigError
+from flywheel.query import QueryError
 from flywheel.runtime.rollout import RolloutError
-from storage.catalog import QueryError
 from storage.lake import LakeError
 from training.models import ModelError
 from viewer.data import ViewerError

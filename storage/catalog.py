@@ -7,11 +7,7 @@
 Each view is `SELECT * EXCLUDE (part) FROM <lake>.<table>`: the table's columns plus `iteration` and `stage`.
 DuckDB reads only the columns a query names, so a query that does not name `screenshot` never reads its bytes.
 
-The plain `duckdb` CLI opens the same lake (see docs/SCHEMA.md):
-
-    INSTALL ducklake; INSTALL sqlite;   -- or LOAD '<path>' of the PyPI packages' files, offline
-    ATTACH 'ducklake:sqlite:lake/catalog.sqlite' AS lake (DATA_PATH 'lake/data/', OVERRIDE_DATA_PATH true);
-    USE lake; SELECT count(*) FROM episodes;
+The plain `duckdb` CLI opens the same lake: docs/SCHEMA.md says how.
 """
 
 from __future__ import annotations
@@ -19,8 +15,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import uuid
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -29,13 +23,8 @@ from storage.duck import database, quote
 from storage.lake import Lake, LakeError, open_lake
 from storage.schema import TABLES
 
-_q = quote
 _VIEWS_LOCK = threading.Lock()
 _VIEWS: set[tuple[int, str]] = set()  # (pid, schema) already made
-
-
-class QueryError(Exception):
-    """A user's SQL failed: the message is one clear line."""
 
 
 def _views(lake: Lake, at: int | None) -> str:
@@ -62,7 +51,7 @@ def _views(lake: Lake, at: int | None) -> str:
 
 def runs_sql(lake: Lake, table: str, run_keys: list[str]) -> str:
     """The SELECT of `table`'s view restricted to these run keys."""
-    keys = ", ".join(_q(k) for k in run_keys) or "NULL"
+    keys = ", ".join(quote(k) for k in run_keys) or "NULL"
     return f"SELECT * EXCLUDE (part) FROM {lake.ref(table)} WHERE run_key IN ({keys})"
 
 
@@ -115,37 +104,3 @@ def explain_duckdb_error(e: Exception, lake: Lake | None = None) -> str:
     if m and isinstance(e, (duckdb.IOException, duckdb.InvalidInputException)):
         return f"unreadable lake file {m.group(1)}: {msg[:200]} (run `flywheel lake verify` to name every bad file)"
     return f"query failed: {msg}"
-
-
-def run_query(con: duckdb.DuckDBPyConnection, sql: str, lake: Lake | None = None):
-    """Execute SQL and fetch the result as an Arrow table, with one-line QueryErrors."""
-    if not sql or not sql.strip():
-        raise QueryError("empty SQL statement")
-    try:
-        rel = con.sql(sql)
-        if rel is None:  # a statement without a result (SET, CREATE ...)
-            import pyarrow as pa
-
-            return pa.table({})
-        return rel.to_arrow_table()
-    except duckdb.Error as e:
-        raise QueryError(explain_duckdb_error(e, lake)) from None
-
-
-def export_query(con: duckdb.DuckDBPyConnection, sql: str, out: Path, fmt: str, lake: Lake | None = None) -> Path:
-    """COPY a query's result to a csv/json/parquet file (written atomically)."""
-    opts = {"csv": "FORMAT CSV, HEADER", "json": "FORMAT JSON, ARRAY true", "parquet": "FORMAT PARQUET"}
-    if fmt not in opts:
-        raise QueryError(f"unknown format {fmt!r}; use one of {', '.join(opts)}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
-    body = sql.strip().rstrip(";")
-    try:
-        con.execute(f"COPY ({body}) TO {_q(str(tmp))} ({opts[fmt]})")
-        os.replace(tmp, out)
-    except duckdb.Error as e:
-        raise QueryError(explain_duckdb_error(e, lake)) from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out

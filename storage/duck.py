@@ -37,11 +37,6 @@ _DB: dict[int, duckdb.DuckDBPyConnection] = {}  # pid -> database
 _LOADED: dict[int, set[str]] = {}
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "flywheel" / "duckdb-extensions" / duckdb.__version__
-
-
 def extension_path(name: str) -> str:
     """The file of extension `name` (ducklake, sqlite, postgres, httpfs) from its PyPI package, loadable offline."""
     pkg = f"duckdb_extension_{name}"
@@ -58,7 +53,8 @@ def extension_path(name: str) -> str:
     entry = _EXTENSIONS[name]
     if found[0].stem == entry:
         return str(found[0])
-    copy = _cache_dir() / f"{entry}.duckdb_extension"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flywheel" / "duckdb-extensions"
+    copy = cache / duckdb.__version__ / f"{entry}.duckdb_extension"
     if not copy.exists() or copy.stat().st_size != found[0].stat().st_size:
         copy.parent.mkdir(parents=True, exist_ok=True)
         tmp = copy.with_suffix(f".{os.getpid()}.tmp")

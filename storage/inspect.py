@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from storage.duck import quote
 from storage.lake import Lake
@@ -61,7 +62,7 @@ class VerifyReport:
 
 def _problem(lake: Lake, path: str, full: bool) -> str | None:
     try:
-        pf = lake.parquet_file(path)
+        pf = pq.ParquetFile(str(path), filesystem=lake.store.fs if lake.store else None)
         if full:  # decode every page: catches corrupt data, not just a bad footer
             for i in range(pf.num_row_groups):
                 pf.read_row_group(i)

@@ -4,25 +4,13 @@
     lake.write("episodes", rows, iteration=0, stage="rollouts", run_key="rollouts-ab12", part="ep-0007")
     lake.replace_run("datasets", [table], iteration=1, stage="curate", run_key="curate-1")
 
-Layout of a local lake (a folder): `catalog.sqlite` (the DuckLake catalog: tables, snapshots, small inlined
-inserts) and `data/` (Parquet files DuckLake writes and compacts). Every table has the columns of
-storage.schema plus `iteration`, `stage` and `part` (`<run_key>/<part>` of the write that made the row): where a
-row came from, and what a rerun replaces.
-
-- A write is one transaction: the rows of (table, iteration, stage, run_key, part) are deleted and the new
-  ones inserted, so a rerun replaces instead of duplicating, and a reader sees all of a write or none of it.
-  `write_many` puts several tables' rows (an episode and its steps) in one transaction.
-- Several processes write at once (rollout workers): the SQLite catalog serialises commits, and a commit that
-  loses a race is retried (`transaction`) until it lands or a deadline passes. No row is written twice: a retried
-  transaction starts over from its DELETE.
-- Every commit is a snapshot: `snapshot()` is the current one, and `connect(lake, at=n)` reads the lake as of n.
-- `compact()` flushes inlined rows to Parquet and merges small files (after every stage; `flywheel lake compact`).
-
-Catalog: `lake.catalog` (a `postgresql://...` URL for many machines, or a SQLite file), default
-`<root>/catalog.sqlite`. The data of an `s3://bucket/prefix` root lives under `s3://bucket/prefix/data/`, read
-and written by DuckDB's httpfs; `root` is then a local folder for side files, and `publish` / `fetch` carry an
-export or checkpoint folder to and from the bucket under its lake-relative path, so a row's stored path means the
-same on every machine.
+The layout (catalog file or PostgreSQL, `data/`, side folders; the `iteration`, `stage` and `part` columns) is in
+docs/SCHEMA.md. A write is one transaction that deletes the rows of (table, iteration, stage, run_key, part) and
+inserts the new ones: a rerun replaces instead of duplicating, and a reader sees all of a write or none of it.
+Writers in several processes race on the catalog, and a commit that loses is retried from its DELETE
+(storage.duck.transaction). Every commit is a snapshot (`snapshot()`; `connect(lake, at=n)` reads the lake as of
+n). An s3:// lake's tables live in the bucket (httpfs); its `root` is a local folder for side files, and
+`publish` / `fetch` carry an export or checkpoint folder to and from the bucket under its lake-relative path.
 """
 
 from __future__ import annotations
@@ -37,13 +25,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from storage.attach import attach, catalog_spec
 from storage.duck import database, quote, transaction
 from storage.errors import LakeError
 from storage.objstore import ObjectStore, default_cache_dir, is_object_uri
-from storage.rows import to_table, write_parquet
+from storage.rows import to_table
 from storage.schema import TABLES, schema_for
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,160}$")
@@ -53,18 +40,13 @@ INLINE_ROWS = 10  # DuckLake's default data_inlining_row_limit: inserts of at mo
 FLUSH_ROWS = int(os.environ.get("FLYWHEEL_LAKE_FLUSH_ROWS", "1000"))  # a writer's inlined rows per Parquet file
 
 
-__all__ = ["Lake", "LakeError", "LakeFile", "open_lake", "resolve_root", "to_table", "write_parquet"]
+__all__ = ["Lake", "LakeError", "LakeFile", "open_lake", "to_table"]
 
 
 def _check_key(what: str, value: str) -> str:
     if not _KEY_RE.match(value) or ".." in value:
         raise LakeError(f"invalid {what} {value!r}: use letters, digits and _ . = + - (no slashes)")
     return value
-
-
-def resolve_root(root: str | os.PathLike | None = None) -> Path:
-    """Lake root: the explicit argument, else $FLYWHEEL_LAKE, else ./lake."""
-    return Path(root or os.environ.get("FLYWHEEL_LAKE") or "lake").expanduser().resolve()
 
 
 @dataclass(frozen=True)
@@ -86,9 +68,8 @@ class Lake:
         cache_dir: str | os.PathLike | None = None,
         catalog: str | None = None,
     ):
-        """A lake on disk (a folder) or with its data on an object store (`s3://bucket/prefix`; `endpoint`: an
-        S3-compatible server's URL, default $FLYWHEEL_S3_ENDPOINT; `cache_dir`: local folder for its side files).
-        `catalog`: a postgresql:// URL or a SQLite file (default `<root>/catalog.sqlite`)."""
+        """A folder, or `s3://bucket/prefix` at `endpoint` with side files in `cache_dir`; `catalog`: a postgresql://
+        URL or a SQLite file (default `<root>/catalog.sqlite`)."""
         raw = root if root is not None else (os.environ.get("FLYWHEEL_LAKE") or "lake")
         self.store: ObjectStore | None = None
         catalog = catalog or os.environ.get("FLYWHEEL_LAKE_CATALOG") or None
@@ -103,7 +84,7 @@ class Lake:
             self.root.mkdir(parents=True, exist_ok=True)
             self.data_path = self.store.join(DATA_DIR) + "/"
         else:
-            self.root = resolve_root(raw)
+            self.root = Path(raw).expanduser().resolve()
             if self.root.exists() and not self.root.is_dir():
                 raise LakeError(f"lake root {self.root} is not a directory")
             self.data_path = str(self.root / DATA_DIR) + "/"
@@ -304,18 +285,9 @@ class Lake:
             )
             self._inlined[table] = 0
 
-    def write(
-        self,
-        table: str,
-        rows: Sequence[dict] | pa.Table,
-        *,
-        iteration: int,
-        stage: str,
-        run_key: str,
-        part: int | str = 0,
-    ) -> str:
-        """Write one part of a stage run in one transaction (replacing the same part of an earlier attempt)."""
-        return self.write_many([(table, rows)], iteration=iteration, stage=stage, run_key=run_key, part=part)
+    def write(self, table: str, rows: Sequence[dict] | pa.Table, **key: Any) -> str:
+        """One table's rows of one part of a stage run (keys as in write_many), in one transaction."""
+        return self.write_many([(table, rows)], **key)
 
     def replace_run(
         self, table: str, parts: Iterable[Sequence[dict] | pa.Table], *, iteration: int, stage: str, run_key: str
@@ -331,16 +303,6 @@ class Lake:
 
         self.transaction(run, f"writing {table} of {run_key}")
         return [f"{table}/{run_key}-{i:05d}" for i in range(len(conformed))]
-
-    def delete_run(self, table: str, *, iteration: int, stage: str, run_key: str) -> int:
-        self._check(iteration, stage, run_key)
-
-        def run(cur):
-            return cur.execute(
-                f"DELETE FROM {self.ref(table)} WHERE {self.where(iteration, stage, run_key)}"
-            ).fetchone()[0]
-
-        return int(self.transaction(run, f"deleting {table} of {run_key}") or 0)
 
     # ------------------------------------------------------------------ reads
     def files(self, table: str | None = None) -> list[LakeFile]:
@@ -375,14 +337,6 @@ class Lake:
         finally:
             cur.close()
 
-    @property
-    def filesystem(self):
-        """The fsspec filesystem of an object-store lake (None on disk): for pyarrow's `filesystem=`."""
-        return self.store.fs if self.store else None
-
-    def parquet_file(self, path: str) -> pq.ParquetFile:
-        return pq.ParquetFile(str(path), filesystem=self.filesystem)
-
 
 def open_lake(
     source: Any = None,
@@ -394,17 +348,13 @@ def open_lake(
 ) -> Lake:
     """The one way to open a lake: every stage, command, worker and report opens it here.
 
-        open_lake(cfg)                      # a FlywheelConfig: $FLYWHEEL_LAKE, else cfg.lake.root
-        open_lake(cfg.lake, root=lake_arg)  # a LakeConfig, with a command's --lake for the root
-        open_lake("runs/lake", create=False)
-        open_lake(spec.lake_root, endpoint=spec.lake_endpoint)   # a rollout worker: the spec's root and endpoint
+        open_lake(cfg)                      # a FlywheelConfig (or its LakeConfig section)
+        open_lake(cfg.lake, root=lake_arg)  # with a command's --lake for the root
+        open_lake("runs/lake", create=False)  # a folder or s3:// URI (its endpoint: `endpoint`, else the env's)
 
-    source: a config with a `lake` section (FlywheelConfig), a lake section (LakeConfig: root, s3_endpoint,
-    cache_dir, catalog), a Lake (returned as it is), or a folder / s3:// URI (None: $FLYWHEEL_LAKE, else ./lake).
-    From a config, the root is `root` (a command's --lake), else $FLYWHEEL_LAKE (which --lake sets, so it reaches
-    every process the command starts), else lake.root; the endpoint is `endpoint`, else $FLYWHEEL_S3_ENDPOINT, else
-    lake.s3_endpoint; an s3:// lake keeps its side files in lake.cache_dir. A path is opened as given (an s3:// one
-    at `endpoint`, else $FLYWHEEL_S3_ENDPOINT's). create=False: a missing lake is a LakeError."""
+    From a config, the root is `root`, else $FLYWHEEL_LAKE (which --lake sets, so it reaches every process the
+    command starts), else lake.root; the endpoint is `endpoint`, else $FLYWHEEL_S3_ENDPOINT, else lake.s3_endpoint.
+    A Lake is returned as it is. create=False: a missing lake is a LakeError."""
     if isinstance(source, Lake):
         return source
     section = getattr(source, "lake", source)  # duck-typed: storage imports no config model

@@ -3,13 +3,11 @@
     with parent_lock(lake, "flywheel run"):      # LakeBusy (one line: who holds it, since when) if taken
         ...
 
-The lock lives where the lake lives: the catalog (the SQLite file, or the PostgreSQL database that many machines
-share), so two machines on one lake see the same row. Taking it is one transaction that succeeds only when the
-row is free, expired, or already ours. The holder renews the lease every third of it; a holder killed with -9
-stops renewing, and the next parent takes the lock over once the lease has expired (`FLYWHEEL_LOCK_LEASE_S`,
-default 60 s), or at once when the dead holder ran on the same machine (its pid is gone). Stage workers never
-take it: they write disjoint run keys, and the parent is what must not race (two parents would run the same
-iteration twice). Times are each machine's clock: keep them in sync (NTP).
+The lock is a row in the lake's catalog (the SQLite file, or the PostgreSQL database many machines share), taken in
+one transaction when it is free, expired or ours. The holder renews its lease every third of it; a holder killed
+with -9 is taken over once its lease (`FLYWHEEL_LOCK_LEASE_S`, default 60 s) has expired, or at once when it ran on
+this machine and its pid is gone. Stage workers never take it: they write disjoint run keys, and two parents
+would run the same iteration twice. Times are each machine's clock: keep them in sync (NTP).
 """
 
 from __future__ import annotations
@@ -65,6 +63,7 @@ class _Meta:
         self.lake = lake
         db = database()
         self.name = f"flylock_{lake.id}"
+        self.table = f"{self.name}.{_TABLE}"
         kind = "sqlite" if lake._sqlite is not None else "postgres"
         lake.alias  # noqa: B018 - a new lake's catalog exists before we attach it
         with _ATTACH:
@@ -75,14 +74,20 @@ class _Meta:
                     target = str(lake._sqlite) if kind == "sqlite" else lake.catalog.removeprefix("postgres:")
                     cur.execute(f"ATTACH {quote(target)} AS {self.name} (TYPE {kind})")
                 cur.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self.name}.{_TABLE} (name VARCHAR PRIMARY KEY, holder VARCHAR NOT "
+                    f"CREATE TABLE IF NOT EXISTS {self.table} (name VARCHAR PRIMARY KEY, holder VARCHAR NOT "
                     "NULL, info VARCHAR, expires DOUBLE NOT NULL)"
                 )
             finally:
                 cur.close()
 
-    def row(self, cur) -> dict[str, Any] | None:
-        got = cur.execute(f"SELECT holder, info, expires FROM {self.name}.{_TABLE} WHERE name = ?", [_NAME]).fetchone()
+    def row(self, cur=None) -> dict[str, Any] | None:
+        """The lock row as it is now (through `cur`, inside a transaction; else a cursor of its own)."""
+        c = cur or database().cursor()
+        try:
+            got = c.execute(f"SELECT holder, info, expires FROM {self.table} WHERE name = ?", [_NAME]).fetchone()
+        finally:
+            if cur is None:
+                c.close()
         return None if got is None else {"holder": got[0], "info": got[1], "expires": float(got[2])}
 
     def claim(self, me: str, info: str, lease: float) -> dict[str, Any] | None:
@@ -93,36 +98,25 @@ class _Meta:
             now = time.time()
             got = self.row(cur)
             if got is None:
-                cur.execute(f"INSERT INTO {self.name}.{_TABLE} VALUES (?, ?, ?, ?)", [_NAME, me, info, now + lease])
+                cur.execute(f"INSERT INTO {self.table} VALUES (?, ?, ?, ?)", [_NAME, me, info, now + lease])
             elif got["expires"] < now or got["holder"] == me or _dead_here(got["holder"]):
                 cur.execute(
-                    f"UPDATE {self.name}.{_TABLE} SET holder = ?, info = ?, expires = ? "
+                    f"UPDATE {self.table} SET holder = ?, info = ?, expires = ? "
                     "WHERE name = ? AND holder = ? AND expires = ?",
                     [me, info, now + lease, _NAME, got["holder"], got["expires"]],
                 )
 
         # a constraint error is the other parent's insert of the free row; is_conflict covers the rest
         transaction(take, retry_if=lambda e: isinstance(e, duckdb.ConstraintException) or is_conflict(e), deadline_s=10)
-        return self.current()
+        return self.row()
 
     def run(self, sql: str, params: list) -> None:
-        cur = database().cursor()
-        try:
-            cur.execute(sql.format(t=f"{self.name}.{_TABLE}"), params)
-        finally:
-            cur.close()
-
-    def current(self) -> dict[str, Any] | None:
-        cur = database().cursor()
-        try:
-            return self.row(cur)
-        finally:
-            cur.close()
+        transaction(lambda cur: cur.execute(sql.format(t=self.table), params), begin=False, deadline_s=10)
 
 
 def holder(lake: Lake) -> dict | None:
     """Who holds the lake's parent lock now (None when free or expired)."""
-    r = _Meta(lake).current()
+    r = _Meta(lake).row()
     if r is None or r["expires"] < time.time():
         return None
     return {**json.loads(r["info"] or "{}"), "expires": r["expires"]}

@@ -4,17 +4,13 @@
     store.upload(Path("lake/_datasets/d1"), "_datasets/d1")      # a folder beside the tables, file by file
     store.download("_datasets/d1", Path("cache/_datasets/d1"))   # atomically; never from a stale listing cache
 
-The tables' data is not here: DuckDB reads and writes it through httpfs (storage.attach). This module carries the
-side folders (exports, checkpoints) that rows name, and checks the bucket when a lake opens.
-
-Through s3fs (fsspec). Credentials come from the standard AWS chain ($AWS_ACCESS_KEY_ID / $AWS_SECRET_ACCESS_KEY,
-~/.aws, an instance role): never from the config, and never in a message, a row or a repr. The endpoint comes from
-`lake.s3_endpoint`, else $FLYWHEEL_S3_ENDPOINT, else botocore's own ($AWS_ENDPOINT_URL, else AWS).
-
-Atomicity: an object appears whole or not at all (a PUT, or a multipart upload's final Complete), so writing the
-whole object under its final key is the object-store form of temp-file-and-rename. Folders (a curated export, a
-checkpoint) are uploaded file by file *before* the lake row that names them is written: the row is the manifest,
-and a reader that goes through the lake's tables never sees a half-uploaded folder.
+The tables' data is not here: DuckDB reads and writes it through httpfs (storage.attach). This module checks the
+bucket when a lake opens and carries the side folders (exports, checkpoints) that rows name, through s3fs.
+Credentials come from the standard AWS chain ($AWS_ACCESS_KEY_ID / $AWS_SECRET_ACCESS_KEY, ~/.aws, an instance
+role): never from the config, and never in a message, a row or a repr. The endpoint: `lake.s3_endpoint`, else
+$FLYWHEEL_S3_ENDPOINT, else botocore's own. An object appears whole or not at all, so a folder is uploaded file by
+file *before* the lake row that names it is written: the row is the manifest, and a reader that goes through the
+lake's tables never sees a half-uploaded folder.
 """
 
 from __future__ import annotations
@@ -53,29 +49,29 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return m.group(1), prefix
 
 
+_CAUSES = (  # (what the error's type name or text holds, what it means, what to check)
+    (
+        ("EndpointConnectionError", "ConnectTimeout", "ConnectionError", "TimeoutError"),
+        "cannot reach the object store",
+        f"check lake.s3_endpoint / ${ENDPOINT_ENV}",
+    ),
+    (
+        ("PermissionError", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"),
+        "access denied by the object store",
+        "check $AWS_ACCESS_KEY_ID / $AWS_SECRET_ACCESS_KEY or the profile in use",
+    ),
+)
+
+
 def explain(e: BaseException, where: str, endpoint: str | None) -> str:
     """One line for a failed object-store call (no credentials: botocore's messages name none)."""
     at = f" at {endpoint}" if endpoint else ""
     name = type(e).__name__
     text = str(e).splitlines()[0][:200] if str(e) else name
-    if (
-        "EndpointConnectionError" in name
-        or "ConnectTimeout" in name
-        or "ConnectionError" in name
-        or isinstance(e, (ConnectionError, TimeoutError))
-    ):
-        return f"cannot reach the object store{at} for {where}: {text} (check lake.s3_endpoint / ${ENDPOINT_ENV})"
-    if (
-        isinstance(e, PermissionError)
-        or "AccessDenied" in text
-        or "InvalidAccessKeyId" in text
-        or "SignatureDoesNotMatch" in text
-        or "Forbidden" in text
-    ):
-        return (
-            f"access denied by the object store{at} for {where}: {text} (check $AWS_ACCESS_KEY_ID / "
-            "$AWS_SECRET_ACCESS_KEY or the profile in use)"
-        )
+    kinds = " ".join(c.__name__ for c in type(e).__mro__)  # ConnectionRefusedError is a ConnectionError
+    for marks, what, check in _CAUSES:
+        if any(m in kinds or m in text for m in marks):
+            return f"{what}{at} for {where}: {text} ({check})"
     if isinstance(e, FileNotFoundError) and "bucket" in text.lower():
         return f"no bucket for {where}{at}: {text} (create the bucket first; the lake never creates buckets)"
     return f"object store error{at} for {where}: {name}: {text}"
@@ -126,12 +122,6 @@ class ObjectStore:
         return "/".join([self.uri, *[str(p).strip("/") for p in parts if str(p)]])
 
     # ------------------------------------------------------------------ objects
-    def put_bytes(self, uri: str, data: bytes) -> None:
-        self.call(f"writing {uri}", self.fs.pipe_file, uri, data)
-
-    def exists(self, uri: str) -> bool:
-        return bool(self.call(f"checking {uri}", self.fs.exists, uri))
-
     def list_files(self, uri: str) -> list[tuple[str, int]]:
         """(s3:// uri, size) of every object under `uri` (recursive), sorted; [] when there are none."""
         try:

@@ -1,14 +1,13 @@
-"""Rows into the lake's tables: conformed to storage.schema, and written as Parquet files (exports, migrations)."""
+"""Rows into the lake's tables, conformed to storage.schema."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from storage.errors import LakeError
-from storage.schema import BLOB_COLUMNS, SCHEMA_VERSION, schema_for
+from storage.schema import schema_for
 
 
 def to_table(table: str, rows: Sequence[dict] | pa.Table) -> pa.Table:
@@ -32,18 +31,3 @@ def to_table(table: str, rows: Sequence[dict] | pa.Table) -> pa.Table:
         return pa.Table.from_pylist(list(rows), schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as e:
         raise LakeError(f"{table}: rows do not match the schema: {e}") from None
-
-
-def write_parquet(t: pa.Table, where, table_name: str | None = None) -> None:
-    """A Parquet file of lake rows (exports, migrations): zstd, screenshots never dictionary-encoded."""
-    blobs = set(BLOB_COLUMNS.get(table_name or "", []))
-    meta = dict(t.schema.metadata or {})
-    meta[b"flywheel.schema_version"] = str(SCHEMA_VERSION).encode()
-    t = t.replace_schema_metadata(meta)
-    pq.write_table(
-        t,
-        where,
-        compression="zstd",
-        use_dictionary=[c for c in t.column_names if c not in blobs],
-        row_group_size=2048 if blobs else None,
-    )

@@ -5,9 +5,8 @@ bool, bytes (binary) or time (UTC microseconds), `[]` makes it a list and `!` NO
 the doc above it. Every table ends with the provenance columns, and in the DuckLake catalog also has `iteration`,
 `stage` and `part` (storage.lake).
 
-Evolving a schema: add *nullable* columns only and bump SCHEMA_VERSION; opening a lake adds the new
-columns to its tables (ALTER TABLE ... ADD COLUMN), and older rows read them as NULL.
-`python -m storage.schema` prints the column reference that docs/SCHEMA.md ends with.
+Evolving a schema: add *nullable* columns only and bump SCHEMA_VERSION; opening a lake adds them (older rows read
+NULL). `python -m storage.schema` prints the column reference that docs/SCHEMA.md ends with.
 """
 
 from __future__ import annotations
@@ -292,9 +291,6 @@ TABLES: dict[str, pa.Schema] = {
     "rl_rows": RL_ROWS,
     "curriculum": CURRICULUM,
 }
-
-# Large binary columns: never dictionary-encoded, and what "queries that skip screenshots" skip.
-BLOB_COLUMNS = {"steps": ["screenshot"]}
 
 
 def schema_for(table: str) -> pa.Schema:

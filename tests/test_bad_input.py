@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from synthetic import synthetic_episodes
 
 from storage.lake import Lake
-from storage.synthetic import synthetic_episodes
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from synthetic import synthetic_episodes
 
 from storage.lake import Lake
-from storage.synthetic import synthetic_episodes
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from synthetic import png_pool
 
 from agents.backends.base import Sampling
 from agents.backends.hf import HFBackend
 from agents.backends.kv_decode import LeanDecoder, sample, supports
 from agents.prompts import PromptOptions, build_prompt, transform_for
-from storage.synthetic import png_pool
 
 
 def _prompts(arch: str, n: int):

@@ -15,14 +15,15 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from synthetic import png_pool, synthetic_episodes
 
+from flywheel.query import QueryError, export_query, run_query
 from storage.attach import upgrade
-from storage.catalog import QueryError, connect, export_query, run_query
+from storage.catalog import connect
 from storage.duck import extension_path
 from storage.inspect import lake_stats, verify_lake
 from storage.lake import CATALOG_FILE, Lake, LakeError
 from storage.schema import STEPS
-from storage.synthetic import png_pool, synthetic_episodes
 
 
 def _fill(lake: Lake, n=20, steps=3, iteration=0, run_key="r1", seed=0):
@@ -363,7 +364,7 @@ def test_a_newer_schema_adds_its_columns_to_an_older_lake(tmp_path):
 def _old_layout_lake(root, *, bad: bool = True) -> dict[str, int]:
     """A lake as the code before DuckLake wrote it: one Parquet file per write under
     <table>/iteration=<n>/stage=<stage>/<run_key>-<part>.parquet, one file from an older schema, one corrupt file."""
-    from storage.lake import to_table, write_parquet
+    from storage.lake import to_table
 
     counts = {"episodes": 0, "steps": 0, "datasets": 0}
     for it, key in ((0, "boot"), (1, "roll")):
@@ -372,7 +373,7 @@ def _old_layout_lake(root, *, bad: bool = True) -> dict[str, int]:
             for table, rows in (("episodes", eps), ("steps", st)):
                 d = root / table / f"iteration={it}" / "stage=rollouts"
                 d.mkdir(parents=True, exist_ok=True)
-                write_parquet(to_table(table, rows), d / f"{key}-ep{k}.parquet", table)
+                pq.write_table(to_table(table, rows), d / f"{key}-ep{k}.parquet")
                 counts[table] += len(rows)
     old = [f for f in STEPS if f.name not in ("logprobs", "token_ids", "feedback")]
     _, st = synthetic_episodes(1, 3, seed=99, run_key="old", id_prefix="old")
@@ -385,10 +386,8 @@ def _old_layout_lake(root, *, bad: bool = True) -> dict[str, int]:
     counts["steps"] += 3
     d = root / "datasets" / "iteration=1" / "stage=curate"
     d.mkdir(parents=True)
-    write_parquet(
-        to_table("datasets", [{"dataset_id": "d", "path": "_datasets/d", "run_key": "d"}]),
-        d / "d-00000.parquet",
-        "datasets",
+    pq.write_table(
+        to_table("datasets", [{"dataset_id": "d", "path": "_datasets/d", "run_key": "d"}]), d / "d-00000.parquet"
     )
     counts["datasets"] = 1
     (root / "_datasets" / "d").mkdir(parents=True)

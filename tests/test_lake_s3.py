@@ -18,10 +18,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from synthetic import synthetic_episodes
 
 from storage.catalog import FilteredRows, connect
 from storage.lake import Lake, LakeError
-from storage.synthetic import synthetic_episodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pg_server  # noqa: E402
@@ -125,7 +125,7 @@ def test_writes_views_reruns_and_replace_run(s3):
     lake.compact()
     files = lake.files()
     assert files and all(f.path.startswith(f"s3://{BUCKET}/unit/data/") for f in files)
-    assert lake.store.exists(files[0].path)
+    assert lake.store.fs.exists(files[0].path)
     got = connect(lake).execute(
         "SELECT screenshot FROM steps WHERE episode_id = ? AND step_idx = 1", [eps[0]["episode_id"]]
     )
@@ -147,7 +147,7 @@ def test_screenshots_are_never_read_unless_selected(s3):
     they were never read), and one that does fails."""
     from test_lake import _corrupt_column_chunk
 
-    from storage.catalog import QueryError, run_query
+    from flywheel.query import QueryError, run_query
 
     lake = Lake(f"s3://{BUCKET}/shots")
     _, steps = synthetic_episodes(40, 3, seed=1, run_key="s")
@@ -157,7 +157,7 @@ def test_screenshots_are_never_read_unless_selected(s3):
     local = Path(lake.root) / "obj.parquet"
     lake.store.fs.get(obj, str(local))
     _corrupt_column_chunk(local, "screenshot")
-    lake.store.put_bytes(obj, local.read_bytes())
+    lake.store.fs.pipe_file(obj, local.read_bytes())
     con = connect(lake)
     assert con.execute("SELECT count(*), max(ui_text) IS NOT NULL FROM steps WHERE parse_ok").fetchone()[1]
     with pytest.raises(QueryError):
@@ -246,7 +246,7 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, pg, tm
     row = connect(Lake(uri, cache_dir=tmp_path / "a", catalog=catalog)).execute("SELECT path FROM checkpoints")
     row = row.fetchall()
     assert row == [(f"_checkpoints/{out['checkpoint_id']}",)]
-    assert lake_b.store.exists(lake_b.store.join(row[0][0], "sft_result.json"))
+    assert lake_b.store.fs.exists(lake_b.store.join(row[0][0], "sft_result.json"))
 
 
 def test_a_checkpoint_upload_failing_partway_leaves_no_row_and_a_rerun_completes_it(s3, tmp_path, monkeypatch):
@@ -363,7 +363,7 @@ def test_verify_names_a_corrupt_object(s3, capsys, monkeypatch):
     lake.write_many([("episodes", eps), ("steps", steps)], iteration=0, stage="rollouts", run_key="v")
     lake.compact()
     bad = next(f.path for f in lake.files("steps"))
-    lake.store.put_bytes(bad, b"PAR1 this is not parquet PAR1")  # a corrupt object under a data key
+    lake.store.fs.pipe_file(bad, b"PAR1 this is not parquet PAR1")  # a corrupt object under a data key
     monkeypatch.setattr(sys, "argv", ["flywheel", "lake", "verify", "--lake", uri])
     with pytest.raises(SystemExit) as e:
         main()

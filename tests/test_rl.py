@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from synthetic import png_pool
 
 from agents.actions import Click
 from agents.parsing import format_response
 from agents.prompts import PromptOptions, transform_for
-from storage.synthetic import png_pool
 from training.rl import RLSettings, RLTrainer, RowEncoder, response_logprobs, rl_update, teacher_messages
 from training.rl_data import (
     _pick,
@@ -710,7 +710,7 @@ def test_replay_joins_a_stored_success_to_an_all_failed_group(tiny, tmp_path):
         assert {r["episode_id"] for r in again if r["replayed"]} == {"late"}
     assert stored_successes(con, ["click-test"], ["rl-r0"], index) == stored_successes(con, ["click-test"], ["rl-r0"])
 
-    lake.delete_run("episodes", iteration=0, stage="bootstrap", run_key="boot2")
+    lake.replace_run("episodes", [], iteration=0, stage="bootstrap", run_key="boot2")  # forget the run
     assert [e["episode_id"] for e in stored_successes(con, ["click-test"], [], index)["click-test"]] == ["demo"]
 
     # a round over the lake: replayed rows train at IS weight 1 and the round's numbers land in rl_metrics / rl_rows

@@ -31,9 +31,10 @@ except ImportError:  # run as a script on the GPU box
 
 def _rows(proc, n: int = 4) -> list[dict]:
     """n one-step episodes in one group (half succeeded), each with its own random response."""
+    from synthetic import png_pool
+
     from agents.actions import Click
     from agents.prompts import PromptOptions
-    from storage.synthetic import png_pool
     from training.rl_data import episode_rows
 
     g = torch.Generator().manual_seed(0)

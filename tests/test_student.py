@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from synthetic import png_pool
 
 from agents.actions import Click
 from agents.backends.base import Sampling
@@ -15,7 +16,6 @@ from agents.base import StepRecord
 from agents.prompts import PromptOptions, build_prompt, sft_messages, transform_for, ui_text_in_model_space
 from agents.student import StudentOptions, StudentPolicy
 from envs.base import Observation
-from storage.synthetic import png_pool
 
 
 @pytest.fixture(scope="module")

@@ -93,9 +93,10 @@ def rollout(
     from rich.console import Console
 
     from envs import registry
+    from flywheel.query import run_query
     from flywheel.runtime.rollout import PolicySpec, run_rollouts
     from flywheel.specs import check_student_model, lake_for, register_tasks, resolve_tasks, rollout_spec
-    from storage.catalog import connect, run_query
+    from storage.catalog import connect
 
     use_lake(lake)
     cfg = load_cfg(config)

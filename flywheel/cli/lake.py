@@ -35,7 +35,8 @@ def query(
     config: Optional[Path] = CONFIG_OPT,
 ):
     """Run SQL against the lake with DuckDB and print or export the result."""
-    from storage.catalog import connect, export_query, run_query
+    from flywheel.query import export_query, run_query
+    from storage.catalog import connect
 
     lk = open_lake(lake, config)
     con = connect(lk, at=_snapshot_of(lk, at))

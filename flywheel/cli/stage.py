@@ -195,9 +195,10 @@ def stage_evaluate(
     average steps, parse-error rate -> the `evals` table, a table here and a PNG plot."""
     from rich.console import Console
 
+    from flywheel.query import run_query
     from flywheel.specs import lake_for, latest_checkpoint
     from flywheel.stages import evaluate
-    from storage.catalog import connect, run_query
+    from storage.catalog import connect
 
     use_lake(lake)
     cfg = load_cfg(config)

@@ -1,4 +1,5 @@
-"""Synthetic lake rows for tests and benchmarks (never used by the flywheel itself).
+"""Synthetic lake rows for tests and benchmarks, never used by the flywheel itself (tests import it as
+`synthetic`; benchmarks put tests/ on sys.path first).
 
 eps, steps = synthetic_episodes(n_episodes=100, steps_per_episode=5, seed=0)
 pngs = png_pool(16)          # realistic small PNG screenshots (noise + UI-like boxes)
