@@ -46,6 +46,9 @@ fi
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   APT+=(postgresql)
 fi
+if ! command -v Xvfb >/dev/null 2>&1; then  # an X display for the compiled pyautogui actions' test (~14 packages)
+  APT+=(xvfb)
+fi
 if [ "${#APT[@]}" -gt 0 ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -1,7 +1,8 @@
 """Compiled pyautogui actions on a real X display (Debian's Xvfb): the pointer and keyboard land where intended.
 
-Needs Xvfb and a Python with pyautogui + python-xlib: the OSWorld venv (scripts/setup_osworld.sh makes both),
-found at $FLYWHEEL_OSWORLD_PYTHON or .venv-osworld/bin/python; skipped without them. Xvfb is started here in
+Needs Xvfb and a Python with pyautogui + python-xlib: scripts/setup.sh installs Debian's xvfb and the dev extra
+has both packages, so CI runs it; the OSWorld venv ($FLYWHEEL_OSWORLD_PYTHON or .venv-osworld/bin/python) is tried
+first. Skipped without them. Xvfb is started here in
 its own process group and ended by it.
 """
 
@@ -12,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +27,12 @@ PROBE = Path(__file__).parent / "fixtures" / "xvfb" / "probe.py"
 
 
 def _osworld_python() -> str | None:
-    for p in (os.environ.get("FLYWHEEL_OSWORLD_PYTHON"), str(REPO / ".venv-osworld" / "bin" / "python")):
+    # the OSWorld venv, else this one (the dev extra installs pyautogui + python-xlib, so CI runs this file)
+    for p in (
+        os.environ.get("FLYWHEEL_OSWORLD_PYTHON"),
+        str(REPO / ".venv-osworld" / "bin" / "python"),
+        sys.executable,
+    ):
         if p and Path(p).exists():
             ok = subprocess.run(
                 [p, "-c", "import pyautogui, Xlib"],
@@ -42,10 +49,10 @@ def _osworld_python() -> str | None:
 @pytest.fixture(scope="module")
 def display():
     if not shutil.which("Xvfb"):
-        pytest.skip("needs Debian's xvfb (scripts/setup_osworld.sh installs it)")
+        pytest.skip("needs Debian's xvfb (scripts/setup.sh installs it)")
     py = _osworld_python()
     if py is None:
-        pytest.skip("needs the OSWorld venv (pyautogui, python-xlib): scripts/setup_osworld.sh")
+        pytest.skip("needs pyautogui + python-xlib (the dev extra, or the OSWorld venv of scripts/setup_osworld.sh)")
     num = 90 + os.getpid() % 100
     sock = Path(f"/tmp/.X11-unix/X{num}")
     proc = subprocess.Popen(
