@@ -611,3 +611,56 @@ def test_a_flagged_agentnet_step_is_in_the_schema_and_out_of_sft(tmp_path):
     )
     assert [(s[1], s[2]) for s in steps] == [(True, True), (True, False)]
     assert json.loads(steps[0][0])["action"] == "scroll" and "before any pointer position is known" in steps[0][3]
+
+
+def test_the_screen_edge_is_where_pyautogui_leaves_an_off_screen_pointer(tmp_path):
+    """The clamp rule against the real thing: pyautogui (this venv's, the dev extra) on Debian's Xvfb, a 320x200
+    screen. Each off-screen code string runs there; the pointer ends where read_pyautogui(off_screen="clamp") says."""
+    import shutil
+    import signal
+    import time
+
+    if not shutil.which("Xvfb"):
+        pytest.skip("needs Debian's xvfb (scripts/setup.sh installs it)")
+    probe = subprocess.run([sys.executable, "-c", "import pyautogui"], capture_output=True, text=True, timeout=120)
+    if "ModuleNotFoundError" in probe.stderr:
+        pytest.skip("needs pyautogui + python-xlib (the dev extra)")
+    codes = [
+        "pyautogui.click(1, 1649)",
+        "pyautogui.moveTo(-5, 20)",
+        "pyautogui.click(2500, 150)",
+        "pyautogui.moveTo(10, 10); pyautogui.dragTo(900, -40)",
+    ]
+    num = 200 + os.getpid() % 100
+    xvfb = subprocess.Popen(
+        ["Xvfb", f":{num}", "-screen", "0", "320x200x24", "-nolisten", "tcp"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not Path(f"/tmp/.X11-unix/X{num}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        script = (
+            "import json, sys, pyautogui\npyautogui.FAILSAFE = False\npyautogui.PAUSE = 0\nout = []\n"
+            "for code in json.loads(sys.argv[1]):\n    exec(code)\n    out.append(list(pyautogui.position()))\n"
+            "print(json.dumps(out))"
+        )
+        ran = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(codes)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "DISPLAY": f":{num}"},
+        )
+        assert ran.returncode == 0, ran.stderr
+        where = json.loads(ran.stdout)
+    finally:
+        os.killpg(xvfb.pid, signal.SIGTERM)
+        xvfb.wait(timeout=30)
+    for code, (x, y) in zip(codes, where):
+        ptr = Pointer()
+        p = read_pyautogui(code, 320, 200, ptr, off_screen="clamp")
+        assert p.flag and "off the 320x200 screen" in p.flag
+        assert (ptr.x, ptr.y) == (x, y), code
