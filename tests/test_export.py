@@ -5,6 +5,7 @@ against tests/hub_server.py (the Hub API as huggingface_hub calls it). The token
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -43,7 +44,8 @@ def fw(*args, **env):
         text=True,
         timeout=120,
         cwd=ROOT,
-        env={**os.environ, "FLYWHEEL_LAKE": "", "HF_HUB_DISABLE_TELEMETRY": "1", **env},
+        # large files take the git-lfs path (tests/hub_server.py stands in for it; not for Xet's CAS protocol)
+        env={**os.environ, "FLYWHEEL_LAKE": "", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1", **env},
     )
 
 
@@ -102,14 +104,22 @@ def test_push_dataset_goes_through_the_hub_api_and_keeps_the_token_secret(lake, 
         )
     assert r.returncode == 0, r.stderr
     assert "pushed dataset me/gui-sft" in r.stdout
-    paths = [q["path"] for q in hub.requests]
+    parquet = "data/train-00000-of-00001.parquet"
+    oid = hashlib.sha256((out / parquet).read_bytes()).hexdigest()
+    # in order; huggingface_hub checks the card's YAML once per upload step (the LFS upload adds one)
+    paths = [q["path"] for i, q in enumerate(hub.requests) if i == 0 or q["path"] != hub.requests[i - 1]["path"]]
     assert paths == [
         "/api/repos/create",
         "/api/validate-yaml",
         "/api/datasets/me/gui-sft/preupload/main",
+        "/datasets/me/gui-sft.git/info/lfs/objects/batch",  # the Parquet file is an LFS file on the Hub
+        f"/lfs/{oid}",
+        "/lfs/verify",
         "/api/datasets/me/gui-sft/commit/main",
     ]
-    assert all(q["auth"] == f"Bearer {TOKEN}" for q in hub.requests)
+    # the token goes to the Hub's API only, never to the upload href (on the Hub, a presigned storage URL)
+    assert [q["auth"] for q in hub.requests if q["method"] == "PUT"] == [None]
+    assert all(q["auth"] == f"Bearer {TOKEN}" for q in hub.requests if q["method"] == "POST")
     assert hub.requests[0]["json"] == {
         "name": "gui-sft",
         "organization": "me",
@@ -119,7 +129,10 @@ def test_push_dataset_goes_through_the_hub_api_and_keeps_the_token_secret(lake, 
     commit = hub.requests[-1]["ndjson"]
     assert commit[0]["key"] == "header" and "gui-flywheel export" in commit[0]["value"]["summary"]
     files = {ln["value"]["path"]: base64.b64decode(ln["value"]["content"]) for ln in commit if ln["key"] == "file"}
-    assert sorted(files) == ["README.md", "data/train-00000-of-00001.parquet", "lineage.json"]
+    assert sorted(files) == ["README.md", "lineage.json"]
+    lfs = {ln["value"]["path"]: ln["value"] for ln in commit if ln["key"] == "lfsFile"}
+    assert lfs == {parquet: {"path": parquet, "algo": "sha256", "oid": oid, "size": (out / parquet).stat().st_size}}
+    files[parquet] = hub.lfs[oid]
     assert all(files[p] == (out / p).read_bytes() for p in files)  # byte for byte what was exported
     # the token went only into the Authorization header: not into output, logs, card or files
     assert TOKEN not in r.stdout + r.stderr and TOKEN.encode() not in _all_text(out)
@@ -166,7 +179,8 @@ def test_push_offline_unreachable_or_refused_is_one_hub_error(lake, tmp_path, mo
     with HubServer("hf_someone_else") as hub:
         with pytest.raises(HubError, match="the Hub refused the token for dataset me/x") as refused:
             push(folder, "me/x", "dataset", endpoint=hub.url)
-    paths = [q["path"] for q in hub.requests]
+    # in order; huggingface_hub checks the card's YAML once per upload step (the LFS upload adds one)
+    paths = [q["path"] for i, q in enumerate(hub.requests) if i == 0 or q["path"] != hub.requests[i - 1]["path"]]
     assert paths[0] == "/api/repos/create" and not any("/commit/" in p or "/preupload/" in p for p in paths)
     for e in (unreachable, refused):
         assert TOKEN not in str(e.value) and "\n" not in str(e.value) and "nothing pushed" in str(e.value)
@@ -261,6 +275,12 @@ def test_export_checkpoint_model_card_with_evals_and_push(lake, tmp_path):
     assert res.metric_type == "success_rate" and res.metric_value == 0.75
     assert "| click-test | eval-seed | 4 | 3 | 0.750 |" in card.text
     assert [q["path"] for q in hub.requests][-1] == "/api/models/me/gui-student/commit/main"
-    pushed = {ln["value"]["path"] for ln in hub.requests[-1]["ndjson"] if ln["key"] == "file"}
+    commit = hub.requests[-1]["ndjson"]
+    pushed = {ln["value"]["path"] for ln in commit if ln["key"] in ("file", "lfsFile")}
     assert pushed == {p.name for p in out.iterdir()}
+    # the weights went the large-file way: LFS batch, PUT of the exact bytes, verify, then an lfsFile commit line
+    (weights,) = [ln["value"] for ln in commit if ln["key"] == "lfsFile"]
+    data = (out / "model.safetensors").read_bytes()
+    assert weights["path"] == "model.safetensors" and weights["oid"] == hashlib.sha256(data).hexdigest()
+    assert hub.lfs[weights["oid"]] == data and weights["size"] == len(data)
     assert TOKEN not in r.stdout + r.stderr and TOKEN.encode() not in _all_text(out)
