@@ -163,20 +163,17 @@ def test_up_on_a_taken_port(tmp_path):
 
 
 # ---------------------------------------------------------------------------- Ctrl-C during a stage
-def test_ctrl_c_during_rollouts_leaves_whole_episodes_and_the_rerun_completes(tmp_path):
-    """SIGINT to the command's process group (what Ctrl-C sends) mid-rollout: one line, exit 130, only whole
-    episodes in the lake (every episode has its steps), and the same command run again fills in the rest."""
+def _interrupted(args: list[str], ready, timeout: float = 300) -> tuple[int, str]:
+    """Run `flywheel *args` in a process group of its own and send the group SIGINT (what Ctrl-C sends) once
+    `ready()` is true; (exit code, stderr). The command must still be running then."""
     import signal
     import threading
     import time
 
-    lake = tmp_path / "lake"
-    args = ["rollout", "--policy", "scripted", "--tasks", "click-test,focus-text", "--seeds", "0-49", "--envs", "1"]
-    cmd = [sys.executable, "-m", "flywheel", *args, "-c", TINY, "--lake", str(lake)]
     # SIGINT back to its default in the child: a test run started in the background by a shell without job control
     # inherits SIGINT ignored, and an ignored signal stays ignored across exec (Python then installs no handler)
     p = subprocess.Popen(
-        cmd,
+        [sys.executable, "-m", "flywheel", *args],
         cwd=ROOT,
         env=_env(),
         stdout=subprocess.PIPE,
@@ -188,6 +185,32 @@ def test_ctrl_c_during_rollouts_leaves_whole_episodes_and_the_rerun_completes(tm
     out_lines: list[str] = []
     reader = threading.Thread(target=lambda: out_lines.extend(p.stdout), daemon=True)
     reader.start()
+    deadline = time.time() + timeout
+    while time.time() < deadline and p.poll() is None:
+        try:
+            if ready():
+                break
+        except Exception:  # noqa: BLE001 - nothing written yet
+            pass
+        time.sleep(0.3)
+    assert p.poll() is None, f"the command ended before it could be interrupted: {p.communicate()[1][-2000:]}"
+    os.killpg(p.pid, signal.SIGINT)
+    err = p.communicate(timeout=120)[1]
+    reader.join(timeout=10)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 130, (p.returncode, err[-2000:])
+    # the interrupt's one line ends stderr (progress bars from before it may precede it)
+    assert lines[-1] == "interrupted (Ctrl-C); rerun the same command to continue", err[-2000:]
+    assert sum("interrupted" in ln or "Error" in ln for ln in lines) == 1, err[-2000:]
+    assert "Traceback" not in "".join(out_lines) + err
+    return p.returncode, err
+
+
+def test_ctrl_c_during_rollouts_leaves_whole_episodes_and_the_rerun_completes(tmp_path):
+    """SIGINT to the command's process group (what Ctrl-C sends) mid-rollout: one line, exit 130, only whole
+    episodes in the lake (every episode has its steps), and the same command run again fills in the rest."""
+    lake = tmp_path / "lake"
+    args = ["rollout", "--policy", "scripted", "--tasks", "click-test,focus-text", "--seeds", "0-49", "--envs", "1"]
 
     def counts():
         from storage.catalog import connect
@@ -201,22 +224,7 @@ def test_ctrl_c_during_rollouts_leaves_whole_episodes_and_the_rerun_completes(tm
 
     # interrupt once the first episodes are committed (a slow box only moves this later; 100 episodes take ~20 s
     # at the tiny config's ~5/s, so the interrupt lands mid-run)
-    deadline = time.time() + 300
-    while time.time() < deadline and p.poll() is None:
-        try:
-            if counts()[0] >= 2:
-                break
-        except Exception:  # noqa: BLE001 - no lake yet
-            pass
-        time.sleep(0.3)
-    assert p.poll() is None, "the rollout ended before it could be interrupted"
-    os.killpg(p.pid, signal.SIGINT)
-    err = p.communicate(timeout=120)[1]
-    reader.join(timeout=10)
-    out = "".join(out_lines)
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert p.returncode == 130, (p.returncode, err[-2000:])
-    assert lines == ["interrupted (Ctrl-C); rerun the same command to continue"] and "Traceback" not in out + err, err
+    _interrupted([*args, "-c", TINY, "--lake", str(lake)], lambda: counts()[0] >= 2)
 
     n_eps, orphans = counts()
     assert 0 < n_eps < 100 and orphans == 0  # interrupted partway; nothing partial
@@ -225,3 +233,33 @@ def test_ctrl_c_during_rollouts_leaves_whole_episodes_and_the_rerun_completes(tm
     assert counts() == (100, 0)
     v = run_fw("lake", "verify", "--lake", str(lake))
     assert v.returncode == 0 and "0 bad" in v.stdout, v.stdout + v.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_sft_keeps_its_last_state_and_the_rerun_resumes(tmp_path):
+    """SIGINT mid-SFT: one line, exit 130, no checkpoint row (nothing partial), the last saved state kept; the same
+    command run again resumes from that state (not from step 0) and records the one checkpoint."""
+    lake = tmp_path / "lake"
+    import yaml
+
+    from training.models import init_model
+
+    c = yaml.safe_load(Path(TINY).read_text())
+    c["student"]["model"] = str(init_model("qwen3-vl", "tiny", tmp_path / "model"))
+    c["sft"] = {"save_every": 2, "epochs": 60}  # a state every 2 steps; enough steps that the interrupt lands mid-run
+    cfg = tmp_path / "tiny-sft.yaml"
+    cfg.write_text(yaml.safe_dump(c))
+    for stage in ("bootstrap", "curate"):
+        r = run_fw("stage", stage, "-c", str(cfg), "--lake", str(lake))
+        assert r.returncode == 0, r.stderr[-2000:]
+    states = lambda: sorted(lake.glob("_checkpoints/*/state/step-*"))  # noqa: E731
+    _interrupted(["stage", "sft", "-c", str(cfg), "--lake", str(lake)], lambda: len(states()) > 0)
+
+    assert states(), "the interrupted run kept no state to resume from"
+    n = lambda: len(Lake(lake, create=False).rows("checkpoints"))  # noqa: E731
+    assert n() == 0  # no row for a checkpoint that never finished
+    r = run_fw("stage", "sft", "-c", str(cfg), "--lake", str(lake), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (result,) = [json.loads(p.read_text()) for p in lake.glob("_checkpoints/*/sft_result.json")]
+    assert 2 <= result["resumed_from_step"] < result["steps"], result
+    assert n() == 1
