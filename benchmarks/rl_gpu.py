@@ -24,8 +24,9 @@ response of 64-96 random token ids with behaviour log-probs. SDPO rows carry the
         in the JSON says what was applied); --ablate-kernels also times GRPO with them off ("grpo_no_kernels");
         --ablate-levers times GRPO as before issue #33 ("grpo_before": no fast_vision / linear patch embedding /
         fused AdamW, the padding mask in the forward) before and after "grpo" ("_again"), `speedup_vs_before`;
-        --ablate-text times it with session 20's levers off ("grpo_prev", "grpo_prev_again": Liger's RMSNorm,
-        PEFT's LoRA forward, the stock DeepStack / linears / tower preamble) around "grpo", `text_levers`.
+        --ablate-text times it on the previous session's path around "grpo" ("grpo_prev", "grpo_prev_again";
+        --prev s20: session 21's q/k norm + RoPE kernel and input-norm residual off; --prev s19: session 20's
+        Liger RMSNorm, PEFT LoRA forward, stock DeepStack / linears / tower preamble too), `text_levers`.
         The kernels are taken off the model again before the next run (TRL gets the stock model).
         SDPO runs once per --sdpo-modes entry: "sdpo" (sampled-token) and "sdpo_topk" (logit-level, top-20 + tail).
   trl:  trl.GRPOTrainer (loss_type dr_grpo, the same clip range and max_completion_length as ours), constructed
@@ -60,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # test d
 import torch  # noqa: E402
 
 PEAK_BF16 = 989e12  # H100 SXM dense bf16
+PREV = "s20"  # what the --ablate-text "prev" sides run (--prev)
 
 
 def _cuda() -> bool:
@@ -261,9 +263,10 @@ def run_ours(
 ) -> dict:
     """One RLTrainer.update over the batch with epochs = warmup + steps (one optimizer step per epoch). `levers`
     False: the step as before issue #33 (Liger only: no fast_vision, no linear patch embedding, foreach AdamW, the
-    padding mask in the forward). `text` False: session 20's levers off (training.kernels.TEXT_LEVERS and the
-    vision grid cache / LayerNorm: Liger's RMSNorm, PEFT's LoRA forward, the stock DeepStack adds and tower
-    preamble)."""
+    padding mask in the forward). `text` False: the previous session's path (PREV): "s20" (default) session 21's
+    text levers off (training.kernels.SESSION21_LEVERS: the q/k norm + RoPE kernel, the input norm keeping the
+    residual, Liger's MLP as a shared-input group); "s19" session 20's off too (TEXT_LEVERS and the vision grid
+    cache / LayerNorm: Liger's RMSNorm, PEFT's LoRA forward, the stock DeepStack adds and tower preamble)."""
     import training.kernels as K
     import training.rl as rl_mod
     import training.rl_encode as enc_mod
@@ -275,8 +278,11 @@ def run_ours(
         rl_mod.fast_vision, rl_mod.linear_patch_embed = (lambda m: []), (lambda m: False)
         rl_mod.make_optimizer = lambda w, lr, wd, fused=False: saved[2](w, lr, wd)
     enc_mod.NO_PAD_MASK = levers  # before: the padded rows' attention mask went into the forward
-    K.TEXT_LEVERS.update(rms_norm=text, lora=text, deepstack=text, shared_input=text, add_norm=text)
-    K.VISION_LEVERS.update(grid_cache=text, layer_norm=text)
+    K.TEXT_LEVERS.update({k: text for k in K.SESSION21_LEVERS})
+    K.VISION_LEVERS.update({k: text for k in K.SESSION21_VISION_LEVERS})
+    if PREV == "s19":  # the prev sides without session 20's levers either
+        K.TEXT_LEVERS.update(rms_norm=text, lora=text, deepstack=text, shared_input=text, add_norm=text)
+        K.VISION_LEVERS.update(grid_cache=text, layer_norm=text)
 
     s = RLSettings(
         algorithm=algo,
@@ -294,8 +300,8 @@ def run_ours(
     finally:
         rl_mod.fast_vision, rl_mod.linear_patch_embed, rl_mod.make_optimizer = saved
         enc_mod.NO_PAD_MASK = True
-        K.TEXT_LEVERS.update(rms_norm=True, lora=True, deepstack=True, shared_input=True, add_norm=True)
-        K.VISION_LEVERS.update(grid_cache=True, layer_norm=True)
+        K.TEXT_LEVERS.update({k: True for k in K.TEXT_LEVERS})
+        K.VISION_LEVERS.update({k: True for k in K.VISION_LEVERS})
         unfuse_model(model)  # the next run (and TRL) gets the stock model
 
 
@@ -600,8 +606,15 @@ def main() -> None:
         "--ablate-text",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="also time GRPO with session 20's text levers off ('grpo_prev': Liger's RMSNorm, PEFT's LoRA forward), "
-        "right before and after 'grpo'; `text_levers` compares the pairs",
+        help="also time GRPO on the previous session's path ('grpo_prev', see --prev), right before and after "
+        "'grpo'; `text_levers` compares the pairs",
+    )
+    ap.add_argument(
+        "--prev",
+        choices=("s20", "s19"),
+        default="s20",
+        help="what 'grpo_prev' runs: s20 = session 21's text levers off (the session-20 commit's step); s19 = "
+        "session 20's text levers off too",
     )
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
@@ -624,6 +637,8 @@ def main() -> None:
     )
     ap.add_argument("--out", default=None, help="also write the JSON here")
     a = ap.parse_args()
+    global PREV
+    PREV = a.prev
     screen = tuple(int(x) for x in a.screen.lower().split("x"))
     from training.rl import ALGORITHMS, RLSettings
 

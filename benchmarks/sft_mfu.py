@@ -1,6 +1,6 @@
 """Benchmark (GPU): MFU of the packed SFT step that runs the vision tower, the last commit's step vs now (session
-20: issue 33's levers on both sides, the text-model and host levers of session 20 only in "after"), side by side in
-one process; the attention kernels probed first.
+21: "before" = the session-20 commit's step, session 21's text levers off; --prev s19: session 20's levers off too,
+as session 20 compared), side by side in one process; the attention kernels probed first.
 
     python benchmarks/sft_mfu.py --data EXPORT.parquet [--batch 24] [--pack 24576] [--steps 4] [--pairs 2]
                                  [--out DIR] [--lora] [--dump DIR [--dump-big]] [--no-probe] [--rms-sweep]
@@ -23,10 +23,11 @@ every step, as in a first epoch. Prints JSON (also written to --out/sft_mfu.json
   gradients with session 20's levers off and on;
 - `variants`: tokens/s, MFU = 6 * N * tokens/s / 989 TFLOP/s (N = all parameters, the tower's included, as in every
   earlier SFT row), peak memory and a CUDA-event split (vision forward / text forward / rest = loss + backward /
-  optimizer) of, after an untimed `warmup` side, --pairs pairs of `before` (session 20's levers off: Liger's
-  RMSNorm, the stock tower preamble / LayerNorm / DeepStack / linears, pageable micro-batch copies, the loss read
-  before the optimizer step) and `after` (all on: what the stage runs now); `summary`: mean tokens/s and median
-  step time of each side type, with their MFU;
+  optimizer) of, after an untimed `warmup` side, --pairs pairs of `before` (--prev s20: session 21's levers off,
+  training.kernels.SESSION21_LEVERS; s19: session 20's off too: Liger's RMSNorm, the stock tower preamble /
+  LayerNorm / DeepStack / linears, pageable micro-batch copies, the loss read before the optimizer step) and `after`
+  (all on: what the stage runs now); `summary`: mean tokens/s and median step time of each side type, with their
+  MFU; `s21_check`: one pack's loss and gradients with session 21's levers off and on;
 - `profile_after` (`--profile`): torch.profiler's top kernels of one step and `gpu_gaps`, where the GPU idles;
 - `b4`: the same step at 4 samples a step (one pack) before/after twice (--groups b4);
 - `lora` (--lora): LoRA r16 (bf16 adapters, fp32 masters, no dropout) before/after pairs, `lora_summary`;
@@ -265,8 +266,11 @@ def checks(model, samples, idx: list[int]) -> dict:
     labels = p.pop("labels")
     p = {k: v.cuda() if hasattr(v, "cuda") else v for k, v in p.items()}
     res = {}
+    import training.kernels as K
+
     for name, on in (("stock", False), ("fast", True)):
         vision_levers(model, on, on)
+        K.VISION_LEVERS["add_layer_norm"] = on  # session 21's block fusion: off on the stock side too
         with torch.no_grad():
             res[name] = [
                 t.float()
@@ -275,6 +279,7 @@ def checks(model, samples, idx: list[int]) -> dict:
             ]
             with packing_mod.packed_attention(model, p, varlen=True):
                 out[f"loss_one_pack_{name}"] = float(labelled_token_loss(model, p, labels)[0])
+    K.VISION_LEVERS["add_layer_norm"] = True
     out["tower_outputs_rel_l2"] = [
         round(float((a - b).norm() / b.norm().clamp_min(1e-12)), 6) for a, b in zip(res["fast"], res["stock"])
     ]
@@ -348,21 +353,23 @@ def rms_check(sweep: bool = False) -> dict:
     return out
 
 
-def text_check(model, samples, idx: list[int]) -> dict:
+def text_check(model, samples, idx: list[int], which: str = "s20") -> dict:
     """One pack's loss and a few parameters' gradients with the text levers off (Liger's RMSNorm) and on (ours):
-    relative loss difference, and per parameter the cosine and the norm ratio of the gradients."""
+    relative loss difference, and per parameter the cosine and the norm ratio of the gradients. `which` "s21":
+    session 21's levers off and on, session 20's on in both."""
     import training.packing as packing_mod
     from training.losses import labelled_token_loss
 
     names = [n for n, p in model.named_parameters() if p.requires_grad and ("norm" in n or "layers.0." in n)]
     names = names[:12] + [n for n, p in model.named_parameters() if p.requires_grad and "layers.27.mlp" in n]
+    names += [n for n, p in model.named_parameters() if p.requires_grad and "layers.27.self_attn" in n]
     params = dict(model.named_parameters())
     p = samples.packed(idx)
     labels = p.pop("labels")
     p = {k: v.cuda() if hasattr(v, "cuda") else v for k, v in p.items()}
     got = {}
     for on in (False, True):
-        use(model, samples, True, True, text=on)
+        use(model, samples, True, True, text=on if which == "s20" else True, s21=on)
         model.zero_grad(set_to_none=True)
         with packing_mod.packed_attention(model, p, varlen=True):
             loss = labelled_token_loss(model, p, labels)[0]
@@ -411,23 +418,29 @@ def use(
     rope_attention: bool | None = None,
     gelu: bool | None = None,
     text: bool | None = None,
+    s21: bool | None = None,
 ):
     """The step before issue #33 (levers False, pinned False), with its levers (both True), or a mix; `text`
     (default: `levers`) switches session 20's text-model levers (training.kernels.TEXT_LEVERS: our RMSNorm kernels
-    instead of Liger's, the fused LoRA linear)."""
+    instead of Liger's, the fused LoRA linear, ...), `s21` (default: `text`) session 21's (SESSION21_LEVERS: the q/k
+    norm + RoPE kernel, the input norm keeping the residual, Liger's MLP as a shared-input group)."""
     import training.kernels as K
     import training.losses as losses_mod
     import training.sft as sft_mod
 
     on = levers if text is None else text
+    on21 = on if s21 is None else s21
     K.TEXT_LEVERS.update(rms_norm=on, lora=on, deepstack=on, shared_input=on, add_norm=on)
+    K.TEXT_LEVERS.update({k: on21 for k in K.SESSION21_LEVERS})
+    K.VISION_LEVERS.update({k: on21 for k in K.SESSION21_VISION_LEVERS})
     K.VISION_LEVERS.update(grid_cache=on, layer_norm=on)
     losses_mod.HOST_INDEX = sft_mod.PIN_BATCH = sft_mod.DEFER_LOSS = on
     samples.cache = samples.pinned_cache if pinned else samples.unpinned
     got = vision_levers(model, levers if rope_attention is None else rope_attention, levers if gelu is None else gelu)
     s20 = ["s20_rms_norm", "s20_lora", "s20_deepstack", "s20_shared_input", "s20_grid_cache", "s20_layer_norm"]
     s20 += ["s20_add_rms_norm", "s20_host_loss_index"]
-    return got + (s20 + ["s20_pinned_batch", "s20_deferred_loss_read"] if on else [])
+    s21_names = [f"s21_{k}" for k in K.SESSION21_LEVERS + K.SESSION21_VISION_LEVERS] if on21 else []
+    return got + (s20 + ["s20_pinned_batch", "s20_deferred_loss_read"] if on else []) + s21_names
 
 
 def _sides(v: dict, k: str) -> list[dict]:
@@ -491,6 +504,13 @@ def main() -> None:
     )
     ap.add_argument("--pairs", type=int, default=2, help="before/after pairs in `variants` (and `lora`)")
     ap.add_argument("--rms-sweep", action="store_true", help="checks: time the RMSNorm backward's launch configs")
+    ap.add_argument(
+        "--prev",
+        choices=("s20", "s19"),
+        default="s20",
+        help="the 'before' sides: s20 = the session-20 commit's step (session 21's levers off); s19 = session 20's "
+        "text levers off too",
+    )
     ap.add_argument("--out", type=Path, default=Path("."))
     a = ap.parse_args()
     import dataclasses
@@ -582,25 +602,30 @@ def main() -> None:
         vision_levers(model, True, True)
         out["text_check"] = _try(lambda: text_check(model, samples, first))
         log("text_check", json.dumps({k: v for k, v in out["text_check"].items() if k != "grad_cos"}))
+        out["s21_check"] = _try(lambda: text_check(model, samples, first, which="s21"))
+        log("s21_check", json.dumps(out["s21_check"]))
         save()
     use(model, samples, True, True)
 
-    # (name, fast_vision levers, pinned pixel parts, rope+attention / GELU override, text levers): session 20
-    # compares the last commit (issue #33's levers, text levers off) with the text levers on
+    # (name, fast_vision levers, pinned pixel parts, rope+attention / GELU override, text levers, session-21
+    # levers): session 21 compares the last commit (session 20's levers on, session 21's off) with all on
+    # (--prev s19: session 20's text levers off in "before" too, as session 20 compared)
+    text_prev = a.prev == "s20"
     plan = [
-        ("warmup", True, True, None, True),  # untimed in the comparison: clocks, cuDNN plans, the allocator's pools
-        ("before", True, True, None, False),
-        ("after", True, True, None, True),
-        ("before_again", True, True, None, False),
-        ("after_again", True, True, None, True),
+        ("warmup", True, True, None, True, True),  # untimed: clocks, cuDNN plans, the allocator's pools
+        ("before", True, True, None, text_prev, False),
+        ("after", True, True, None, True, True),
+        ("before_again", True, True, None, text_prev, False),
+        ("after_again", True, True, None, True, True),
     ]
     for k in range(3, a.pairs + 1):
-        plan += [(f"before_{k}", True, True, None, False), (f"after_{k}", True, True, None, True)]
+        plan += [(f"before_{k}", True, True, None, text_prev, False), (f"after_{k}", True, True, None, True, True)]
+    out["prev"] = a.prev
     out["variants"] = {}
-    for name, lev, pin, over, text in plan if "variants" in a.groups else []:
+    for name, lev, pin, over, text, s21 in plan if "variants" in a.groups else []:
         out["variants"][name] = res = _try(
             lambda: dict(
-                levers=use(model, samples, lev, pin, *(over or (None, None)), text=text),
+                levers=use(model, samples, lev, pin, *(over or (None, None)), text=text, s21=s21),
                 pinned_pixels=pin,
                 **run_side(model, samples, batches, s, counts["total"], phases),
             )
@@ -641,7 +666,7 @@ def main() -> None:
             lplan += [(f"before_{k}", False), (f"after_{k}", True)]
         for name, on in lplan:
             bs, ss = batches, sl
-            use(model, samples, True, True, text=on)
+            use(model, samples, True, True, text=on or text_prev, s21=on)
             out["lora"][name] = r = _try(lambda: run_side(model, samples, bs, ss, lcounts["total"], phases))
             log("lora", name, json.dumps({k: r.get(k) for k in ("tokens_per_s", "mfu", "peak_mem_gib", "error")}))
             save()

@@ -150,6 +150,11 @@ def profile_step(model, samples, weights, opt, idx, s, trace: Path) -> dict:
         }
         for e in rows[:40]
     ]
+    kernels = [  # device-side rows only (kernels, copies, memsets), the whole list down to 0.2 ms
+        {"name": e.key[:160], "calls": e.count, "cuda_ms": round(e.self_device_time_total / 1e3, 2)}
+        for e in rows
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total >= 200
+    ]
     cpu_top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:25]
     gaps: dict = {}
     try:
@@ -170,6 +175,7 @@ def profile_step(model, samples, weights, opt, idx, s, trace: Path) -> dict:
         "gpu_kernel_s": round(kernel_us / 1e6, 4),
         "gpu_busy_fraction": round(kernel_us / 1e6 / wall, 3),
         "top_cuda": top,
+        "kernels": kernels,
         "top_cpu": [
             {"name": e.key[:110], "calls": e.count, "cpu_ms": round(e.self_cpu_time_total / 1e3, 2)} for e in cpu_top
         ],

@@ -119,6 +119,41 @@ def test_shared_input_linears_give_the_stock_outputs_and_gradients():
     assert not any("forward" in mod.__dict__ or "_flywheel_group" in mod.__dict__ for mod in model.modules())
 
 
+def test_text_attention_forward_gives_the_stock_outputs_with_a_torch_kernel_stand_in():
+    """The bound attention forward (kernels.fast_text on CUDA: q/k norm + RoPE in one kernel) around a torch stand-in
+    for the kernel on CPU: the same logits and gradients as the stock forward, and off again with unfuse_model."""
+    from types import MethodType
+
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as m
+
+    import training.kernels as K
+    import training.kernels.norms as N
+    import training.kernels.text as T
+    from training.models import build_model
+
+    def stand_in(x, w, cos, sin, eps):
+        h = x.float()
+        y = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return m.apply_rotary_pos_emb(y.transpose(1, 2), y.transpose(1, 2), cos, sin)[0].transpose(1, 2).contiguous()
+
+    saved = N.qk_norm_rope, N.qk_norm_rope_supported, T._ANY_DEVICE
+    N.qk_norm_rope, N.qk_norm_rope_supported, T._ANY_DEVICE = stand_in, (lambda *a: True), True
+    try:
+        model, _ = build_model("qwen3-vl", "tiny", seed=0, dtype="auto", device="cpu")
+        ids = torch.randint(5, 200, (2, 17), generator=torch.Generator().manual_seed(1))
+        y0, g0 = _out_and_grads(model, ids)
+        attn = [mod for mod in model.modules() if type(mod).__name__ in T._TEXT_ATTN_CLASSES]
+        for mod in attn:
+            mod.forward = MethodType(T._text_attn_forward, mod)
+        (y1, g1), (y2, g2) = _off_and_on(model, ids, "qk_norm_rope")
+    finally:
+        N.qk_norm_rope, N.qk_norm_rope_supported, T._ANY_DEVICE = saved
+    assert attn and torch.equal(y1, y0) and torch.equal(y2, y0)
+    assert g0.keys() == g2.keys() and all(torch.equal(g2[n], g0[n]) and torch.equal(g1[n], g0[n]) for n in g0)
+    K.unfuse_model(model)
+    assert not any("forward" in mod.__dict__ for mod in model.modules())
+
+
 @cuda
 def test_rms_norm_kernels_match_the_stock_math_on_cuda():
     """bf16 and fp32, the text model's widths and odd ones, a strided input: the Triton forward against the stock
@@ -160,6 +195,86 @@ def test_fast_lora_matches_peft_on_cuda_bf16():
         cos = torch.nn.functional.cosine_similarity(g0[n].float().flatten(), g1[n].float().flatten(), dim=0)
         assert cos > 0.99 or g0[n].norm() < 1e-6, (n, float(cos))
     K.unfuse_model(model)
+
+
+@cuda
+def test_qk_norm_rope_and_residual_norm_match_the_stock_math_on_cuda():
+    """Session 21's kernels against fp32 autograd of the stock math (bf16 inputs): the q/k RMSNorm + RoPE kernel
+    (output, dx, dw), with the stock bf16 modules' error as the yardstick; ResidualRMSNormFn passes x through and
+    its x gradient is the residual's plus the norm's."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb
+
+    import training.kernels as K
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for b, t, h, d in ((2, 300, 16, 128), (1, 77, 8, 64)):
+        x = (torch.randn(b, t, h, d, device="cuda", generator=g) * 2).to(torch.bfloat16)
+        w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(torch.bfloat16)
+        ang = torch.rand(b, t, d // 2, device="cuda", generator=g) * 20
+        ang = torch.cat([ang, ang * 0.5], -1)  # halves unequal: the kernel must not assume cos[:h] == cos[h:]
+        cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+        dz = torch.randn(b, t, h, d, device="cuda", generator=g).to(torch.bfloat16)
+        assert K.qk_norm_rope_supported(x, w, cos, sin)
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        z = K.qk_norm_rope(xi, wi, cos, sin, 1e-6)
+        z.backward(dz)
+        xr, wr = x.float().requires_grad_(), w.float().requires_grad_()
+        y = wr * (xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6))
+        zr = apply_rotary_pos_emb(y.transpose(1, 2), y.transpose(1, 2), cos.float(), sin.float())[0].transpose(1, 2)
+        zr.backward(dz.float())
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()  # the stock modules in bf16
+        ys = ws * (xs.float() * torch.rsqrt(xs.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+        zs = apply_rotary_pos_emb(ys.transpose(1, 2), ys.transpose(1, 2), cos, sin)[0].transpose(1, 2)
+        zs.backward(dz)
+
+        def err(a, ref):
+            return float((a.float() - ref).abs().max() / ref.abs().max())
+
+        for ours, stock, ref in ((z, zs, zr), (xi.grad, xs.grad, xr.grad), (wi.grad, ws.grad, wr.grad)):
+            assert err(ours, ref.detach()) <= max(2 * err(stock, ref.detach()), 1e-2), (b, t, h, d)
+    x = (torch.randn(3, 50, 256, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(256, device="cuda", generator=g)).to(torch.bfloat16)
+    dr, dy = (torch.randn(3, 50, 256, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+    r, y = K._residual_rms_fn().apply(xi, wi, 1e-6)
+    assert torch.equal(r, x) and torch.equal(y, K.rms_norm(x, w, 1e-6))
+    torch.autograd.backward([r, y], [dr, dy])
+    xr, wr = x.float().requires_grad_(), w.float().requires_grad_()
+    yr = wr * (xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6))
+    torch.autograd.backward([xr * 1.0, yr], [dr.float(), dy.float()])
+    for a, ref in ((xi.grad, xr.grad), (wi.grad, wr.grad)):
+        assert float((a.float() - ref).abs().max() / ref.abs().max()) < 2e-2
+
+
+@cuda
+def test_cross_layer_norm_and_input_norm_residual_match_the_stock_path_on_cuda():
+    """Text only, bf16 on the GPU: a layer's output add fused with the next layer's input norm (the hand-over that
+    fast_text links after DeepStack's layers; linked here from layer 0) and the input norm keeping the residual give
+    the stock logits and gradients within bf16 rounding."""
+    import training.kernels as K
+    from training.models import build_model
+
+    model, _ = build_model("qwen3-vl", "tiny", seed=0, dtype="auto", device="cuda")
+    model = model.to(torch.bfloat16)
+    assert "add_rms_norm" in K.fast_text(model)
+    layers = model.model.language_model.layers
+    layers[0].__dict__["_flywheel_next"] = layers[1]
+    ids = torch.randint(5, 200, (1, 40), generator=torch.Generator().manual_seed(1)).cuda()
+    got = {}
+    for on in (False, True):
+        K.TEXT_LEVERS.update(cross_layer_norm=on, input_norm_residual=on)
+        try:
+            got[on] = _out_and_grads(model, ids)
+        finally:
+            K.TEXT_LEVERS.update(cross_layer_norm=True, input_norm_residual=True)
+    (y0, g0), (y1, g1) = got[False], got[True]
+    assert float((y1.float() - y0.float()).abs().max() / y0.float().abs().max()) < 2e-2
+    for n in g0:
+        cos = torch.nn.functional.cosine_similarity(g0[n].float().flatten(), g1[n].float().flatten(), dim=0)
+        assert cos > 0.99 or g0[n].norm() < 1e-6, (n, float(cos))
+    assert "_flywheel_pending" not in layers[1].__dict__
+    K.unfuse_model(model)
+    assert not any("_flywheel_next" in mod.__dict__ for mod in model.modules())
 
 
 def _image_batch(device: str, n: int = 3):
@@ -218,11 +333,11 @@ def test_deepstack_layer_norm_and_host_loss_index_match_the_stock_path_on_cuda()
     labels[:, : labels.shape[1] // 2] = -100
     bound = K.fast_vision(model) + K.fast_text(model)
     assert {"deepstack_index", "vision_grid_cache", "vision_layer_norm", "add_rms_norm"} <= set(bound)
-    assert "shared_input_linears" in bound
-    levers = ("deepstack", "add_norm", "shared_input", "rms_norm")
+    assert {"shared_input_linears", "qk_norm_rope"} <= set(bound)
+    levers = ("deepstack", "add_norm", "shared_input", "rms_norm") + K.SESSION21_LEVERS
     got = {}
     for on in (False, True):
-        K.VISION_LEVERS["layer_norm"] = K.VISION_LEVERS["grid_cache"] = on
+        K.VISION_LEVERS["layer_norm"] = K.VISION_LEVERS["grid_cache"] = K.VISION_LEVERS["add_layer_norm"] = on
         K.TEXT_LEVERS.update({k: on for k in levers})
         L.HOST_INDEX = on
         try:
@@ -232,7 +347,7 @@ def test_deepstack_layer_norm_and_host_loss_index_match_the_stock_path_on_cuda()
             grads = {k: p.grad.float().clone() for k, p in model.named_parameters() if p.grad is not None}
             got[on] = (float(loss), n, grads)
         finally:
-            K.VISION_LEVERS["layer_norm"] = K.VISION_LEVERS["grid_cache"] = True
+            K.VISION_LEVERS.update(layer_norm=True, grid_cache=True, add_layer_norm=True)
             K.TEXT_LEVERS.update({k: True for k in levers})
             L.HOST_INDEX = True
     (l0, n0, g0), (l1, n1, g1) = got[False], got[True]

@@ -297,7 +297,7 @@ def _encoded_samples(model, proc, rows: list[dict[str, Any]], s: TrainSettings, 
         from training.packing import rope_positions_fn
 
         positions = rope_positions_fn(model)
-    if device.type == "cuda" and s.fused_kernels:  # the frozen tower's no-grad forward in fewer passes (kernels.py)
+    if device.type == "cuda" and s.fused_kernels:  # the frozen tower's no-grad forward in fewer passes (kernels.vision)
         from training.kernels import fast_lora, fast_text, fast_vision, linear_patch_embed
 
         linear_patch_embed(model)
