@@ -1,0 +1,163 @@
+"""Issue 32, part 1: a whole flywheel iteration survives SIGKILLs of any of its processes (benchmarks/chaos.py),
+and what the chaos run found: a `flywheel run` killed with -9 left its ephemeral Prefect server running for ever."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import chaos  # noqa: E402
+
+# what `flywheel run` does in local mode, stopped right after Prefect started its ephemeral API server
+_START_SERVER = """
+from flows.orchestrate import local_settings
+from prefect.client.orchestration import get_client
+with local_settings():
+    with get_client(sync_client=True) as client:
+        client.api_healthcheck()
+        print("up", flush=True)
+        import time; time.sleep(600)
+"""
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "FLYWHEEL_LAKE"))}
+    env.update(PREFECT_HOME=str(tmp / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT))
+    return env
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.flow
+def test_sigkilled_parent_takes_its_ephemeral_prefect_server_with_it(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _START_SERVER],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    server = None
+    try:
+        assert proc.stdout.readline().strip() == "up", "the ephemeral Prefect server did not start"
+        kids = [p for p in chaos.descendants(proc.pid) if "prefect.server" in chaos.cmdline(p)]
+        assert len(kids) == 1, f"expected one ephemeral server under the run, found {kids}"
+        server = kids[0]
+        proc.kill()  # SIGKILL: no atexit, no Prefect shutdown hook runs
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while not _gone(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(server), f"the Prefect server {server} outlived its killed parent: {chaos.cmdline(server)}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if server is not None and not _gone(server):
+            os.kill(server, signal.SIGKILL)  # ours: started by the process this test started
+
+
+@pytest.mark.flow
+def test_server_killed_while_starting_fails_the_start_at_once(tmp_path):
+    """Prefect restarts its ephemeral server only on exit code 3; a server killed while starting made the run wait
+    out the whole startup timeout (120 s) and then fail. Now the start fails as soon as the server is gone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _START_SERVER],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        server = None
+        while server is None and proc.poll() is None:  # kill it as soon as it exists: long before it answers
+            server = next((p for p in chaos.descendants(proc.pid) if "prefect.server" in chaos.cmdline(p)), None)
+            time.sleep(0.02)
+        assert server is not None, "no ephemeral server was started"
+        os.kill(server, signal.SIGKILL)
+        out, err = proc.communicate(timeout=90)  # the startup timeout is 120 s: this fails without the fix
+        assert proc.returncode != 0 and "up" not in out
+        assert "the ephemeral Prefect API server exited with code -9" in err, err[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.flow
+def test_server_killed_mid_run_ends_the_run_at_once(tmp_path):
+    """A local run whose ephemeral server died retried every API call for minutes (6 min in one SFT stage of the
+    chaos run) before failing; now it ends at once with one line, and the rerun resumes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _START_SERVER],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "up", "the ephemeral Prefect server did not start"
+        (server,) = [p for p in chaos.descendants(proc.pid) if "prefect.server" in chaos.cmdline(p)]
+        os.kill(server, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)  # without the watch it sleeps its 600 s
+        assert proc.returncode == 1
+        line = "error: the ephemeral Prefect API server exited with code -9; rerun the same command to continue"
+        assert line in err.splitlines(), err[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_chaos_iteration_survives_kills(tmp_path):
+    """Three seeded kills over one tiny iteration (with RL), each followed by a rerun of the same command: every
+    episode once and whole, the lake verifies, SFT / RL resume where their saved state was, no orphan process."""
+    out = tmp_path / "chaos.json"
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "chaos.py"),
+            "--seeds", "0",
+            "--kills", "3",
+            "--no-reference",
+            "--work", str(tmp_path / "work"),
+            "--out", str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )  # fmt: skip
+    assert out.exists(), res.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    seed = rep["seeds"][0]
+    assert rep["kills_sent"] == 3, res.stderr[-3000:]
+    assert seed["completed"], res.stderr[-3000:]
+    assert seed["problems"] == [], res.stderr[-3000:]
+    assert rep["rows_lost"] == 0 and rep["orphans"] == 0
+    assert rep["kills_survived"] == rep["kills_sent"]
+    assert seed["episodes"] == sum(rep["expected_episodes_per_stage"].values())
+    assert len(seed["datasets"]) == 1 and len(seed["checkpoints"]) == 2  # one SFT and one RL checkpoint
+    assert seed["verify_rc"] == 0
+    assert res.returncode == 0, res.stderr[-3000:]
