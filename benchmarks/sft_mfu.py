@@ -27,7 +27,8 @@ every step, as in a first epoch. Prints JSON (also written to --out/sft_mfu.json
   training.kernels.SESSION21_LEVERS; s19: session 20's off too: Liger's RMSNorm, the stock tower preamble /
   LayerNorm / DeepStack / linears, pageable micro-batch copies, the loss read before the optimizer step) and `after`
   (all on: what the stage runs now); `summary`: mean tokens/s and median step time of each side type, with their
-  MFU; `s21_check`: one pack's loss and gradients with session 21's levers off and on;
+  MFU; --ablate: then `after_no_<lever>` for each of session 21's levers (all on but that one) and `after_last`;
+  `s21_check`: one pack's loss and gradients with session 21's levers off and on;
 - `profile_after` (`--profile`): torch.profiler's top kernels of one step and `gpu_gaps`, where the GPU idles;
 - `b4`: the same step at 4 samples a step (one pack) before/after twice (--groups b4);
 - `lora` (--lora): LoRA r16 (bf16 adapters, fp32 masters, no dropout) before/after pairs, `lora_summary`;
@@ -418,28 +419,29 @@ def use(
     rope_attention: bool | None = None,
     gelu: bool | None = None,
     text: bool | None = None,
-    s21: bool | None = None,
+    s21: bool | str | None = None,
 ):
     """The step before issue #33 (levers False, pinned False), with its levers (both True), or a mix; `text`
     (default: `levers`) switches session 20's text-model levers (training.kernels.TEXT_LEVERS: our RMSNorm kernels
     instead of Liger's, the fused LoRA linear, ...), `s21` (default: `text`) session 21's (SESSION21_LEVERS: the q/k
-    norm + RoPE kernel, the input norm keeping the residual, Liger's MLP as a shared-input group)."""
+    norm + RoPE kernel, the input norm keeping the residual, Liger's MLP as a shared-input group, ...); a lever's
+    name for `s21`: all of session 21's on but that one."""
     import training.kernels as K
     import training.losses as losses_mod
     import training.sft as sft_mod
 
     on = levers if text is None else text
-    on21 = on if s21 is None else s21
+    on21 = on if s21 is None else bool(s21)
     K.TEXT_LEVERS.update(rms_norm=on, lora=on, deepstack=on, shared_input=on, add_norm=on)
-    K.TEXT_LEVERS.update({k: on21 for k in K.SESSION21_LEVERS})
-    K.VISION_LEVERS.update({k: on21 for k in K.SESSION21_VISION_LEVERS})
+    K.TEXT_LEVERS.update({k: on21 and k != s21 for k in K.SESSION21_LEVERS})
+    K.VISION_LEVERS.update({k: on21 and k != s21 for k in K.SESSION21_VISION_LEVERS})
     K.VISION_LEVERS.update(grid_cache=on, layer_norm=on)
     losses_mod.HOST_INDEX = sft_mod.PIN_BATCH = sft_mod.DEFER_LOSS = on
     samples.cache = samples.pinned_cache if pinned else samples.unpinned
     got = vision_levers(model, levers if rope_attention is None else rope_attention, levers if gelu is None else gelu)
     s20 = ["s20_rms_norm", "s20_lora", "s20_deepstack", "s20_shared_input", "s20_grid_cache", "s20_layer_norm"]
     s20 += ["s20_add_rms_norm", "s20_host_loss_index"]
-    s21_names = [f"s21_{k}" for k in K.SESSION21_LEVERS + K.SESSION21_VISION_LEVERS] if on21 else []
+    s21_names = [f"s21_{k}" for k in K.SESSION21_LEVERS + K.SESSION21_VISION_LEVERS if on21 and k != s21]
     return got + (s20 + ["s20_pinned_batch", "s20_deferred_loss_read"] if on else []) + s21_names
 
 
@@ -504,6 +506,7 @@ def main() -> None:
     )
     ap.add_argument("--pairs", type=int, default=2, help="before/after pairs in `variants` (and `lora`)")
     ap.add_argument("--rms-sweep", action="store_true", help="checks: time the RMSNorm backward's launch configs")
+    ap.add_argument("--ablate", action="store_true", help="variants: also all on but one of session 21's levers")
     ap.add_argument(
         "--prev",
         choices=("s20", "s19"),
@@ -620,6 +623,11 @@ def main() -> None:
     ]
     for k in range(3, a.pairs + 1):
         plan += [(f"before_{k}", True, True, None, text_prev, False), (f"after_{k}", True, True, None, True, True)]
+    if a.ablate:  # all on but one of session 21's levers, after the pairs
+        import training.kernels as K
+
+        plan += [(f"after_no_{k}", True, True, None, True, k) for k in K.SESSION21_LEVERS + K.SESSION21_VISION_LEVERS]
+        plan += [("after_last", True, True, None, True, True)]
     out["prev"] = a.prev
     out["variants"] = {}
     for name, lev, pin, over, text, s21 in plan if "variants" in a.groups else []:
