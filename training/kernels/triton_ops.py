@@ -7,7 +7,7 @@ lazily (`from training.kernels import triton_ops`) and fall back to torch / Lige
     qk_fwd/qk_bwd   the text attention's q/k RMSNorm over the head dim with the RoPE after it (norms.qk_norm_rope)
 
 `row_block` is the row-block setup the LayerNorm and RMSNorm forwards share: a program's BLOCK_M rows of an
-[M, N] row-major input, its masks, and the block loaded in fp32.
+[M, N] row-major input, its masks, and the block loaded in fp32 (with the residual added before the norm, stored).
 """
 
 from __future__ import annotations
@@ -17,14 +17,20 @@ import triton.language as tl
 
 
 @triton.jit
-def row_block(X, M, N, sx, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(rows, cols, row mask, col mask, 2-D mask, int64 row offsets [BLOCK_M, 1], the block in fp32)."""
+def row_block(X, M, N, sx, A, S, sa, ss, HAS_ADD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(rows, cols, row mask, col mask, 2-D mask, int64 row offsets [BLOCK_M, 1], the block in fp32). HAS_ADD: the
+    block is X + A rounded to X's dtype (as a separate add would round it), also stored to S."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     rm, cm = rows < M, cols < N
     mask = rm[:, None] & cm[None, :]
     r64 = rows.to(tl.int64)[:, None]
     x = tl.load(X + r64 * sx + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_ADD:
+        a = tl.load(A + r64 * sa + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        xs = (x + a).to(X.dtype.element_ty)
+        tl.store(S + r64 * ss + cols[None, :], xs, mask=mask)
+        x = xs.to(tl.float32)
     return rows, cols, rm, cm, mask, r64, x
 
 
@@ -54,12 +60,7 @@ def rope(q, k, qo, ko, cos, sin, sq, sqh, sk, skh, sc, ss, n_heads, HEADS: tl.co
 def ln(X, W, B, Y, A, S, M, N, eps, sx, sy, sa, ss, HAS_ADD: tl.constexpr, BLOCK_M: tl.constexpr,
        BLOCK_N: tl.constexpr):  # fmt: skip
     # HAS_ADD: the input is X + A (rounded to the input dtype, as a separate add), also stored to S
-    rows, cols, rm, cm, mask, r64, x = row_block(X, M, N, sx, BLOCK_M, BLOCK_N)
-    if HAS_ADD:
-        a = tl.load(A + r64 * sa + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        xs = (x + a).to(X.dtype.element_ty)
-        tl.store(S + r64 * ss + cols[None, :], xs, mask=mask)
-        x = xs.to(tl.float32)
+    rows, cols, rm, cm, mask, r64, x = row_block(X, M, N, sx, A, S, sa, ss, HAS_ADD, BLOCK_M, BLOCK_N)
     mean = tl.sum(x, axis=1) / N
     xc = tl.where(mask, x - mean[:, None], 0.0)
     rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
@@ -75,12 +76,7 @@ def rms_fwd(
     HAS_ADD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # HAS_ADD: the input is X + B (rounded to the input dtype, as a separate add), also stored to S
-    rows, cols, rm, cm, mask, r64, x = row_block(X, M, N, sx, BLOCK_M, BLOCK_N)
-    if HAS_ADD:
-        b = tl.load(B + r64 * sb + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        xs = (x + b).to(X.dtype.element_ty)
-        tl.store(S + r64 * ss + cols[None, :], xs, mask=mask)
-        x = xs.to(tl.float32)
+    rows, cols, rm, cm, mask, r64, x = row_block(X, M, N, sx, B, S, sb, ss, HAS_ADD, BLOCK_M, BLOCK_N)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
     w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
     n = (x * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)  # rounded to the input dtype, as stock
