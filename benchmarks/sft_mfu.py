@@ -60,7 +60,7 @@ def vision_levers(model, rope_attention: bool = True, gelu: bool = True, sdpa: t
         if f is not None and getattr(f, "__func__", None) in (K._vision_attn_forward, K._vision_mlp_forward):
             del mod.forward
     if sdpa:
-        K.VISION_SDPA = tuple(sdpa)
+        K.vision.VISION_SDPA = tuple(sdpa)
     K.VISION_LEVERS.update(rope_attention=rope_attention, gelu_epilogue=gelu)
     try:
         return K.fast_vision(model)
@@ -146,12 +146,12 @@ def probe(n_images: int, text_lengths: list[int], vision: bool = False) -> dict:
     out["vision"]["per_image_default_ms"] = ms
     out["vision"]["per_image_default_tflops"] = round(flops / ms / 1e9, 1)
     for name in ("cudnn", "flash", "efficient"):
-        K.VISION_SDPA = (name,)
+        K.vision.VISION_SDPA = (name,)
         r = _try(lambda: _events_ms(lambda: K.image_attention(q, k, v, lengths, d**-0.5)))
         out["vision"][f"batched_{name}_ms"] = r
         if isinstance(r, float):
             out["vision"][f"batched_{name}_tflops"] = round(flops / r / 1e9, 1)
-    K.VISION_SDPA = ("cudnn", "flash", "efficient")
+    K.vision.VISION_SDPA = ("cudnn", "flash", "efficient")
     return probe_text(text_lengths, out)
 
 

@@ -216,11 +216,11 @@ def test_image_attention_groups_equal_images_and_matches_per_image_attention():
     g = torch.Generator().manual_seed(0)
     lengths = [6, 6, 9, 6, 6]
     q, k, v = (torch.randn(sum(lengths), 4, 8, generator=g) for _ in range(3))
-    before, K.VISION_SDPA = K.VISION_SDPA, ("math",)
+    before, K.vision.VISION_SDPA = K.vision.VISION_SDPA, ("math",)
     try:
         got = K.image_attention(q, k, v, lengths, 8**-0.5)
     finally:
-        K.VISION_SDPA = before
+        K.vision.VISION_SDPA = before
     ref, a = [], 0
     for n in lengths:
         qs, ks, vs = (x[a : a + n].transpose(0, 1)[None] for x in (q, k, v))

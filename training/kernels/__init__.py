@@ -83,15 +83,12 @@ from training.kernels.vision import (
     vision_rope,
 )
 
-VISION_SDPA = ("cudnn", "flash", "efficient")  # SDPA backends tried in this order for the images' attention
-
 __all__ = [
     "RMS_BWD_CONFIG",
     "SESSION21_LEVERS",
     "SESSION21_VISION_LEVERS",
     "TEXT_LEVERS",
     "VISION_LEVERS",
-    "VISION_SDPA",
     "apply_fused_kernels",
     "fast_lora",
     "fast_text",

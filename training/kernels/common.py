@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+# The text model's levers (training.kernels.text applies them; norms reads rms_norm): off = the older path.
+TEXT_LEVERS = {
+    "rms_norm": True,
+    "lora": True,
+    "deepstack": True,
+    "shared_input": True,
+    "add_norm": True,
+    "qk_norm_rope": True,
+    "input_norm_residual": True,
+    "liger_mlp_shared_input": True,
+    "cross_layer_norm": True,
+}
+SESSION21_LEVERS = ("qk_norm_rope", "input_norm_residual", "liger_mlp_shared_input", "cross_layer_norm")
+
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)

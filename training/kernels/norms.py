@@ -240,7 +240,7 @@ def rms_norm(x, weight, eps: float):
     installed, else the torch ops."""
     import torch
 
-    from training.kernels.text import TEXT_LEVERS
+    from training.kernels.common import TEXT_LEVERS
 
     if x.is_cuda and x.shape[-1] <= 65536:
         if TEXT_LEVERS["rms_norm"]:

@@ -31,21 +31,8 @@ from __future__ import annotations
 
 from types import MethodType
 
+from training.kernels.common import SESSION21_LEVERS, TEXT_LEVERS  # noqa: F401 - their home is common (norms reads them)
 from training.kernels.norms import _add_rms_fn, _residual_rms_fn
-
-TEXT_LEVERS = {
-    "rms_norm": True,
-    "lora": True,
-    "deepstack": True,
-    "shared_input": True,
-    "add_norm": True,
-    "qk_norm_rope": True,
-    "input_norm_residual": True,
-    "liger_mlp_shared_input": True,
-    "cross_layer_norm": True,
-}
-SESSION21_LEVERS = ("qk_norm_rope", "input_norm_residual", "liger_mlp_shared_input", "cross_layer_norm")
-
 
 _LORA_FN: list = []
 

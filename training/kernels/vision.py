@@ -81,13 +81,18 @@ def vision_rope(q, k, cos, sin):
     return qo, ko
 
 
+VISION_SDPA = (
+    "cudnn",
+    "flash",
+    "efficient",
+)  # SDPA backends tried in this order (set training.kernels.vision.VISION_SDPA)
+
+
 def _sdpa_backends():
     from torch.nn.attention import SDPBackend
 
-    import training.kernels as pkg  # VISION_SDPA lives on the package: benchmarks and tests set it there
-
     names = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
-    return [getattr(SDPBackend, names[n]) for n in pkg.VISION_SDPA if hasattr(SDPBackend, names.get(n, ""))]
+    return [getattr(SDPBackend, names[n]) for n in VISION_SDPA if hasattr(SDPBackend, names.get(n, ""))]
 
 
 def image_attention(q, k, v, lengths: list[int], scale: float):
