@@ -408,7 +408,8 @@ def check(run: dict, facts: dict, ref: dict | None, expected: dict[str, int] | N
         for key in ("datasets", "checkpoints"):
             if facts[key] != ref[key]:
                 problems.append(f"{key} differ: {facts[key]} vs {ref[key]}")
-        weights_match = facts["weights"] == ref["weights"]
+        # per weight file: SFT resumes exactly (same bytes); RL re-samples a killed round's episodes, so may differ
+        weights_match = {k: v == ref["weights"].get(k) for k, v in facts["weights"].items()}
     else:
         per_stage = Counter(i[1] for i in facts["instances"])
         rows_lost = sum(max(0, n - per_stage.get(s, 0)) for s, n in expected.items()) + facts["partial_episodes"]
@@ -447,8 +448,26 @@ def check(run: dict, facts: dict, ref: dict | None, expected: dict[str, int] | N
         "rows_lost": rows_lost,
         "kills_survived": survived,
         "weights_match_reference": weights_match,
-        "resumes_checked": sum(1 for a in run["attempts"] for v in a["resumed"].values() if v),
+        "resumes_checked": sum(1 for a in run["attempts"] for v in a["resumed"].values() if v is not None),
+        "resumes_mid_stage": sum(1 for a in run["attempts"] for v in a["resumed"].values() if v),
     }
+
+
+def recheck(path: Path, out: str | None) -> int:
+    """Recompute every seed's checks (and the totals) of a finished run from its lakes, which are kept."""
+    rep = json.loads(path.read_text())
+    ref_lake = Path(rep["seeds"][0]["lake"]).parents[1] / "reference" / "lake"
+    ref = lake_facts(ref_lake) if rep.get("reference") else None
+    for s in rep["seeds"]:
+        cfg = Path(s["lake"]).parents[1] / "chaos.yaml"
+        s.update(check(s, lake_facts(Path(s["lake"])), ref, expected_counts(cfg)))
+    rep["kills_survived"] = sum(s["kills_survived"] for s in rep["seeds"])
+    rep["rows_lost"] = sum(s["rows_lost"] for s in rep["seeds"])
+    rep["all_ok"] = all(s["ok"] for s in rep["seeds"])
+    text = json.dumps(rep, indent=1, default=str)
+    Path(out or path).write_text(text + "\n")
+    print(text)
+    return 0 if rep["all_ok"] and rep["kills_survived"] == rep["kills_sent"] else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -465,7 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="bench-out/chaos", help="Scratch folder (wiped)")
     ap.add_argument("--no-reference", action="store_true", help="Check counts the config implies, no undisturbed run")
     ap.add_argument("--out", default=None, help="Also write the JSON here (e.g. docs/bench_chaos.json)")
+    ap.add_argument("--recheck", default=None, help="Redo the checks of a finished run's JSON from its lakes")
     a = ap.parse_args(argv)
+    if a.recheck:
+        return recheck(Path(a.recheck), a.out)
     become_subreaper()
     work = Path(a.work).resolve()
     if work.exists():

@@ -125,7 +125,8 @@ class EnvConfig(_Cfg):
         ge=0,
         le=10,
         description=(
-            "Env 'remote': reruns of an episode that ended in an env error (a dead "
+            "Reruns, within the run, of an episode that ended in an env error or whose "
+            "rollout worker died (a crashed browser or worker is restarted; a dead "
             "server's episodes go to another server)"
         ),
     )

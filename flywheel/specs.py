@@ -198,7 +198,7 @@ def rollout_spec(
         end_on_parse_error=cfg.rollout.on_parse_error == "end",
         config_hash=cfg.config_hash(),
         policy_threads=cfg.rollout.policy_threads,
-        env_error_retries=cfg.env.error_retries if cfg.env.name == "remote" else 0,
+        env_error_retries=cfg.env.error_retries,  # a crashed browser restarts at the next reset
     )
 
 

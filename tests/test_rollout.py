@@ -120,3 +120,77 @@ def test_timeouts_soft_and_hard(lake_root):
     got = con.execute("SELECT status, n_steps, error FROM episodes WHERE run_key = 'roll-hard'").fetchall()
     assert got == [("timeout", 0, "episode exceeded 0s; worker killed")]
     assert con.execute("SELECT count(*) FROM steps WHERE run_key = 'roll-hard'").fetchone()[0] == 0
+
+
+def _chaos_spec(tmp_path, run_key: str):
+    """The flywheel's own rollout spec for configs/tiny.yaml (local MiniWoB), with a slow scripted policy."""
+    import dataclasses
+
+    from configs.models import load_config
+    from flywheel.specs import rollout_spec
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "configs" / "tiny.yaml", {"lake.root": str(tmp_path / "lake")})
+    spec = rollout_spec(
+        cfg,
+        iteration=0,
+        stage=run_key,
+        policy=PolicySpec("scripted"),
+        tasks=["click-test", "focus-text"],
+        seeds=[0, 1, 2],
+        split="train",
+    )
+    return dataclasses.replace(spec, step_delay_s=0.4)  # so a kill lands inside an episode
+
+
+def _kill_after_first(what: str):
+    """on_result callback: once the first episode is in, SIGKILL the worker (`worker`) or its Chromium processes
+    (`chromium`) 0.25 s into the worker's next episode."""
+    killed: dict[str, object] = {}
+
+    def kill(pid: int) -> None:
+        if what == "worker":
+            os.kill(pid, signal.SIGKILL)
+            killed["pids"] = [pid]
+            return
+        pids = []
+        for p in _group_members(pid):
+            try:
+                exe = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0", 1)[0]
+            except OSError:
+                continue
+            if b"chrom" in Path(exe.decode()).name.encode() and b"chromedriver" not in exe:
+                pids.append(p)
+                os.kill(p, signal.SIGKILL)
+        killed["pids"] = pids
+
+    def on_result(r):
+        if not killed and r.get("worker_pid"):
+            killed["worker"] = r["worker_pid"]
+            threading.Timer(0.25, kill, (r["worker_pid"],)).start()
+
+    return killed, on_result
+
+
+@pytest.mark.parametrize("what", ["worker", "chromium"])
+def test_flywheel_rollouts_retry_a_killed_worker_or_browser_within_the_run(tmp_path, what):
+    """Issue 32's chaos run: a Chromium or a rollout worker killed mid-episode left that episode as 'error' once
+    the stage finished, and the flywheel's stage cache never ran it again (a teacher demo lost from curation, an
+    infrastructure failure counted as a failed evaluation). The flywheel's specs now retry such episodes in the
+    run (env.error_retries, which only env 'remote' used): every instance ends whole, none in 'error'."""
+    spec = _chaos_spec(tmp_path, "rollouts")
+    assert spec.env_error_retries == 2
+    killed, on_result = _kill_after_first(what)
+    s = run_rollouts(spec, progress=False, on_result=on_result)
+    assert killed.get("pids"), f"nothing was killed ({what})"
+    assert (s.ran, s.errors, s.per_status) == (6, 0, {"ok": 6}), s
+    assert s.retries >= 1  # the killed episode ran again
+    con = connect(tmp_path / "lake")
+    assert con.execute(
+        "SELECT count(*), count(DISTINCT episode_id), count(*) FILTER (status = 'ok') FROM episodes"
+    ).fetchone() == (6, 6, 6)
+    partial = con.execute(
+        "SELECT count(*) FROM episodes e LEFT JOIN (SELECT episode_id, count(*) AS n FROM steps GROUP BY 1) s "
+        "USING (episode_id) WHERE coalesce(s.n, 0) <> e.n_steps + 1"
+    ).fetchone()[0]
+    assert partial == 0

@@ -12,6 +12,9 @@ How it stays correct under faults:
   file named by episode id) before reporting it: a dead worker loses at most its in-flight
   episode, which the runner records as status 'error' (or 'timeout'); a replacement worker
   takes the remaining jobs.
+- An episode that ended in 'error' (an env error such as a crashed browser, or its worker died)
+  runs again within the run while it has `env_error_retries` left (the flywheel's specs:
+  `env.error_retries`, 2): a finished stage is cached, so a rerun would never reach it.
 - A rerun with the same run key skips episodes already in the lake (except status 'error',
   which are retried), so it fills in only what is missing.
 - Jobs go to each worker over its own pipe (no shared queue lock a SIGKILL could leave held).
@@ -91,7 +94,8 @@ class _Runner:
         self.spent_usd = 0.0  # cost of this run's finished episodes (budget_usd)
         self.budget_usd = spec.budget_usd  # the current run's (a pool's later runs bring their own)
         self.budget_stopped = 0
-        self.retries: dict[str, int] = {}  # episode id -> reruns after an env error
+        self.retries: dict[str, int] = {}  # episode id -> reruns after an env error or a dead worker
+        self._pending: deque | None = None  # the queue of the run in progress (retire requeues into it)
 
     def start_worker(self) -> None:
         parent, child = self.ctx.Pipe(duplex=True)
@@ -112,11 +116,23 @@ class _Runner:
         if status:
             for eid, (job, _) in w.jobs.items():
                 if culprit is None or eid == culprit:
-                    self.write_failed(job, status, error or "worker died")
+                    st, err = status, error or "worker died"
                 else:
-                    self.write_failed(job, "error", f"worker killed because episode {culprit} hung")
+                    st, err = "error", f"worker killed because episode {culprit} hung"
+                # the error row goes in first (a parent killed now leaves it for the rerun to retry)
+                self.write_failed(job, st, err, report=not self.requeue(job, st))
 
-    def write_failed(self, job: EpisodeJob, status: str, error: str) -> None:
+    def requeue(self, job: EpisodeJob, status: str) -> bool:
+        """Put an episode that ended in 'error' (an env error, or its worker died) back at the front of the queue
+        while it has retries left (env_error_retries); its error row is replaced when it finishes."""
+        eid = job.episode_id
+        if status != "error" or self._pending is None or self.retries.get(eid, 0) >= self.spec.env_error_retries:
+            return False
+        self.retries[eid] = self.retries.get(eid, 0) + 1
+        self._pending.appendleft(dataclasses.replace(job, new=False))  # its error row is in the lake now
+        return True
+
+    def write_failed(self, job: EpisodeJob, status: str, error: str, report: bool = True) -> None:
         sp = self.spec
         ep = error_episode(
             job,
@@ -134,6 +150,8 @@ class _Runner:
             run_key=job.run_key,
             part=job.episode_id,
         )
+        if not report:  # it runs again
+            return
         self.on_result(
             {
                 "episode_id": job.episode_id,
@@ -187,12 +205,7 @@ class _Runner:
 
     def retry(self, job: EpisodeJob, payload: dict, pending: deque) -> bool:
         """Requeue an episode that ended in 'error' while it has retries left (its error row is then replaced)."""
-        eid = job.episode_id
-        if payload.get("status") != "error" or self.retries.get(eid, 0) >= self.spec.env_error_retries:
-            return False
-        self.retries[eid] = self.retries.get(eid, 0) + 1
-        pending.appendleft(dataclasses.replace(job, new=False))  # its error row is in the lake now
-        return True
+        return self.requeue(job, payload.get("status") or "")
 
     def handle_stats(self, payload: dict[str, float]) -> None:
         for k, v in payload.items():
@@ -200,7 +213,13 @@ class _Runner:
 
     def run(self, jobs: list[EpisodeJob]) -> None:
         """Run the jobs to completion on the live workers (started as needed); the workers stay up."""
-        pending = deque(jobs)
+        pending = self._pending = deque(jobs)
+        try:
+            self._run(pending)
+        finally:
+            self._pending = None
+
+    def _run(self, pending: deque) -> None:
         sp = self.spec
         self.check_budget(pending)
         while pending or any(w.jobs for w in self.workers):
