@@ -73,11 +73,9 @@ def test_sigkilled_parent_takes_its_ephemeral_prefect_server_with_it(tmp_path):
             os.kill(server, signal.SIGKILL)  # ours: started by the process this test started
 
 
-@pytest.mark.flow
-def test_server_killed_while_starting_fails_the_start_at_once(tmp_path):
-    """Prefect restarts its ephemeral server only on exit code 3; a server killed while starting made the run wait
-    out the whole startup timeout (120 s) and then fail. Now the start fails as soon as the server is gone."""
-    proc = subprocess.Popen(
+def _start_server(tmp_path) -> subprocess.Popen:
+    """A process that starts Prefect's ephemeral server the way a local run does (prints "up" once it answers)."""
+    return subprocess.Popen(
         [sys.executable, "-c", _START_SERVER],
         cwd=tmp_path,
         env=_env(tmp_path),
@@ -86,6 +84,13 @@ def test_server_killed_while_starting_fails_the_start_at_once(tmp_path):
         text=True,
         start_new_session=True,
     )
+
+
+@pytest.mark.flow
+def test_server_killed_while_starting_fails_the_start_at_once(tmp_path):
+    """Prefect restarts its ephemeral server only on exit code 3; a server killed while starting made the run wait
+    out the whole startup timeout (120 s) and then fail. Now the start fails as soon as the server is gone."""
+    proc = _start_server(tmp_path)
     try:
         server = None
         while server is None and proc.poll() is None:  # kill it as soon as it exists: long before it answers
@@ -106,15 +111,7 @@ def test_server_killed_while_starting_fails_the_start_at_once(tmp_path):
 def test_server_killed_mid_run_ends_the_run_at_once(tmp_path):
     """A local run whose ephemeral server died retried every API call for minutes (6 min in one SFT stage of the
     chaos run) before failing; now it ends at once with one line, and the rerun resumes."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _START_SERVER],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _start_server(tmp_path)
     try:
         assert proc.stdout.readline().strip() == "up", "the ephemeral Prefect server did not start"
         (server,) = [p for p in chaos.descendants(proc.pid) if "prefect.server" in chaos.cmdline(p)]
