@@ -31,9 +31,7 @@ with local_settings():
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "FLYWHEEL_LAKE"))}
-    env.update(PREFECT_HOME=str(tmp / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT))
-    return env
+    return {**chaos._env(tmp), "PYTHONPATH": str(ROOT)}  # the benchmark's run environment, with this checkout
 
 
 def _gone(pid: int) -> bool:

@@ -179,7 +179,7 @@ class _Runner:
                 raise RolloutError(f"env workers cannot start: {payload}")
         elif kind == "done":
             entry = w.jobs.pop(payload["episode_id"], None)
-            if entry is not None and self.retry(entry[0], payload, pending):
+            if entry is not None and self.requeue(entry[0], payload.get("status") or ""):
                 return
             self.spent_usd += float(payload.get("cost") or 0.0)
             self.check_budget(pending)
@@ -202,10 +202,6 @@ class _Runner:
                 "budget reached: $%.4f of $%.4f spent; %d episode(s) not started", self.spent_usd, budget, len(pending)
             )
             pending.clear()
-
-    def retry(self, job: EpisodeJob, payload: dict, pending: deque) -> bool:
-        """Requeue an episode that ended in 'error' while it has retries left (its error row is then replaced)."""
-        return self.requeue(job, payload.get("status") or "")
 
     def handle_stats(self, payload: dict[str, float]) -> None:
         for k, v in payload.items():
