@@ -12,7 +12,7 @@ if ! { .venv/bin/ruff check . && .venv/bin/ruff format --check .; }; then
   echo "test.sh: lint failed (ruff check / ruff format --check; fix, or run .venv/bin/ruff format .)" >&2
   exit 1
 fi
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test.sh: pytest collected no tests" >&2
