@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -204,11 +205,32 @@ def torchrun(
 ) -> None:
     """`python -m <module> <args>` under torchrun, n processes on this machine; one clear error if it fails."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m", module, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        # a rank killed by a fatal signal (SIGABRT from a C++ abort, SIGSEGV) prints its Python stack
+        "PYTHONFAULTHANDLER": os.environ.get("PYTHONFAULTHANDLER", "1"),
+        **(env or {}),
+    }
     r = subprocess.run(cmd, env=env, capture_output=not progress, text=True)
     if r.returncode != 0:
-        tail = (r.stderr or "")[-1500:] if not progress else ""
-        raise RuntimeError(f"{what} ({n} processes) failed with exit code {r.returncode}: {tail}")
+        detail = worker_failure(r.stderr or "") if not progress else ""
+        raise RuntimeError(f"{what} ({n} processes) failed with exit code {r.returncode}: {detail}")
+
+
+_AGENT_LOG = re.compile(r"^[WEI]\d{4} [\d:.]+ +\d+ torch/distributed/elastic/")
+
+
+def worker_failure(stderr: str, limit: int = 2500) -> str:
+    """What a failed torchrun printed, for the error: the ranks' own last words (a Python traceback, a C++
+    `terminate called ...`, faulthandler's stack), which come before the agent's log lines, then the agent's
+    root-cause block. The plain tail would be the agent's own traceback and report only."""
+    lines = stderr.splitlines()
+    cut = next((i for i, line in enumerate(lines) if _AGENT_LOG.match(line)), len(lines))
+    ranks = "\n".join(lines[:cut]).strip()[-limit:]
+    rest = "\n".join(lines[cut:])
+    root = rest[rest.find("Root Cause") :] if "Root Cause" in rest else rest[-600:]
+    return "\n".join(part for part in (ranks, root.strip()) if part)
 
 
 def launch(base: str, data_files: str | Path, out: Path, s: Any, *, progress: bool) -> dict[str, Any]:
