@@ -6,6 +6,8 @@
 Why: with every slot's env in the server process, N slots' Selenium/PIL work shared one GIL and one
 process's CPU share (2 slots in one process ran ~0.84x of 2 local envs; 2 one-slot servers 0.95x,
 docs/LOG.md). The child stays in the server's process group, so ending that group ends every browser.
+A SIGKILLed child leaves its chromedriver and browser behind (re-parented, still running): they carry the
+child's mark in their environment ($FLYWHEEL_SLOT_MARK), and close() ends every process that does.
 Only reset/step/evaluate/healthy/close cross the pipe (pickled dataclasses and pydantic actions).
 A ValueError in the child (bad task id) comes back as ValueError; anything else, and a dead child, as EnvError.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import uuid
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -21,11 +24,13 @@ from typing import Any
 from envs.base import EnvError, GuiEnv
 
 _METHODS = frozenset({"reset", "step", "evaluate", "healthy"})
+MARK_ENV = "FLYWHEEL_SLOT_MARK"  # set in each child: chromedriver and the browser inherit it
 
 
-def _child(conn, name: str, kwargs: dict[str, Any]) -> None:
+def _child(conn, name: str, kwargs: dict[str, Any], mark: str = "") -> None:
     from envs.registry import make_env
 
+    os.environ[MARK_ENV] = mark
     try:
         env = make_env(name, **kwargs)
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
@@ -79,6 +84,20 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _marked(mark: str) -> list[int]:
+    """Pids of live processes whose environment holds MARK_ENV=mark (a dead child's chromedriver and browser;
+    Chromium's helpers overwrite theirs, but exit with their browser)."""
+    want, out = f"{MARK_ENV}={mark}".encode(), []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if want in (d / "environ").read_bytes().split(b"\0"):
+                    out.append(int(d.name))
+            except OSError:  # gone, or another user's
+                pass
+    return out
+
+
 class ProcessEnv(GuiEnv):
     """Args: env_name/env_kwargs as for `envs.registry.make_env`; start_timeout_s for the env to be built;
     call_timeout_s: a reset/step/evaluate that takes longer is a stuck env (EnvError; the server restarts the slot)."""
@@ -93,7 +112,8 @@ class ProcessEnv(GuiEnv):
         self.call_timeout_s, self._broken = call_timeout_s, False
         ctx = get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_child, args=(child, env_name, dict(env_kwargs or {})), daemon=True)
+        self._mark = f"{os.getpid()}-{uuid.uuid4().hex}"
+        self._proc = ctx.Process(target=_child, args=(child, env_name, dict(env_kwargs or {}), self._mark), daemon=True)
         self._proc.start()
         child.close()
         self.name = env_name
@@ -140,7 +160,7 @@ class ProcessEnv(GuiEnv):
         return bool(self._call("healthy")) and self._proc.is_alive()
 
     def close(self) -> None:
-        """Ask the child to close its env; kill it if it does not exit (its browsers die with the group kill)."""
+        """Ask the child to close its env; kill it if it does not exit, and whatever of its env outlived it."""
         try:
             self._conn.send(("close", (), {}))
         except (OSError, ValueError):
@@ -155,4 +175,9 @@ class ProcessEnv(GuiEnv):
                 except (ProcessLookupError, PermissionError):
                     pass
             self._proc.join(timeout=5)
+        for pid in _marked(self._mark):  # a killed child's chromedriver and browser (nothing after a clean close)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self._conn.close()

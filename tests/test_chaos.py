@@ -124,10 +124,75 @@ def test_server_killed_mid_run_ends_the_run_at_once(tmp_path):
             proc.wait()
 
 
+def _facts(instances: list) -> dict:
+    """lake_facts of a clean lake holding `instances` (nothing duplicated, partial or failing verify)."""
+    zero = dict.fromkeys(["dup_episodes", "dup_steps", "partial_episodes", "orphan_steps"], 0)
+    return {
+        "instances": instances,
+        **zero,
+        "verify_rc": 0,
+        "verify_tail": [],
+        "datasets": [],
+        "checkpoints": [],
+        "weights": {},
+    }
+
+
+def _attempt(n: int, saved: tuple[int, int], resumed: tuple, kills: list[int]) -> dict:
+    return {
+        "attempt": n,
+        "kills": kills,
+        "saved_at_start": {"sft_step": saved[0], "rl_round": saved[1]},
+        "resumed": {"sft_step": resumed[0], "rl_round": resumed[1]},
+        "stuck": False,
+        "orphans": [],
+    }
+
+
+def _kill(n: int, attempt: int, target: str | None, saved: tuple[int, int]) -> dict:
+    return {"kill": n, "attempt": attempt, "target": target, "saved": {"sft_step": saved[0], "rl_round": saved[1]}}
+
+
+# attempt 0 is killed mid-SFT (step 10 saved), attempt 1 mid-RL (round 1 finished), attempt 2 completes; each
+# attempt: (state saved when it began, where its SFT / RL started: None = it did not run them)
+_GOOD = [((0, 0), (0, None)), ((10, 0), (10, 0)), ((30, 1), (None, 1))]
+
+
+@pytest.mark.parametrize(
+    "attempts, missed, problem",
+    [
+        (_GOOD, [], None),
+        ([_GOOD[0], ((10, 0), (0, 0)), _GOOD[2]], [], "attempt 1 started sft at 0"),  # SFT ignored its state
+        ([_GOOD[0], ((0, 0), (0, 0)), _GOOD[2]], [], "attempt 1 started sft at 0"),  # ... and the harness missed it
+        ([*_GOOD[:2], ((30, 1), (None, 0))], [], "attempt 2 started rl at 0"),  # RL redid its finished round
+        ([_GOOD[0], ((10, 0), (None, 0)), _GOOD[2]], [], "no attempt ran sft again"),  # no line: nothing to check
+        (_GOOD, ["rl"], "no kill landed mid-stage in ['rl']"),
+    ],
+)
+def test_check_fails_a_seed_whose_stage_restarted_after_a_mid_stage_kill(attempts, missed, problem):
+    """chaos.check: the attempt that runs SFT / RL again after a mid-stage kill must start it from the step /
+    round saved before the kill; a restart from scratch, no sign of the restart, or a missed target fails the seed."""
+    inst = [[0, "bootstrap", "click-test", 0, -1]]
+    run = {
+        "completed": True,
+        "missed_targets": missed,
+        "kills": [_kill(0, 0, "sft", (10, 0)), _kill(1, 1, "rl", (10, 1))],
+        "attempts": [_attempt(n, saved, resumed, [n] if n < 2 else []) for n, (saved, resumed) in enumerate(attempts)],
+    }
+    res = chaos.check(run, _facts(inst), _facts(inst), None)
+    if problem is None:
+        assert res["ok"] and res["problems"] == [] and res["kills_survived"] == 2
+        assert res["resumes_mid_stage"] == {"sft": 1, "rl": 1}
+    else:
+        assert not res["ok"] and res["kills_survived"] == 0
+        assert any(problem in p for p in res["problems"]), res["problems"]
+
+
 @pytest.mark.slow
 def test_chaos_iteration_survives_kills(tmp_path):
-    """Three seeded kills over one tiny iteration (with RL), each followed by a rerun of the same command: every
-    episode once and whole, the lake verifies, SFT / RL resume where their saved state was, no orphan process."""
+    """Three seeded kills over one tiny iteration (with RL), each followed by a rerun of the same command, one of
+    them mid-SFT once it saved a step: every episode once and whole, the lake verifies, SFT resumes from the saved
+    step (not 0) and RL where its state was, no orphan process."""
     out = tmp_path / "chaos.json"
     res = subprocess.run(
         [
@@ -135,6 +200,8 @@ def test_chaos_iteration_survives_kills(tmp_path):
             str(ROOT / "benchmarks" / "chaos.py"),
             "--seeds", "0",
             "--kills", "3",
+            "--targets", "sft",
+            "--env-server", "none",
             "--no-reference",
             "--work", str(tmp_path / "work"),
             "--out", str(out),
@@ -155,4 +222,9 @@ def test_chaos_iteration_survives_kills(tmp_path):
     assert seed["episodes"] == sum(rep["expected_episodes_per_stage"].values())
     assert len(seed["datasets"]) == 1 and len(seed["checkpoints"]) == 2  # one SFT and one RL checkpoint
     assert seed["verify_rc"] == 0
+    (mid,) = [k for k in seed["kills"] if k["target"] == "sft"]  # the parent runs the trainer in local mode
+    assert mid["role"] == "parent" and mid["stage"] == "sft" and mid["saved"]["sft_step"] > 0
+    rerun = next(a for a in seed["attempts"] if a["attempt"] > mid["attempt"] and a["resumed"]["sft_step"] is not None)
+    assert rerun["resumed"]["sft_step"] == rerun["saved_at_start"]["sft_step"] >= mid["saved"]["sft_step"]
+    assert seed["resumes_mid_stage"]["sft"] >= 1 and rep["kills_mid_stage"] == {"sft": 1}
     assert res.returncode == 0, res.stderr[-3000:]

@@ -424,3 +424,34 @@ def test_stuck_env_call_times_out_and_its_processes_end():
     while alive() and time.monotonic() < deadline:  # helpers exit once the browser is gone: poll for it
         time.sleep(0.1)
     assert alive() == []
+
+
+def test_killed_slot_child_leaves_no_browser_behind():
+    """A slot's child SIGKILLed (what the chaos run does) left its chromedriver and Chromium running, re-parented
+    out of reach; every restart of the slot then added a browser. close() (the slot's restart) now ends them."""
+    from envs.slot_process import ProcessEnv, _descendants
+
+    env = ProcessEnv("miniwob", {})
+    try:
+        env.reset("click-test", 0)
+        started = _descendants(env._proc.pid)
+        assert len(started) >= 2  # chromedriver, chromium...
+        os.kill(env._proc.pid, signal.SIGKILL)
+        env._proc.join(timeout=10)
+    finally:
+        env.close()
+
+    def alive() -> list[str]:
+        out = []
+        for p in started:
+            try:
+                if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(Path(f"/proc/{p}/cmdline").read_bytes()[:80].decode(errors="replace"))
+            except OSError:
+                pass
+        return out
+
+    deadline = time.monotonic() + 10
+    while alive() and time.monotonic() < deadline:  # helpers exit once the browser is gone: poll for it
+        time.sleep(0.1)
+    assert alive() == []
