@@ -75,8 +75,19 @@ def config_validate(config: Path = typer.Argument(..., help="YAML file to check.
     console.print(f"[green]ok[/green] {config} (hash {cfg.config_hash()})")
 
 
+def _say_interrupted() -> None:
+    """The one line of an interrupted command. A second Ctrl-C (or a late copy of the first) while it exits must
+    neither raise KeyboardInterrupt in the middle of the exit nor kill it once Python has put the default SIGINT
+    action back (exit -2 instead of 130): a no-op handler takes what is pending, then SIGINT is ignored."""
+    import signal
+
+    signal.signal(signal.SIGINT, lambda *_: None)
+    err_console.print("[yellow]interrupted (Ctrl-C)[/yellow]; rerun the same command to continue", highlight=False)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def main() -> None:
-    """Console entry point: user errors become one red line and exit code 2."""
+    """Console entry point: user errors become one red line and exit code 2; Ctrl-C one yellow line and 130."""
     from training.progress import show_on_console
 
     show_on_console()  # progress lines where no bar draws (`flywheel run > log.txt`): training/progress.py
@@ -84,13 +95,18 @@ def main() -> None:
         app()
     except SystemExit as e:
         if e.code == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into a silent Exit(130): say so in one line
-            err_console.print(
-                "[yellow]interrupted (Ctrl-C)[/yellow]; rerun the same command to continue", highlight=False
-            )
+            _say_interrupted()
         raise
     except USER_ERRORS as e:
         err_console.print(f"[red]error:[/red] {e}", highlight=False, markup=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/yellow]")
+        _say_interrupted()
+        sys.exit(130)
+    except RuntimeError as e:
+        # a Ctrl-C that lands while DuckDB runs a query (curate's export reads, a lake write) is taken by DuckDB,
+        # which raises this instead of KeyboardInterrupt (typer then lets it through as a traceback)
+        if str(e) != "Query interrupted":
+            raise
+        _say_interrupted()
         sys.exit(130)
