@@ -63,11 +63,9 @@ def attach(lake: Any) -> str:
             sqlite.parent.mkdir(parents=True, exist_ok=True)
             with sqlite3.connect(sqlite) as sq:  # only to create it: the catalog is never opened this way again
                 sq.execute("PRAGMA journal_mode=WAL")
-        try:
-            db.execute(
-                f"ATTACH {quote('ducklake:' + lake.catalog)} AS {alias} "
-                f"(DATA_PATH {quote(lake.data_path)}, OVERRIDE_DATA_PATH true)"
-            )
+        try:  # retried while busy: two processes making one new lake both set up DuckLake, and SQLite locks one out
+            sql = f"ATTACH {quote('ducklake:' + lake.catalog)} AS {alias} (DATA_PATH {quote(lake.data_path)}, "
+            transaction(lambda cur: cur.execute(sql + "OVERRIDE_DATA_PATH true)"), begin=False, deadline_s=60)
             transaction(lambda cur: _create_tables(cur, alias))
         except duckdb.Error as e:
             msg = str(e).splitlines()[0][:300].replace(lake.catalog, "<lake.catalog>")

@@ -139,6 +139,32 @@ def _writer(root: str, worker: int, n: int) -> None:
         lake.write_many(rows, iteration=0, stage="rollouts", run_key="conc", part=f"w{worker}-e{i}")
 
 
+def _make_at_once(root: str, go: str, worker: int) -> None:
+    while not os.path.exists(go):  # every process reaches the start line before any opens the lake
+        time.sleep(0.001)
+    _writer(root, worker, 1)
+
+
+def test_processes_that_make_the_same_new_lake_at_once_all_open_it(tmp_path):
+    """Two commands on one new lake (a test polling the lake its command is creating, two stages started by hand):
+    both initialise DuckLake's catalog, and the loser of SQLite's write lock got `database is locked` (2 of 12
+    processes in 3 rounds of 4 before the attach was retried)."""
+    ctx = mp.get_context("spawn")
+    for r in range(3):
+        root, go = str(tmp_path / f"lake{r}"), str(tmp_path / f"go{r}")
+        procs = [ctx.Process(target=_make_at_once, args=(root, go, w)) for w in range(5)]
+        for p in procs:
+            p.start()
+        time.sleep(3)  # their imports
+        open(go, "w").close()
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0] * 5, f"round {r}"
+        con = connect(root)
+        assert con.execute("SELECT count(*), count(DISTINCT episode_id) FROM episodes").fetchone() == (5, 5)
+        assert verify_lake(Lake(root)).bad == []
+
+
 def test_concurrent_writers_lose_nothing(tmp_path):
     root = str(tmp_path / "lake")
     Lake(root)
