@@ -34,6 +34,7 @@ from typing import Any
 
 from agents.actions import Action, ActionType
 from envs.base import EnvError, GuiEnv, Observation, StepResult, offscreen_error
+from envs.procs import BROWSER_MARK, kill_marked, new_mark
 
 DEFAULT_CHROME_BINARY = "/usr/bin/chromium"
 DEFAULT_CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -83,12 +84,16 @@ def configure_browser(chrome_binary: str | None = None, chromedriver: str | None
 
 
 def _quit_driver(holder: dict) -> None:
+    """Quit chromedriver (and so Chromium); a Chromium whose chromedriver was killed is ended by its mark."""
     env = holder.pop("env", None)
     if env is not None:
         try:
             env.instance.driver.quit()
         except Exception:  # noqa: BLE001 - best effort at exit; the process group kill is the backstop
             pass
+        mark = getattr(env.instance, "proc_mark", None)
+        if mark:
+            kill_marked(BROWSER_MARK, mark)
 
 
 @lru_cache(maxsize=1)
@@ -451,9 +456,11 @@ def _miniwob_env_class():
             for arg in ("headless", "disable-gpu", "no-sandbox", *CHROME_EXTRA_ARGS):
                 options.add_argument(arg)
             options.binary_location = os.environ["MINIWOB_CHROME_BINARY"]
-            self.driver = webdriver.Chrome(
-                service=Service(executable_path=os.environ["MINIWOB_CHROMEDRIVER"]), options=options
+            self.proc_mark = new_mark()  # chromedriver and Chromium carry it: _quit_driver finds them
+            service = Service(
+                executable_path=os.environ["MINIWOB_CHROMEDRIVER"], env={**os.environ, BROWSER_MARK: self.proc_mark}
             )
+            self.driver = webdriver.Chrome(service=service, options=options)
             self.driver.get(self.url)
             WebDriverWait(self.driver, 10).until(EC.element_to_be_clickable((By.ID, self.SYNC_SCREEN_ID)))
             self.inner_width, self.inner_height = self.driver.execute_script(

@@ -7,7 +7,7 @@ Why: with every slot's env in the server process, N slots' Selenium/PIL work sha
 process's CPU share (2 slots in one process ran ~0.84x of 2 local envs; 2 one-slot servers 0.95x,
 docs/LOG.md). The child stays in the server's process group, so ending that group ends every browser.
 A SIGKILLed child leaves its chromedriver and browser behind (re-parented, still running): they carry the
-child's mark in their environment ($FLYWHEEL_SLOT_MARK), and close() ends every process that does.
+child's mark in their environment (envs/procs.py), and close() ends every process that does.
 Only reset/step/evaluate/healthy/close cross the pipe (pickled dataclasses and pydantic actions).
 A ValueError in the child (bad task id) comes back as ValueError; anything else, and a dead child, as EnvError.
 """
@@ -16,21 +16,20 @@ from __future__ import annotations
 
 import os
 import signal
-import uuid
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 from envs.base import EnvError, GuiEnv
+from envs.procs import SLOT_MARK, kill_marked, new_mark
 
 _METHODS = frozenset({"reset", "step", "evaluate", "healthy"})
-MARK_ENV = "FLYWHEEL_SLOT_MARK"  # set in each child: chromedriver and the browser inherit it
 
 
 def _child(conn, name: str, kwargs: dict[str, Any], mark: str = "") -> None:
     from envs.registry import make_env
 
-    os.environ[MARK_ENV] = mark
+    os.environ[SLOT_MARK] = mark  # chromedriver and Chromium inherit it
     try:
         env = make_env(name, **kwargs)
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
@@ -84,20 +83,6 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _marked(mark: str) -> list[int]:
-    """Pids of live processes whose environment holds MARK_ENV=mark (a dead child's chromedriver and browser;
-    Chromium's helpers overwrite theirs, but exit with their browser)."""
-    want, out = f"{MARK_ENV}={mark}".encode(), []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if want in (d / "environ").read_bytes().split(b"\0"):
-                    out.append(int(d.name))
-            except OSError:  # gone, or another user's
-                pass
-    return out
-
-
 class ProcessEnv(GuiEnv):
     """Args: env_name/env_kwargs as for `envs.registry.make_env`; start_timeout_s for the env to be built;
     call_timeout_s: a reset/step/evaluate that takes longer is a stuck env (EnvError; the server restarts the slot)."""
@@ -112,7 +97,7 @@ class ProcessEnv(GuiEnv):
         self.call_timeout_s, self._broken = call_timeout_s, False
         ctx = get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._mark = f"{os.getpid()}-{uuid.uuid4().hex}"
+        self._mark = new_mark()
         self._proc = ctx.Process(target=_child, args=(child, env_name, dict(env_kwargs or {}), self._mark), daemon=True)
         self._proc.start()
         child.close()
@@ -175,9 +160,5 @@ class ProcessEnv(GuiEnv):
                 except (ProcessLookupError, PermissionError):
                     pass
             self._proc.join(timeout=5)
-        for pid in _marked(self._mark):  # a killed child's chromedriver and browser (nothing after a clean close)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_marked(SLOT_MARK, self._mark)  # a killed child's chromedriver and browser (none after a clean close)
         self._conn.close()

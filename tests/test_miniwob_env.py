@@ -178,6 +178,54 @@ def test_browser_crash_raises_env_error_then_recovers():
 
 
 @pytest.mark.browser
+def test_killed_chromedriver_leaves_no_browser_behind():
+    """A SIGKILLed chromedriver left its Chromium running, re-parented out of the worker's tree: a rollout worker
+    that then exited with its parent (the chaos run killed chromedriver, then the run) left 11 Chromium processes.
+    The restart after the crash, and close(), now end that browser."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    from envs.miniwob import MiniWobEnv
+    from envs.slot_process import _descendants
+
+    def alive(pids) -> list[int]:
+        out = []
+        for p in pids:
+            try:
+                if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(p)
+            except OSError:
+                pass
+        return out
+
+    e = MiniWobEnv()
+    browsers = []
+    try:
+        for restart in (True, False):  # the crash found by the next episode's reset, then by close()
+            e.reset("click-test", 0)
+            driver = e.unwrapped.instance.driver.service.process.pid
+            browsers = _descendants(driver)  # Chromium and its helpers
+            assert len(browsers) >= 2
+            os.kill(driver, signal.SIGKILL)
+            with pytest.raises(EnvError, match="browser failure"):
+                e.step(Click(x=80, y=100))
+            if restart:
+                assert e.reset("click-test", 1).instruction == "Click the button."  # a fresh browser
+            else:
+                e.close()
+            deadline = time.monotonic() + 10
+            while alive(browsers) and time.monotonic() < deadline:  # helpers exit once the browser is gone
+                time.sleep(0.1)
+            assert alive(browsers) == []
+    finally:
+        e.close()
+        for p in alive(browsers):  # ours: what the failing version leaves behind
+            os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.browser
 def test_close_is_idempotent_and_quits_the_driver():
     from envs.miniwob import MiniWobEnv
 
