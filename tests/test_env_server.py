@@ -332,6 +332,26 @@ def test_rollouts_through_two_servers(servers, lake_root, token_env):
 
 
 @pytest.mark.slow
+def _still_alive(pids: list[int], wait_s: float = 10) -> list[str]:
+    """The command lines of `pids` still running (zombies count as gone) after up to `wait_s`: Chromium's helpers
+    exit once their browser is gone, so this polls."""
+
+    def alive() -> list[str]:
+        out = []
+        for p in pids:
+            try:
+                if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(Path(f"/proc/{p}/cmdline").read_bytes()[:80].decode(errors="replace"))
+            except OSError:
+                pass
+        return out
+
+    deadline = time.monotonic() + wait_s
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive()
+
+
 def test_server_killed_mid_run_loses_nothing_and_the_rest_finish_on_the_other(servers, lake_root, token_env, tmp_path):
     _, b = servers
     victim = Server(tmp_path, 2)
@@ -410,20 +430,7 @@ def test_stuck_env_call_times_out_and_its_processes_end():
     finally:
         env.close()
 
-    def alive() -> list[str]:
-        out = []
-        for p in started:
-            try:
-                if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    out.append(Path(f"/proc/{p}/cmdline").read_bytes()[:80].decode(errors="replace"))
-            except OSError:
-                pass
-        return out
-
-    deadline = time.monotonic() + 10
-    while alive() and time.monotonic() < deadline:  # helpers exit once the browser is gone: poll for it
-        time.sleep(0.1)
-    assert alive() == []
+    assert _still_alive(started) == []
 
 
 def test_killed_slot_child_leaves_no_browser_behind():
@@ -441,17 +448,4 @@ def test_killed_slot_child_leaves_no_browser_behind():
     finally:
         env.close()
 
-    def alive() -> list[str]:
-        out = []
-        for p in started:
-            try:
-                if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    out.append(Path(f"/proc/{p}/cmdline").read_bytes()[:80].decode(errors="replace"))
-            except OSError:
-                pass
-        return out
-
-    deadline = time.monotonic() + 10
-    while alive() and time.monotonic() < deadline:  # helpers exit once the browser is gone: poll for it
-        time.sleep(0.1)
-    assert alive() == []
+    assert _still_alive(started) == []
