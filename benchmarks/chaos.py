@@ -133,7 +133,7 @@ def role(pid: int, parent: int) -> str:
         return "resource-tracker"
     if "chromedriver" in exe:
         return "chromedriver"
-    if "chrom" in exe or "chrome" in cmd.split(" ", 1)[0]:
+    if "chrom" in exe or "chrome" in cmd.split(" ", 1)[0] or " --type=" in cmd:  # helpers may show /proc/self/exe
         return "chromium"
     if "env_worker" in cmd or "multiprocessing" in cmd or "runtime" in cmd:
         return "rollout-worker"
