@@ -218,7 +218,8 @@ def torchrun(
         raise RuntimeError(f"{what} ({n} processes) failed with exit code {r.returncode}: {detail}")
 
 
-_AGENT_LOG = re.compile(r"^[WEI]\d{4} [\d:.]+ +\d+ torch/distributed/elastic/")
+# the agent's log lines; the source path is printed as torch finds it (".venv/lib/.../torch/...", "/usr/lib/...")
+_AGENT_LOG = re.compile(r"^[WEI]\d{4} [\d:.]+ +\d+ \S*torch/distributed/elastic/")
 
 
 def worker_failure(stderr: str, limit: int = 2500) -> str:
