@@ -66,7 +66,15 @@ def judge(reply: str, target: str, prompt_text: str) -> tuple[str, bool, bool]:
     return skill, True, got.model_dump() == want.model_dump()
 
 
-def evaluate(model: str, rows: list[dict[str, Any]], batch: int, max_new_tokens: int, show: int = 0) -> dict[str, Any]:
+def evaluate(
+    model: str,
+    rows: list[dict[str, Any]],
+    batch: int,
+    max_new_tokens: int,
+    show: int = 0,
+    rights: list[bool] | None = None,
+) -> dict[str, Any]:
+    """Greedy replies of `model` to `rows`, judged; `rights`, when given, gets each row's verdict in order."""
     from agents.backends.base import Sampling
     from agents.backends.hf import HFBackend
     from agents.prompts import Prompt
@@ -90,6 +98,8 @@ def evaluate(model: str, rows: list[dict[str, Any]], batch: int, max_new_tokens:
                     file=sys.stderr,
                 )
             parse_fail += not parsed
+            if rights is not None:
+                rights.append(right)
             for key in (r["task_id"], f"skill:{skill}", "all"):
                 t = tally.setdefault(key, {"right": [0, 0]})
                 t["right"][0] += right

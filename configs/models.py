@@ -437,6 +437,14 @@ class CurateConfig(_Cfg):
             "so SFT learns the short path, not a success's detours (manifest: source_counts.loop_steps_cut)"
         ),
     )
+    balance: Literal["none", "task"] = Field(
+        "none",
+        description=(
+            "How the export weighs tasks: none = as selected; task = each task's samples repeated (whole copies) "
+            "to about the largest task's count, so a task the student already solves often (its many successes) "
+            "does not crowd out the rest (manifest: source_counts.repeats_by_task)"
+        ),
+    )
     solved_instance_keep: float = Field(
         1.0,
         ge=0,

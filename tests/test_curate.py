@@ -268,6 +268,51 @@ def test_drop_loops_cuts_the_detour_and_counts_it(lake):
     assert same(rows["cut"]) == same(rows["kept"])
 
 
+def test_task_repeats_bring_each_task_near_the_largest():
+    from collections import Counter
+
+    from training.export import task_repeats
+
+    assert task_repeats(Counter({"a": 100, "b": 30, "c": 100, "d": 9})) == {"a": 1, "b": 3, "c": 1, "d": 11}
+    assert task_repeats(Counter({"a": 5})) == {"a": 1} and task_repeats(Counter()) == {}
+
+
+def test_balance_task_writes_whole_copies_and_records_them(lake, tmp_path):
+    """curate.balance=task: a task with fewer samples is written in whole copies (each row identical), the manifest
+    records the copies per task, and the source counts count what SFT will see."""
+    import shutil
+    from collections import Counter
+
+    from training.export import task_repeats
+
+    root = tmp_path / "lake"
+    shutil.copytree(lake["root"], root)
+    con = connect(root)
+    ep = con.sql(
+        "SELECT * EXCLUDE (iteration, stage) FROM episodes WHERE policy = 'scripted' AND task_id = 'click-test'"
+    )
+    ep = ep.to_arrow_table().to_pylist()[0]
+    steps = con.execute(
+        "SELECT * EXCLUDE (iteration, stage) FROM steps WHERE episode_id = ? ORDER BY step_idx", [ep["episode_id"]]
+    ).to_arrow_table()
+    for k in range(2, 12):  # ten more click-test successes, each clicking k pixels right: distinct, so all kept
+        shift = lambda st, k=k: [_shift_clicks(st) for _ in range(k)]  # noqa: E731
+        _variant(Lake(root), ep, steps.to_pylist(), f"more-{k}", iteration=1, step_edit=shift, policy="student")
+    cfg = lambda **kw: _cfg(root, **kw)  # noqa: E731
+    plain = curate(cfg(), iteration=1)
+    bal = curate(cfg(balance="task"), iteration=1)
+    assert bal["dataset_id"] != plain["dataset_id"] and "repeats_by_task" not in plain["source_counts"]
+    p, b = (pq.read_table(r["data_files"]).to_pylist() for r in (plain, bal))
+    per_task = lambda rows: Counter(r["task_id"] for r in rows)  # noqa: E731
+    reps = bal["source_counts"]["repeats_by_task"]
+    assert reps == task_repeats(per_task(p)) and max(reps.values()) > 1, (per_task(p), reps)
+    assert per_task(b) == {t: n * reps[t] for t, n in per_task(p).items()}
+    key = lambda r: json.dumps([r["episode_id"], r["step_idx"], r["messages"]], sort_keys=True)  # noqa: E731
+    copies = Counter(key(r) for r in b)
+    assert all(copies[key(r)] == reps[r["task_id"]] for r in p)
+    assert sum(bal["source_counts"]["samples_by_source"].values()) == bal["n_steps"] == len(b)
+
+
 def test_solved_instance_keep_keeps_the_frontier(lake):
     """Instances where every student attempt succeeded (click-test seed 1: two successes; focus-text seed 2:
     two) give no new information; click-test seed 2 (one of two failed) does, and single attempts stay."""

@@ -99,29 +99,60 @@ def export_sft(
     *,
     drop_loops: bool = False,
     loops_by_source: Counter | None = None,
+    balance: str = "none",
+    repeats: dict[str, int] | None = None,
 ) -> int:
     """Write the SFT rows of `episodes` to `out` (Parquet, atomically); returns the number of rows.
-    `samples_by_source` (a Counter) gets the rows per source ('teacher' / 'student'). With `drop_loops`, each
-    episode's loops are cut first (training.data.cut_loops; `loops_by_source` gets the steps cut per source)."""
+    `samples_by_source` (a Counter) gets the rows per source ('teacher' / 'student'), as written. With
+    `drop_loops`, each episode's loops are cut first (training.data.cut_loops; `loops_by_source` gets the steps cut
+    per source). With `balance="task"`, each task's rows are written task_repeats() times (`repeats` gets them)."""
     schema = sft_features().arrow_schema
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    n = 0
+    staged = tmp.with_suffix(".rows")
+    n, by_task, by_source = 0, Counter(), Counter()
     try:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
+        with pq.ParquetWriter(staged if balance == "task" else tmp, schema, compression="zstd") as w:
             for i in range(0, len(episodes), _CHUNK_EPISODES):
                 rows = _export_rows(con, episodes[i : i + _CHUNK_EPISODES], arch, opts, drop_loops, loops_by_source)
                 if rows:
                     w.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=256)
                     n += len(rows)
-                    if samples_by_source is not None:
-                        samples_by_source.update(source_of(r["policy"]) for r in rows)
+                    by_task.update(r["task_id"] for r in rows)
+                    by_source.update(source_of(r["policy"]) for r in rows)
+        if balance == "task":
+            times = task_repeats(by_task)
+            if repeats is not None:
+                repeats.update(times)
+            n, by_source = _write_repeated(staged, tmp, schema, times)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
+        staged.unlink(missing_ok=True)
+    if samples_by_source is not None:
+        samples_by_source.update(by_source)
     return n
+
+
+def task_repeats(samples_by_task: Counter) -> dict[str, int]:
+    """Whole copies per task that bring each task's samples to about the largest task's count (>= 1 each)."""
+    top = max(samples_by_task.values(), default=0)
+    return {t: max(1, round(top / c)) for t, c in sorted(samples_by_task.items()) if c}
+
+
+def _write_repeated(src: Path, dst: Path, schema, times: dict[str, int]) -> tuple[int, Counter]:
+    """Copy `src` to `dst` batch by batch, each row `times[task]` times in place; (rows written, rows per source)."""
+    n, by_source = 0, Counter()
+    with pq.ParquetWriter(dst, schema, compression="zstd") as w:
+        for batch in pq.ParquetFile(src).iter_batches(batch_size=256):
+            tasks, policies = batch.column("task_id").to_pylist(), batch.column("policy").to_pylist()
+            idx = [i for i, t in enumerate(tasks) for _ in range(times[t])]
+            w.write_table(pa.Table.from_batches([batch], schema=schema).take(idx), row_group_size=256)
+            n += len(idx)
+            by_source.update(source_of(policies[i]) for i in idx)
+    return n, by_source
 
 
 def curate(
@@ -187,8 +218,9 @@ def write_dataset(
 ) -> dict[str, Any]:
     """Export the chosen episodes' SFT samples and write their `datasets` row (the manifest: ids, query, mix)."""
     folder = lake.root / EXPORT_DIR / dataset_id
-    samples, loops = Counter(), Counter()
+    samples, loops, repeats = Counter(), Counter(), {}
     drop_loops = bool(getattr(cfg.curate, "drop_loops", False)) and stage == "curate"
+    balance = getattr(cfg.curate, "balance", "none") if stage == "curate" else "none"
     n_steps = export_sft(
         con,
         episodes,
@@ -198,10 +230,14 @@ def write_dataset(
         samples,
         drop_loops=drop_loops,
         loops_by_source=loops,
+        balance=balance,
+        repeats=repeats,
     )
     lake.publish(folder)  # before the row: a reader that sees the row finds the whole export
     ids = [e["episode_id"] for e in episodes]
     counts = source_counts(episodes, samples, loops if drop_loops else None)
+    if balance == "task":
+        counts["repeats_by_task"] = repeats
     record_dataset(
         lake,
         dataset_id=dataset_id,

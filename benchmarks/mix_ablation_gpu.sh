@@ -1,0 +1,44 @@
+#!/bin/bash
+# benchmarks/mix_ablation.py on the GPU box in one call (session 23). Carry .dev_wheels/pyd (pydantic + transformers
+# >= 5.18 wheels) and .dev_gpu/mix: base/ (a model folder whose model.safetensors travels as model.safetensors.xz,
+# xz -9: the 44.6 MB small base is 31.3 MB), train.parquet and held.parquet (curate exports). One seed at a time
+# (SEEDS=0,1), its variants in parallel (PAR); each job's result streams to $OUT/runs.jsonl as it ends, so a call cut
+# at its limit still returns them. After the first seed, the control's and the best other variant's language-model
+# weights come back xz'd in <= 15 MB parts (KEEP=0 skips them; the vision tower is frozen, so the base has it).
+exec > >(tee -a $OUT/log) 2>&1
+D=.dev_gpu/mix
+rm -rf /tmp/site; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .dev_wheels/pyd/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2
+rm -rf /tmp/base && cp -r $D/base /tmp/base && python3 -c "
+import lzma, shutil
+with lzma.open('/tmp/base/model.safetensors.xz') as src, open('/tmp/base/model.safetensors', 'wb') as dst:
+    shutil.copyfileobj(src, dst, 1 << 22)" && rm /tmp/base/model.safetensors.xz || exit 1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+cat > /tmp/keep.py <<'PY'
+import json, lzma, os, sys
+from safetensors.torch import load_file, save_file
+runs = [json.loads(x) for x in open(os.environ["OUT"] + "/runs.jsonl") if x.strip()]
+runs = [r for r in runs if "error" not in r and r["seed"] == int(sys.argv[1])]
+best = max((r for r in runs if r["variant"] != "control"), key=lambda r: r["macro_episode"])
+for r in [x for x in runs if x["variant"] == "control"] + [best]:
+    name = f"{r['variant']}-{r['seed']}"
+    sd = load_file(f"/tmp/mix/{name}/model/model.safetensors")
+    save_file({k: v for k, v in sd.items() if "visual" not in k}, f"/tmp/{name}.lm.safetensors")
+    with open(f"/tmp/{name}.lm.safetensors", "rb") as f:
+        blob = lzma.compress(f.read(), preset=6)
+    for i in range(0, len(blob), 15 << 20):
+        open(f"{os.environ['OUT']}/{name}.lm.xz.{i // (15 << 20)}", "wb").write(blob[i : i + (15 << 20)])
+    print("kept", name, len(blob))
+PY
+first=1
+SEEDS=${SEEDS:-0,1}
+for seed in ${SEEDS//,/ }; do
+  t0=$(date +%s)
+  python3 benchmarks/mix_ablation.py --train $D/train.parquet --held $D/held.parquet --base /tmp/base \
+    --variants ${VARIANTS:-control,control_task,all,task,task_half,answer} --seeds $seed --steps ${STEPS:-360} \
+    --parallel ${PAR:-6} --work /tmp/mix --jsonl $OUT/runs.jsonl --out $OUT/mix_ablation_seed$seed.json > /dev/null
+  echo "seed $seed: rc=$? in $(( $(date +%s) - t0 )) s"
+  if [ "$first" = 1 ] && [ "${KEEP:-1}" = 1 ]; then python3 /tmp/keep.py $seed; fi
+  first=0
+done
+ls -la $OUT
