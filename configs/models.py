@@ -437,6 +437,15 @@ class CurateConfig(_Cfg):
             "so SFT learns the short path, not a success's detours (manifest: source_counts.loop_steps_cut)"
         ),
     )
+    rebuild_action_lines: bool = Field(
+        False,
+        description=(
+            "Rewrite each student step's Action line from what it did (training.data.cite_what_it_did): a click "
+            "cites the UI-text line of the element under its point and clicks its centre, a type quotes its text. "
+            'The student\'s own line is a guess that SFT would otherwise teach back (`Click button "DDD2"` over a '
+            "text field it did hit)"
+        ),
+    )
     balance: Literal["none", "task"] = Field(
         "none",
         description=(

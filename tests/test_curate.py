@@ -163,6 +163,10 @@ def _cfg(lake_root: Path, **curate_kw):
     return load_config(ROOT / "configs" / "tiny.yaml", over)
 
 
+def _rows(res: dict) -> list[dict]:
+    return pq.read_table(res["data_files"]).to_pylist()
+
+
 def _selected(res: dict) -> list[dict]:
     return pq.read_table(res["data_files"], columns=["episode_id", "step_idx", "task_id", "policy"]).to_pylist()
 
@@ -311,6 +315,42 @@ def test_balance_task_writes_whole_copies_and_records_them(lake, tmp_path):
     copies = Counter(key(r) for r in b)
     assert all(copies[key(r)] == reps[r["task_id"]] for r in p)
     assert sum(bal["source_counts"]["samples_by_source"].values()) == bal["n_steps"] == len(b)
+
+
+def test_rebuild_action_lines_cites_what_the_student_clicked(lake, tmp_path):
+    """A student success whose Action line is a guess (`Click button "DDDD2"`) and whose click is 2 px off the
+    centre: with curate.rebuild_action_lines its target cites the UI line of the element it hit and clicks that
+    element's centre, which is the teacher's target for the same page; without, the guess is what SFT would learn."""
+    import shutil
+
+    root = tmp_path / "lake"
+    shutil.copytree(lake["root"], root)
+    con = connect(root)
+    ep = con.sql(
+        "SELECT * EXCLUDE (iteration, stage) FROM episodes WHERE policy = 'scripted' AND task_id = 'focus-text'"
+    )
+    ep = ep.to_arrow_table().to_pylist()[0]
+    steps = con.execute(
+        "SELECT * EXCLUDE (iteration, stage) FROM steps WHERE episode_id = ? ORDER BY step_idx", [ep["episode_id"]]
+    ).to_arrow_table()
+
+    def guess(st):
+        _shift_clicks(st)
+        _shift_clicks(st)
+        st["action_desc"] = 'Click button "DDDD2" @ (1,1)'
+
+    eid = _variant(Lake(root), ep, steps.to_pylist(), "guess", iteration=1, step_edit=guess, policy="student")
+    from training.data import retarget
+
+    target = lambda res, e: retarget(  # noqa: E731 - the Action line and the call (the thought is the policy's own)
+        next(r["messages"][-1]["content"][0]["text"] for r in _rows(res) if r["episode_id"] == e), "action"
+    )
+    own = curate(_cfg(root), iteration=1)
+    rebuilt = curate(_cfg(root, rebuild_action_lines=True), iteration=1)
+    assert own["dataset_id"] != rebuilt["dataset_id"]
+    assert 'Click button "DDDD2"' in target(own, eid)
+    assert target(rebuilt, eid) == target(rebuilt, ep["episode_id"]) == target(own, ep["episode_id"])
+    assert "input_text" in target(rebuilt, eid)  # focus-text's field, cited as the teacher cites it
 
 
 def test_solved_instance_keep_keeps_the_frontier(lake):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any, Sequence
 
 from agents.actions import ACTION_ADAPTER
@@ -75,6 +76,43 @@ def target_text(step: dict[str, Any], transform: CoordTransform) -> str:
         raise ValueError(f"step {step.get('episode_id')}/{step.get('step_idx')} has no parsed action to train on")
     thought, desc = _texts_in_space(step, action, transform)
     return format_response(thought, desc or "", action, transform)
+
+
+_UI_BOX = re.compile(r"^\s*(?P<cite>.*? @ \((?P<x>-?\d+),(?P<y>-?\d+)\)) \[(?P<w>\d+)x(?P<h>\d+)\]")
+
+
+def cite_what_it_did(step: dict[str, Any]) -> dict[str, Any]:
+    """The step with its Action line rebuilt from what it did, in the teacher's words: a click cites the UI-text
+    line of the element under its point (the smallest box holding it) and clicks that element's centre, the
+    numbers the line shows; a type quotes the text typed. For the student's own successes: its Action line is its
+    own guess (`Click button "DDDD2"` over a text field it did hit), and SFT on it would teach the guess, while
+    the grounding a small student learns is "cite the line, then copy its numbers". The step comes back in the
+    teacher's space convention (raw_action = the screen-space call), so target_text() and history_record() write
+    its points in the model's space as for a teacher's step. Unchanged: other actions, or no box holds the point."""
+    action = _action(step)
+    if action is None:
+        return step
+    if action.action == "type":
+        return dict(step, action_desc=f'Type "{action.text}"')
+    if action.action != "click" or not step.get("ui_text"):
+        return step
+    hits = []
+    for line in step["ui_text"].splitlines():
+        m = _UI_BOX.match(line)
+        if m:
+            cx, cy, w, h = (int(m[k]) for k in ("x", "y", "w", "h"))
+            if abs(action.x - cx) <= w / 2 and abs(action.y - cy) <= h / 2:
+                hits.append((w * h, m["cite"].strip(), cx, cy))
+    if not hits:
+        return step
+    _, cite, cx, cy = min(hits, key=lambda hit: hit[0])
+    snapped = action.model_copy(update={"x": float(cx), "y": float(cy)})
+    return dict(
+        step,
+        action=json.dumps(snapped.model_dump()),
+        raw_action=json.dumps(action_arguments(snapped)),
+        action_desc=f"Click {cite}",
+    )
 
 
 def cut_loops(steps: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:

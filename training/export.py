@@ -34,7 +34,7 @@ from training.curation import (  # noqa: F401 - CurateError, dataset_id_for: imp
     source_counts,
     source_of,
 )
-from training.data import cut_loops, episode_samples, prompt_options
+from training.data import cite_what_it_did, cut_loops, episode_samples, prompt_options
 from training.queries import CURATE_EXPORT_STEPS
 
 _CHUNK_EPISODES = 64  # episodes whose screenshots are read per query: bounds memory on big datasets
@@ -60,7 +60,13 @@ def sft_features():
 
 
 def _export_rows(
-    con, episodes: list[dict[str, Any]], arch: str, opts, drop_loops: bool = False, cut: Counter | None = None
+    con,
+    episodes: list[dict[str, Any]],
+    arch: str,
+    opts,
+    drop_loops: bool = False,
+    cut: Counter | None = None,
+    rebuild: bool = False,
 ) -> list[dict[str, Any]]:
     ids = [e["episode_id"] for e in episodes]
     steps = con.sql(CURATE_EXPORT_STEPS, params=[ids]).to_arrow_table().to_pylist()
@@ -70,6 +76,8 @@ def _export_rows(
     rows = []
     for e in episodes:
         ep_steps = by_ep.get(e["episode_id"], [])
+        if rebuild and source_of(e["policy"]) == "student":
+            ep_steps = [cite_what_it_did(s) for s in ep_steps]
         if drop_loops:
             ep_steps, n_cut = cut_loops(ep_steps)
             if cut is not None and n_cut:
@@ -101,11 +109,14 @@ def export_sft(
     loops_by_source: Counter | None = None,
     balance: str = "none",
     repeats: dict[str, int] | None = None,
+    rebuild_action_lines: bool = False,
 ) -> int:
     """Write the SFT rows of `episodes` to `out` (Parquet, atomically); returns the number of rows.
     `samples_by_source` (a Counter) gets the rows per source ('teacher' / 'student'), as written. With
     `drop_loops`, each episode's loops are cut first (training.data.cut_loops; `loops_by_source` gets the steps cut
-    per source). With `balance="task"`, each task's rows are written task_repeats() times (`repeats` gets them)."""
+    per source). With `balance="task"`, each task's rows are written task_repeats() times (`repeats` gets them).
+    With `rebuild_action_lines`, the student's steps carry Action lines rebuilt from what they did
+    (training.data.cite_what_it_did)."""
     schema = sft_features().arrow_schema
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
@@ -114,7 +125,8 @@ def export_sft(
     try:
         with pq.ParquetWriter(staged if balance == "task" else tmp, schema, compression="zstd") as w:
             for i in range(0, len(episodes), _CHUNK_EPISODES):
-                rows = _export_rows(con, episodes[i : i + _CHUNK_EPISODES], arch, opts, drop_loops, loops_by_source)
+                chunk = episodes[i : i + _CHUNK_EPISODES]
+                rows = _export_rows(con, chunk, arch, opts, drop_loops, loops_by_source, rebuild_action_lines)
                 if rows:
                     w.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=256)
                     n += len(rows)
@@ -232,6 +244,7 @@ def write_dataset(
         loops_by_source=loops,
         balance=balance,
         repeats=repeats,
+        rebuild_action_lines=bool(getattr(cfg.curate, "rebuild_action_lines", False)) and stage == "curate",
     )
     lake.publish(folder)  # before the row: a reader that sees the row finds the whole export
     ids = [e["episode_id"] for e in episodes]
