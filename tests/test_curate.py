@@ -272,6 +272,21 @@ def test_drop_loops_cuts_the_detour_and_counts_it(lake):
     assert same(rows["cut"]) == same(rows["kept"])
 
 
+def _copy_with_demo(lake: dict, tmp_path: Path, task: str) -> tuple[Path, dict, list[dict]]:
+    """A copy of the fixture lake (to add episodes to), with one of `task`'s teacher demos and its steps."""
+    import shutil
+
+    root = tmp_path / "lake"
+    shutil.copytree(lake["root"], root)
+    con = connect(root)
+    sql = "SELECT * EXCLUDE (iteration, stage) FROM episodes WHERE policy = 'scripted' AND task_id = ?"
+    ep = con.execute(sql, [task]).to_arrow_table().to_pylist()[0]
+    steps = con.execute(
+        "SELECT * EXCLUDE (iteration, stage) FROM steps WHERE episode_id = ? ORDER BY step_idx", [ep["episode_id"]]
+    )
+    return root, ep, steps.to_arrow_table().to_pylist()
+
+
 def test_task_repeats_bring_each_task_near_the_largest():
     from collections import Counter
 
@@ -284,24 +299,14 @@ def test_task_repeats_bring_each_task_near_the_largest():
 def test_balance_task_writes_whole_copies_and_records_them(lake, tmp_path):
     """curate.balance=task: a task with fewer samples is written in whole copies (each row identical), the manifest
     records the copies per task, and the source counts count what SFT will see."""
-    import shutil
     from collections import Counter
 
     from training.export import task_repeats
 
-    root = tmp_path / "lake"
-    shutil.copytree(lake["root"], root)
-    con = connect(root)
-    ep = con.sql(
-        "SELECT * EXCLUDE (iteration, stage) FROM episodes WHERE policy = 'scripted' AND task_id = 'click-test'"
-    )
-    ep = ep.to_arrow_table().to_pylist()[0]
-    steps = con.execute(
-        "SELECT * EXCLUDE (iteration, stage) FROM steps WHERE episode_id = ? ORDER BY step_idx", [ep["episode_id"]]
-    ).to_arrow_table()
+    root, ep, steps = _copy_with_demo(lake, tmp_path, "click-test")
     for k in range(2, 12):  # ten more click-test successes, each clicking k pixels right: distinct, so all kept
         shift = lambda st, k=k: [_shift_clicks(st) for _ in range(k)]  # noqa: E731
-        _variant(Lake(root), ep, steps.to_pylist(), f"more-{k}", iteration=1, step_edit=shift, policy="student")
+        _variant(Lake(root), ep, steps, f"more-{k}", iteration=1, step_edit=shift, policy="student")
     cfg = lambda **kw: _cfg(root, **kw)  # noqa: E731
     plain = curate(cfg(), iteration=1)
     bal = curate(cfg(balance="task"), iteration=1)
@@ -321,25 +326,14 @@ def test_rebuild_action_lines_cites_what_the_student_clicked(lake, tmp_path):
     """A student success whose Action line is a guess (`Click button "DDDD2"`) and whose click is 2 px off the
     centre: with curate.rebuild_action_lines its target cites the UI line of the element it hit and clicks that
     element's centre, which is the teacher's target for the same page; without, the guess is what SFT would learn."""
-    import shutil
-
-    root = tmp_path / "lake"
-    shutil.copytree(lake["root"], root)
-    con = connect(root)
-    ep = con.sql(
-        "SELECT * EXCLUDE (iteration, stage) FROM episodes WHERE policy = 'scripted' AND task_id = 'focus-text'"
-    )
-    ep = ep.to_arrow_table().to_pylist()[0]
-    steps = con.execute(
-        "SELECT * EXCLUDE (iteration, stage) FROM steps WHERE episode_id = ? ORDER BY step_idx", [ep["episode_id"]]
-    ).to_arrow_table()
+    root, ep, steps = _copy_with_demo(lake, tmp_path, "focus-text")
 
     def guess(st):
         _shift_clicks(st)
         _shift_clicks(st)
         st["action_desc"] = 'Click button "DDDD2" @ (1,1)'
 
-    eid = _variant(Lake(root), ep, steps.to_pylist(), "guess", iteration=1, step_edit=guess, policy="student")
+    eid = _variant(Lake(root), ep, steps, "guess", iteration=1, step_edit=guess, policy="student")
     from training.data import retarget
 
     target = lambda res, e: retarget(  # noqa: E731 - the Action line and the call (the thought is the policy's own)
