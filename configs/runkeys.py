@@ -1,7 +1,7 @@
 """Run keys: the one rule that turns a run's inputs into its id, and the marker for the config fields that must not
 change one.
 
-    run_key("curate-it1", {"curate": keyed(cfg.curate), "arch": ...})      # -> "curate-it1-48a636b50b"
+    run_key("curate-it1", {"curate": keyed(cfg.curate), "arch": ...})      # -> "curate-it1-1d85b16819"
     packing: bool = Field(False, description=..., json_schema_extra=RUNTIME)  # configs/models.py: not in any key
 
 The same inputs give the same key, so a rerun finds its finished run (or resumes it, or replaces its rows) instead

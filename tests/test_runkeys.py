@@ -21,10 +21,11 @@ BASE = "_checkpoints/sft-it0-0123456789/merged"
 MODEL = "models/tiny-qwen3vl"
 
 # config_hash of the whole config changes with every new config field (provenance, by design): env.ca_file
-# (session 18) moved the first entry; the run keys and ids above it did not move.
+# (session 18) moved the first entry; the run keys and ids above it did not move. Session 23's curate.balance and
+# curate.rebuild_action_lines moved the dataset ids and the whole and curate hashes (flywheel8 sets both).
 PINNED = {
     "tiny": {
-        "dataset": "curate-it1-48a636b50b",
+        "dataset": "curate-it1-1d85b16819",
         "sft": "sft-it1-3f4f5cdca7",
         "sft_max_minutes_99": "sft-it1-8efe1c003a",
         "midtrain_ckpt": "base-6989c7801c",
@@ -32,10 +33,10 @@ PINNED = {
         "rl": "rl-it1-grpo-b3ea827fb7",
         "rollouts": "rollouts-it1-603f8a26a7",
         "bootstrap": "bootstrap-it0-0072cbbc90",
-        "config_hash": ("a555f0149196", "bd8cbec79713", "9d51e8216385", "451387e88c41"),
+        "config_hash": ("6d3e34a0b9b7", "bd8cbec79713", "9d51e8216385", "026648adbdd0"),
     },
     "flywheel8": {
-        "dataset": "curate-it1-48a636b50b",
+        "dataset": "curate-it1-a23f677c86",
         "sft": "sft-it1-a88d5c73bb",
         "sft_max_minutes_99": "sft-it1-f8b75bf588",
         "midtrain_ckpt": "base-6989c7801c",
@@ -43,7 +44,7 @@ PINNED = {
         "rl": "rl-it1-grpo-0da808d333",
         "rollouts": "rollouts-it1-27bf9a86c9",
         "bootstrap": "bootstrap-it0-74e451a815",
-        "config_hash": ("7833e7b60694", "d98e0ad492c3", "189bf26053bd", "451387e88c41"),
+        "config_hash": ("5d5407978972", "d98e0ad492c3", "189bf26053bd", "94efc1568d5d"),
     },
 }
 
