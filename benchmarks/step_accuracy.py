@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -25,26 +24,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-_BOX = re.compile(r"@ \((-?\d+),(-?\d+)\) \[(\d+)x(\d+)\]")
-
-
-def _boxes(prompt_text: str) -> list[tuple[float, float, float, float]]:
-    """(left, top, right, bottom) of every UI-text element box in the prompt (model space)."""
-    out = []
-    for m in _BOX.finditer(prompt_text):
-        cx, cy, w, h = (float(v) for v in m.groups())
-        out.append((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
-    return out
-
-
-def _target_box(boxes, x: float, y: float):
-    holding = [b for b in boxes if b[0] <= x <= b[2] and b[1] <= y <= b[3]]
-    return min(holding, key=lambda b: (b[2] - b[0]) * (b[3] - b[1])) if holding else None
-
 
 def judge(reply: str, target: str, prompt_text: str) -> tuple[str, bool, bool]:
     """(skill, parsed, right) of one reply against its target, both read in the model's own coordinates."""
     from agents.parsing import parse_response
+    from training.data import box_at
 
     want = parse_response(target).action
     got = parse_response(reply).action
@@ -57,10 +41,10 @@ def judge(reply: str, target: str, prompt_text: str) -> tuple[str, bool, bool]:
     if got.type != want.type:
         return skill, True, False
     if kind == "click":
-        box = _target_box(_boxes(prompt_text), want.x, want.y)
+        box = box_at(prompt_text, want.x, want.y)  # the smallest UI-text box (model space) holding the target
         if box is None:  # no element box holds the target: within 10 units (1% of the screen)
             return skill, True, abs(got.x - want.x) <= 10 and abs(got.y - want.y) <= 10
-        return skill, True, box[0] <= got.x <= box[2] and box[1] <= got.y <= box[3]
+        return skill, True, box.holds(got.x, got.y)
     if kind == "type":
         return skill, True, got.text == want.text
     return skill, True, got.model_dump() == want.model_dump()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from agents.actions import ACTION_ADAPTER
 from agents.base import StepRecord
@@ -78,7 +78,27 @@ def target_text(step: dict[str, Any], transform: CoordTransform) -> str:
     return format_response(thought, desc or "", action, transform)
 
 
-_UI_BOX = re.compile(r"^\s*(?P<cite>.*? @ \((?P<x>-?\d+),(?P<y>-?\d+)\)) \[(?P<w>\d+)x(?P<h>\d+)\]")
+_UI_BOX = re.compile(r"(?P<cite>[^\n]*? @ \((?P<x>-?\d+),(?P<y>-?\d+)\)) \[(?P<w>\d+)x(?P<h>\d+)\]")
+
+
+class UIBox(NamedTuple):
+    """One UI-text element as its line shows it: the line up to its centre (`button "no" @ (53,141)`), the centre
+    and the size, in the space the text is written in."""
+
+    cite: str
+    cx: int
+    cy: int
+    w: int
+    h: int
+
+    def holds(self, x: float, y: float) -> bool:
+        return abs(x - self.cx) <= self.w / 2 and abs(y - self.cy) <= self.h / 2
+
+
+def box_at(text: str, x: float, y: float) -> UIBox | None:
+    """The smallest UI-text element box in `text` (UI-text lines, or a whole prompt) that holds (x, y), if any."""
+    boxes = (UIBox(m["cite"].strip(), *(int(m[k]) for k in ("x", "y", "w", "h"))) for m in _UI_BOX.finditer(text))
+    return min((b for b in boxes if b.holds(x, y)), key=lambda b: b.w * b.h, default=None)
 
 
 def cite_what_it_did(step: dict[str, Any]) -> dict[str, Any]:
@@ -96,22 +116,15 @@ def cite_what_it_did(step: dict[str, Any]) -> dict[str, Any]:
         return dict(step, action_desc=f'Type "{action.text}"')
     if action.action != "click" or not step.get("ui_text"):
         return step
-    hits = []
-    for line in step["ui_text"].splitlines():
-        m = _UI_BOX.match(line)
-        if m:
-            cx, cy, w, h = (int(m[k]) for k in ("x", "y", "w", "h"))
-            if abs(action.x - cx) <= w / 2 and abs(action.y - cy) <= h / 2:
-                hits.append((w * h, m["cite"].strip(), cx, cy))
-    if not hits:
+    box = box_at(step["ui_text"], action.x, action.y)
+    if box is None:
         return step
-    _, cite, cx, cy = min(hits, key=lambda hit: hit[0])
-    snapped = action.model_copy(update={"x": float(cx), "y": float(cy)})
+    snapped = action.model_copy(update={"x": float(box.cx), "y": float(box.cy)})
     return dict(
         step,
         action=json.dumps(snapped.model_dump()),
         raw_action=json.dumps(action_arguments(snapped)),
-        action_desc=f"Click {cite}",
+        action_desc=f"Click {box.cite}",
     )
 
 
