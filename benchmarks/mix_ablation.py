@@ -146,7 +146,7 @@ def job(a: argparse.Namespace, variant: str, seed: int) -> dict[str, Any]:
         "batch_size": a.batch,
         "max_steps": a.steps,
         "epochs": 10_000,
-        "targets": "action",
+        "targets": a.targets,
         "save_every": 100_000,
         "seed": seed,
     }
@@ -158,7 +158,7 @@ def job(a: argparse.Namespace, variant: str, seed: int) -> dict[str, Any]:
     train_s = time.monotonic() - t0
     held = pq.read_table(a.held).to_pylist()[: a.held_max]
     rights: list[bool] = []
-    evaluate(str(work / "model"), held, a.eval_batch, 128, rights=rights)
+    evaluate(str(work / "model"), held, a.eval_batch, a.max_new_tokens, rights=rights)
     teacher = sum(_is_teacher(r) for r in rows)
     return {
         "variant": variant,
@@ -182,6 +182,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--eval-batch", type=int, default=64)
+    ap.add_argument("--targets", default="action", choices=("full", "action", "tool_call"), help="sft.targets")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="reply budget when scoring (full: the thought too)")
     ap.add_argument("--held-max", type=int, default=None, help="score only the first N held-out rows (a smoke run)")
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--work", default="/tmp/mix_ablation")

@@ -5,8 +5,11 @@
 # (SEEDS=0,1), its variants in parallel (PAR); each job's result streams to $OUT/runs.jsonl as it ends, so a call cut
 # at its limit still returns them. After the first seed, the control's and the best other variant's language-model
 # weights come back xz'd in <= 15 MB parts (KEEP=0 skips them; the vision tower is frozen, so the base has it).
+# DIR=.dev_gpu/<name> picks another carried folder of the same shape (its base: any model folder, e.g. an SFT'd
+# student to continue from); CONTROL names the variant kept as the control (default: control). SEEDS=0+1+2 runs
+# those seeds' jobs together (PAR of them at once) instead of one seed after the other.
 exec > >(tee -a $OUT/log) 2>&1
-D=.dev_gpu/mix
+D=${DIR:-.dev_gpu/mix}
 rm -rf /tmp/site; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .dev_wheels/pyd/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2
 rm -rf /tmp/base && cp -r $D/base /tmp/base && python3 -c "
@@ -19,8 +22,9 @@ import json, lzma, os, sys
 from safetensors.torch import load_file, save_file
 runs = [json.loads(x) for x in open(os.environ["OUT"] + "/runs.jsonl") if x.strip()]
 runs = [r for r in runs if "error" not in r and r["seed"] == int(sys.argv[1])]
-best = max((r for r in runs if r["variant"] != "control"), key=lambda r: r["macro_episode"])
-for r in [x for x in runs if x["variant"] == "control"] + [best]:
+control = os.environ.get("CONTROL", "control")
+best = max((r for r in runs if r["variant"] != control), key=lambda r: r["macro_episode"])
+for r in [x for x in runs if x["variant"] == control] + [best]:
     name = f"{r['variant']}-{r['seed']}"
     sd = load_file(f"/tmp/mix/{name}/model/model.safetensors")
     save_file({k: v for k, v in sd.items() if "visual" not in k}, f"/tmp/{name}.lm.safetensors")
@@ -35,10 +39,10 @@ SEEDS=${SEEDS:-0,1}
 for seed in ${SEEDS//,/ }; do
   t0=$(date +%s)
   python3 benchmarks/mix_ablation.py --train $D/train.parquet --held $D/held.parquet --base /tmp/base \
-    --variants ${VARIANTS:-control,control_task,all,task,task_half,answer} --seeds $seed --steps ${STEPS:-360} \
-    --parallel ${PAR:-6} --work /tmp/mix --jsonl $OUT/runs.jsonl --out $OUT/mix_ablation_seed$seed.json > /dev/null
+    --variants ${VARIANTS:-control,control_task,all,task,task_half,answer} --seeds ${seed//+/,} --steps ${STEPS:-360} \
+    --parallel ${PAR:-6} --work /tmp/mix --jsonl $OUT/runs.jsonl --out $OUT/mix_ablation_seed${seed//+/_}.json > /dev/null
   echo "seed $seed: rc=$? in $(( $(date +%s) - t0 )) s"
-  if [ "$first" = 1 ] && [ "${KEEP:-1}" = 1 ]; then python3 /tmp/keep.py $seed; fi
+  if [ "$first" = 1 ] && [ "${KEEP:-1}" = 1 ]; then python3 /tmp/keep.py ${seed%%+*}; fi
   first=0
 done
 ls -la $OUT

@@ -349,6 +349,24 @@ class CurriculumConfig(_Cfg):
         0.9, gt=0, le=1, description="Success at or above which a task counts as solved (a check only)"
     )
     check_seeds: int = Field(1, ge=0, description="Rollout seeds for a solved task's check")
+    target_successes: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Size a frontier task's student rollouts (0 < success < solved_threshold) to this many expected "
+            "successes: ceil(target / (success x rollouts.attempts)) seeds, at least "
+            "rollouts.selection.seeds_per_task and at most max_rollout_seeds; null: every frontier task gets "
+            "seeds_per_task"
+        ),
+    )
+    max_rollout_seeds: int = Field(
+        64,
+        ge=1,
+        description=(
+            "With target_successes: the most seeds a task's rollouts get in one iteration (also the stride "
+            "between iterations' seed ranges, so no two iterations share a task instance)"
+        ),
+    )
     top_up_demos: int = Field(
         20, ge=0, description="Teacher demos per iteration for a task the student never solves (within its budget)"
     )

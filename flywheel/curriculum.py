@@ -11,7 +11,9 @@ row), else the newest student rollouts of an earlier iteration, else none. With 
   - no evidence yet (iteration 0): teacher demos up to the budget; full rollouts; RL;
   - success == 0: teacher demos while the task's budget lasts (`top_up_demos` per iteration),
     then the task is parked (no rollouts, no RL) until it shows a success;
-  - 0 < success < solved_threshold: full rollouts and RL (the only groups with a signal);
+  - 0 < success < solved_threshold: full rollouts and RL (the only groups with a signal); with
+    `target_successes`, a task's rollout seeds are sized to that many expected successes at its success rate
+    (`frontier_seeds`, at most `max_rollout_seeds`), so a rarely solved task gets many tries;
   - success >= solved_threshold: a small check (`check_seeds` rollout seeds), no demos, no RL.
 The teacher is a budget, not a default: `teacher_budget.max_episodes_per_task` (or its older name
 `bootstrap.max_demos_per_task`) caps the teacher episodes a task ever gets, counted from the lake over every stage
@@ -26,6 +28,7 @@ before; then SFT on the accumulated successes runs before RL. Logged as task '__
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -116,6 +119,17 @@ def demos_spent(con, tasks: list[str]) -> dict[str, int]:
     return {t: int(n) for t, n in rows}
 
 
+def frontier_seeds(cfg: FlywheelConfig, success_rate: float) -> int:
+    """Rollout seeds for a frontier task: rollouts.selection.seeds_per_task, or with curriculum.target_successes
+    as many as that many successes need at this success rate (k attempts a seed), within [seeds_per_task,
+    max_rollout_seeds]. A rare success gets many tries; a task the student nearly solves gets few."""
+    cc, full = cfg.curriculum, cfg.rollouts.selection.seeds_per_task
+    if not cc.target_successes:
+        return full
+    need = math.ceil(cc.target_successes / (max(success_rate, 1e-6) * cfg.rollout_attempts()))
+    return max(min(full, cc.max_rollout_seeds), min(need, cc.max_rollout_seeds))
+
+
 def decide(
     tasks: list[str],
     evidence: dict[str, Evidence],
@@ -170,11 +184,16 @@ def decide(
                     + " is spent: no rollouts or RL until it shows a success"
                 )
         elif ev.success_rate < cc.solved_threshold:
-            d.decision, d.rollout_seeds, d.rl = "train", full_seeds, True
+            d.decision, d.rollout_seeds, d.rl = "train", frontier_seeds(cfg, ev.success_rate), True
             d.reason = (
                 f"0 < success {ev.success_rate:.0%} < {cc.solved_threshold:.0%} ({d.evidence}): "
                 "its groups carry a signal, so rollouts and RL go here"
             )
+            if cc.target_successes:
+                d.reason += (
+                    f"; {d.rollout_seeds} seeds x {cfg.rollout_attempts()} attempts for ~{cc.target_successes}"
+                    " successes"
+                )
         else:
             d.decision, d.rollout_seeds = "check", min(cc.check_seeds, full_seeds)
             d.reason = (

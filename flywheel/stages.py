@@ -15,6 +15,7 @@ from configs.models import FlywheelConfig
 from flywheel.errors import UserError
 from flywheel.pipeline import StageResult, episodes_result, skipped_result, stage_result, trained_result
 from flywheel.runtime.rollout import PolicySpec, git_sha, run_rollouts
+from flywheel.runtime.spec import RolloutSpec
 from flywheel.specs import (
     check_student_model,
     lake_for,
@@ -101,27 +102,39 @@ def student_rollouts(
 ) -> StageResult:
     """The current student (`checkpoint`, default: cfg.student.model), G episodes per task instance,
     on the train split (stage 'rollouts'). Outputs: "run_key", "checkpoint" (the student), "ran", "successes", ..."""
+    model = check_student_model(cfg, checkpoint or cfg.student.model)
+    spec = rollouts_spec(cfg, iteration, model)
+    if spec is None:
+        return skipped_result("rollouts", iteration, "the curriculum parked every task", checkpoint=model)
+    summary = run_rollouts(spec, progress=progress, on_result=on_result)
+    return episodes_result("rollouts", iteration, spec.run_key, summary, checkpoint=model)
+
+
+def rollouts_spec(cfg: FlywheelConfig, iteration: int, model: str) -> RolloutSpec | None:
+    """The rollouts stage's job list for student `model`: train seeds after the bootstrap's (instances the teacher
+    did not demo), a fresh range per iteration; with the curriculum, each task's seeds as its plan says (None when
+    it parked every task)."""
     from envs import registry
 
     sel = cfg.rollouts.selection
-    model = check_student_model(cfg, checkpoint or cfg.student.model)
     student = {**cfg.student.model_dump(), "model": model}
     if cfg.rollouts.temperature is not None:
         student["temperature"] = cfg.rollouts.temperature
     policy = PolicySpec("student", {"model": model, "config": student}, version=str(model))
-    # seeds after the bootstrap's, so student rollouts see task instances the teacher did not demo
     offset = cfg.bootstrap.selection.seed_offset + cfg.bootstrap.selection.seeds_per_task + sel.seed_offset
-    seeds = registry.seeds("train", sel.seeds_per_task, offset=offset + iteration * sel.seeds_per_task)
+    sized = cfg.curriculum.enabled and bool(cfg.curriculum.target_successes)  # the plan sizes each task's seeds
+    stride = max(sel.seeds_per_task, cfg.curriculum.max_rollout_seeds) if sized else sel.seeds_per_task
+    seeds = registry.seeds("train", stride, offset=offset + iteration * stride)
     tasks, max_seeds = resolve_tasks(sel.tasks, for_training=True, cfg=cfg), None
-    if cfg.curriculum.enabled:  # parked tasks get none, solved ones a small check
+    if cfg.curriculum.enabled:  # parked tasks get none, solved ones a small check, frontier ones maybe more
         from flywheel.curriculum import plan_for
 
         planned = plan_for(cfg, lake_for(cfg), iteration).rollout_seeds
         tasks = [t for t in tasks if planned.get(t, 0) > 0]
-        max_seeds = {t: planned[t] for t in tasks if planned[t] < sel.seeds_per_task}
+        max_seeds = {t: min(planned[t], stride) for t in tasks if planned[t] < stride}
         if not tasks:
-            return skipped_result("rollouts", iteration, "the curriculum parked every task", checkpoint=model)
-    spec = rollout_spec(
+            return None
+    return rollout_spec(
         cfg,
         iteration=iteration,
         stage="rollouts",
@@ -132,8 +145,6 @@ def student_rollouts(
         group_size=cfg.rollout_attempts(),
         max_seeds=max_seeds or None,
     )
-    summary = run_rollouts(spec, progress=progress, on_result=on_result)
-    return episodes_result("rollouts", iteration, spec.run_key, summary, checkpoint=model)
 
 
 def curate(cfg: FlywheelConfig, iteration: int) -> StageResult:

@@ -203,3 +203,47 @@ def test_bad_curriculum_config_is_one_clear_error(tmp_path):
 
     with pytest.raises(ConfigError, match="curriculum.solved_threshold"):
         cfg_with(tmp_path, **{"curriculum.solved_threshold": 1.5})
+
+
+def test_target_successes_sizes_each_frontier_tasks_rollouts(tmp_path):
+    """A rarely solved task gets many instances, a nearly solved one few, each iteration its own seed range."""
+    from flywheel.curriculum import frontier_seeds
+    from flywheel.stages import rollouts_spec
+
+    over = {
+        "curriculum.target_successes": 6,
+        "curriculum.max_rollout_seeds": 8,
+        "rollouts.selection.seeds_per_task": 2,
+        "rollouts.attempts": 2,
+    }
+    cfg = cfg_with(tmp_path, **over)
+    # ceil(6 / (p x 2)) seeds, within [2, 8]
+    assert [frontier_seeds(cfg, p) for p in (0.75, 0.5, 0.3, 0.05)] == [4, 6, 8, 8]
+    assert frontier_seeds(cfg_with(tmp_path, **{**over, "curriculum.target_successes": 1}), 0.8) == 2
+    assert frontier_seeds(cfg_with(tmp_path, **{**over, "curriculum.target_successes": None}), 0.05) == 2
+    ev = {"click-test": Evidence(0.5, 20, "evaluate", 0), "focus-text": Evidence(0.95, 20, "evaluate", 0)}
+    d = {x.task_id: x for x in decide(["click-test", "focus-text"], ev, {}, cfg, iteration=1)}
+    assert (d["click-test"].decision, d["click-test"].rollout_seeds) == ("train", 6)
+    assert "6 seeds x 2 attempts for ~6 successes" in d["click-test"].reason
+    assert (d["focus-text"].decision, d["focus-text"].rollout_seeds) == ("check", 1)
+
+    lake = Lake(tmp_path / "lake")
+    _evals(lake, 0, {"click-test": 0.5, "focus-text": 0.95, "__all__": 0.7})
+    _evals(lake, 1, {"click-test": 0.25, "focus-text": 0.95, "__all__": 0.6})
+    jobs = {}
+    for it in (1, 2):
+        spec = rollouts_spec(cfg, it, "student-model")
+        for j in spec.jobs:
+            jobs.setdefault((it, j.task_id), []).append(j.seed)
+    # bootstrap: 3 seeds a task, so rollouts start at train seed 3, 8 seeds (the cap) per iteration
+    assert sorted(set(jobs[(1, "click-test")])) == list(range(11, 17))  # 6 instances x 2 attempts
+    assert len(jobs[(1, "click-test")]) == 12
+    assert sorted(set(jobs[(1, "focus-text")])) == [11]  # solved: a 1-seed check
+    assert sorted(set(jobs[(2, "click-test")])) == list(range(19, 27))  # success fell to 25%: the cap
+    # without the sizing: seeds_per_task for every frontier task, the old seed ranges
+    plain = cfg_with(tmp_path / "plain", **{**over, "curriculum.target_successes": None})
+    _evals(Lake(tmp_path / "plain" / "lake"), 0, {"click-test": 0.5, "focus-text": 0.5, "__all__": 0.5})
+    spec = rollouts_spec(plain, 1, "student-model")
+    assert sorted({(j.task_id, j.seed) for j in spec.jobs}) == [
+        (t, s) for t in ("click-test", "focus-text") for s in (5, 6)
+    ]

@@ -22,7 +22,9 @@ MODEL = "models/tiny-qwen3vl"
 
 # config_hash of the whole config changes with every new config field (provenance, by design): env.ca_file
 # (session 18) moved the first entry; the run keys and ids above it did not move. Session 23's curate.balance and
-# curate.rebuild_action_lines moved the dataset ids and the whole and curate hashes (flywheel8 sets both).
+# curate.rebuild_action_lines moved the dataset ids and the whole and curate hashes (flywheel8 sets both). Session
+# 24's curriculum.target_successes / max_rollout_seeds moved the whole hash; flywheel8's rollouts settings (16 seeds x
+# 3 attempts at temperature 0.7) its rollouts run key.
 PINNED = {
     "tiny": {
         "dataset": "curate-it1-1d85b16819",
@@ -33,7 +35,7 @@ PINNED = {
         "rl": "rl-it1-grpo-b3ea827fb7",
         "rollouts": "rollouts-it1-603f8a26a7",
         "bootstrap": "bootstrap-it0-0072cbbc90",
-        "config_hash": ("6d3e34a0b9b7", "bd8cbec79713", "9d51e8216385", "026648adbdd0"),
+        "config_hash": ("77e0047447b3", "bd8cbec79713", "9d51e8216385", "026648adbdd0"),
     },
     "flywheel8": {
         "dataset": "curate-it1-a23f677c86",
@@ -42,9 +44,9 @@ PINNED = {
         "midtrain_ckpt": "base-6989c7801c",
         "midtrain_dataset": "midtrain-ff7e6263ce",
         "rl": "rl-it1-grpo-0da808d333",
-        "rollouts": "rollouts-it1-27bf9a86c9",
+        "rollouts": "rollouts-it1-95589bb813",
         "bootstrap": "bootstrap-it0-74e451a815",
-        "config_hash": ("5d5407978972", "d98e0ad492c3", "189bf26053bd", "94efc1568d5d"),
+        "config_hash": ("6c564c6feecd", "d98e0ad492c3", "189bf26053bd", "94efc1568d5d"),
     },
 }
 
