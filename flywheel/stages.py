@@ -131,7 +131,7 @@ def rollouts_spec(cfg: FlywheelConfig, iteration: int, model: str) -> RolloutSpe
 
         planned = plan_for(cfg, lake_for(cfg), iteration).rollout_seeds
         tasks = [t for t in tasks if planned.get(t, 0) > 0]
-        max_seeds = {t: min(planned[t], stride) for t in tasks if planned[t] < stride}
+        max_seeds = {t: planned[t] for t in tasks if planned[t] < stride}
         if not tasks:
             return None
     return rollout_spec(
