@@ -102,6 +102,24 @@ def synth_tabs(ctx: Ctx) -> Iterator[Step]:
     yield ctx.click(links[0], f'the link "{target}"', f'The "{tab}" tab is open and shows the link "{target}".')
 
 
+def synth_search(ctx: Ctx) -> Iterator[Step]:
+    """Check the open tab's links for the exact text; if it is not there, open the next unvisited tab (bar order)."""
+    target, tried = ctx.fields["target"], set()
+    while True:
+        links = ctx.find(tag="a", text=target, pred=ctx.visible)
+        if links:
+            yield ctx.click(links[0], f'the link "{target}"', f'The link "{target}" is on this tab.')
+            return
+        tabs = ctx.find(cls="tab")
+        tried |= {norm(t["text"]) for t in tabs if "active" in t["classes"].split()}
+        nxt = [t for t in tabs if norm(t["text"]) not in tried]
+        if not nxt:
+            raise TeacherError(f"{ctx.task_id}: link {target!r} on no tab")
+        name = norm(nxt[0]["text"])
+        tried.add(name)
+        yield ctx.click(nxt[0], f'the "{name}" tab', f'The link "{target}" is not on this tab; I try the next one.')
+
+
 SYNTH_RECIPES: dict[str, Callable[[Ctx], Iterator[Step]]] = {
     "synth/click": synth_click,
     "synth/type": synth_fill,
@@ -109,4 +127,5 @@ SYNTH_RECIPES: dict[str, Callable[[Ctx], Iterator[Step]]] = {
     "synth/read": synth_read,
     "synth/option": synth_option,
     "synth/tabs": synth_tabs,
+    "synth/search": synth_search,
 }

@@ -108,6 +108,7 @@ SYNTH_TASKS: list[Task] = [
     ),
     _t("synth/option", "Select the named radio/checkbox options, then press the named button.", 6, source="synth"),
     _t("synth/tabs", "Open the named tab, then click the named link on it.", 5, source="synth"),
+    _t("synth/search", "Find the named link on whichever tab holds it, then click it.", 6, source="synth"),
 ]
 TASKS += SYNTH_TASKS
 TASKS_BY_ID: dict[str, Task] = {t.task_id: t for t in TASKS}

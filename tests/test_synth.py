@@ -14,6 +14,7 @@ from teacher_episode import run_teacher as run_episode
 from agents.actions import ActionType, Click, Type
 from agents.parsing import parse_response
 from agents.teacher import ScriptedTeacher, supported_tasks
+from agents.teacher_ctx import norm
 from envs import registry, synth
 
 SEEDS = registry.seeds("train", 10, offset=300)
@@ -137,6 +138,47 @@ def test_ui_text_and_fields(env):
     for k in ("field_1", "field_2"):
         assert re.search(rf'^input_text#{field_id(f[k])} "" @ \(', obs.ui_text, re.M), obs.ui_text
         assert re.search(rf'^label "{re.escape(f[k])}" @ \(', obs.ui_text, re.M)
+
+
+def one_edit_apart(a: str, b: str) -> bool:
+    """a and b differ by one replaced, dropped/added or swapped-neighbour character."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]])
+    s, t = sorted((a, b), key=len)
+    return any(t[:i] + t[i + 1 :] == s for i in range(len(t)))
+
+
+def shown_links(obs) -> list[dict]:
+    return [e for e in obs.extra["dom_elements"] if e["tag"] == "a" and e["width"] > 0 and e["height"] > 0]
+
+
+@pytest.mark.browser
+def test_search_needs_the_exact_link_and_any_tab(env):
+    on_start, near_at = 0, None
+    for seed in range(12):
+        obs = env.reset("synth/search", seed)
+        f = dict(obs.extra["fields"])
+        assert f["kind"] == "search" and f["target"] in obs.instruction and "tab" not in f  # the tab is not named
+        on_start += f["target"] in [norm(e["text"]) for e in shown_links(obs)]
+        tabs = [e for e in obs.extra["dom_elements"] if "tab" in e["classes"].split()]
+        holding, near = [], []
+        for i, t in enumerate(tabs):  # open every tab: the target is on exactly one, near-copies on some
+            texts = [norm(e["text"]) for e in shown_links(env.step(click_on(t)).observation)]
+            holding += [i] * texts.count(f["target"])
+            near += [(i, x) for x in texts if one_edit_apart(x, f["target"])]
+        assert len(holding) == 1, (seed, f, holding)
+        if near and near_at is None:
+            near_at = (seed, tabs[near[0][0]], near[0][1])
+    assert 0 < on_start < 12, on_start  # sometimes the open tab holds it, sometimes another
+    assert near_at, "no near-copy of a target in 12 pages"
+    seed, tab, text = near_at  # clicking the near-copy fails the episode
+    env.reset("synth/search", seed)
+    obs = env.step(click_on(tab)).observation
+    res = env.step(click_on(next(e for e in shown_links(obs) if norm(e["text"]) == text)))
+    assert res.done and res.info["raw_reward"] == -1 and env.evaluate() == 0.0, res.info
 
 
 @pytest.mark.browser

@@ -1,7 +1,7 @@
 """Synthetic GUI tasks `synth/<kind>`: random pages in MiniWoB's format, run by `MiniWobEnv` unchanged.
 
     from envs import synth
-    synth.TASK_IDS                      # ('synth/click', 'synth/type', ..., 'synth/tabs')
+    synth.TASK_IDS                      # ('synth/click', 'synth/type', ..., 'synth/search')
     synth.is_synth("synth/form")        # True
     synth.page_url("synth/form")        # file:///tmp/gui-flywheel-synth-<uid>/<hash>/synth-form.html
     env = MiniWobEnv(); obs = env.reset("synth/click", seed=7)   # obs.extra["fields"]: kind, target, ...
@@ -18,6 +18,8 @@ Kinds (the page says which fields `core.getUtterance()` returns; the teacher rea
     read    Type the text of the marked item into the Answer field and press OK.   field_1, button
     option  Select "Pelu" and press Submit. / Check "a" and "b", then press Go.    widget, target_i, button
     tabs    Open the "Vemu" tab and click the link "rano 7".                   tab, target
+    search  Find the link "rano 7" on one of the tabs and click it.           target
+            (any tab starts active; one or two near-copies such as "rano 1" or "ramo 7" sit on the tabs)
 Success is raw reward +1 (the target clicked; the named fields hold exactly the quoted text, the other
 fields empty, when the named button is pressed; exactly the named options selected). Pressing a button
 or link the instruction did not name, or pressing the button with wrong field contents, ends the
@@ -55,7 +57,7 @@ import tempfile
 from pathlib import Path
 
 PREFIX = "synth/"
-KINDS: tuple[str, ...] = ("click", "type", "form", "read", "option", "tabs")
+KINDS: tuple[str, ...] = ("click", "type", "form", "read", "option", "tabs", "search")
 TASK_IDS: tuple[str, ...] = tuple(PREFIX + k for k in KINDS)
 _HERE = Path(__file__).resolve().parent
 

@@ -362,25 +362,10 @@ SYN.kinds.option = function (S, shrink) {
   return {nodes: nodes, utterance: SYN.fmt(tpl, v), fields: fields};
 };
 
-// Tabs: open tab T (another one starts active), then click link L on it.
-SYN.kinds.tabs = function (S, shrink) {
-  var nt = Math.max(2, SYN.r(2, 4) - shrink), tabs = [], panels = [], links = [], i, j;
-  var ti = core.randi(0, nt), start = (ti + SYN.r(1, nt - 1)) % nt;
-  var target = null;
-  for (i = 0; i < nt; i++) {
-    var tl = S.fresh(function () { return SYN.chance(0.6) ? SYN.cap(SYN.word(1, 2)) : SYN.label(); }, 8);
-    var tab = SYN.el('div', tl, 'tab');
-    tab.label = tl;
-    tabs.push(tab);
-    var nl = Math.max(2, SYN.r(2, 4) - shrink), ls = [];
-    for (j = 0; j < nl; j++) {
-      var ll = S.fresh(SYN.label), a = SYN.link(ll);
-      if (i === ti && j === 0) { target = ll; a.addEventListener('click', function () { core.endEpisode(1, true); }); }
-      else SYN.wrong(a, 'clicked the link ' + SYN.q(ll));
-      ls.push(a);
-    }
-    links.push(ls);
-  }
+// A tab bar over one panel per tab; panel k holds the links links[k], scattered. Returns a layout(area) for
+// SYN.kinds.*: the bar at a random spot near the top, tab `start` active; clicking a tab shows its panel.
+SYN.tabPage = function (tabs, links, start) {
+  var panels = [];
   var activate = function (k) {
     tabs.forEach(function (t, m) { t.className = 'syn tab' + (m === k ? ' active' : ''); });
     panels.forEach(function (p, m) { p.style.display = m === k ? 'block' : 'none'; });
@@ -388,7 +373,7 @@ SYN.kinds.tabs = function (S, shrink) {
   tabs.forEach(function (t, k) { t.addEventListener('click', function () { activate(k); }); });
   var fsize = SYN.r(10, 13) + 'px';
   tabs.forEach(function (t) { t.style.fontSize = fsize; });
-  var layout = function (area) {
+  return function (area) {
     area.innerHTML = '';
     panels.length = 0;
     var bar = document.createElement('div');
@@ -400,7 +385,7 @@ SYN.kinds.tabs = function (S, shrink) {
     var bx = SYN.r(SYN.M + 2, SYN.W - SYN.M - 2 - bw), by = SYN.r(SYN.M, 30);
     bar.style.left = bx + 'px'; bar.style.top = by + 'px';
     var pt = by + bh, pw = SYN.W - 2 * SYN.M - 2, ph = SYN.H - SYN.M - pt - 2;
-    for (var k = 0; k < nt; k++) {
+    for (var k = 0; k < tabs.length; k++) {
       var p = document.createElement('div');
       p.className = 'panel';
       p.style.left = SYN.M + 'px'; p.style.top = pt + 'px'; p.style.width = pw + 'px'; p.style.height = ph + 'px';
@@ -414,10 +399,92 @@ SYN.kinds.tabs = function (S, shrink) {
     activate(start);
     return true;
   };
+};
+SYN.tabEl = function (S) {
+  var tl = S.fresh(function () { return SYN.chance(0.6) ? SYN.cap(SYN.word(1, 2)) : SYN.label(); }, 8);
+  var tab = SYN.el('div', tl, 'tab');
+  tab.label = tl;
+  return tab;
+};
+// A link that ends the episode: +1 for the target, -1 (with the reason) for any other.
+SYN.tabLink = function (label, isTarget) {
+  var a = SYN.link(label);
+  if (isTarget) a.addEventListener('click', function () { core.endEpisode(1, true); });
+  else SYN.wrong(a, 'clicked the link ' + SYN.q(label));
+  return a;
+};
+
+// Tabs: open tab T (another one starts active), then click link L on it.
+SYN.kinds.tabs = function (S, shrink) {
+  var nt = Math.max(2, SYN.r(2, 4) - shrink), links = [], i, j;
+  var ti = core.randi(0, nt), start = (ti + SYN.r(1, nt - 1)) % nt;
+  var tabs = [], target = null;
+  for (i = 0; i < nt; i++) {
+    tabs.push(SYN.tabEl(S));
+    var nl = Math.max(2, SYN.r(2, 4) - shrink), ls = [];
+    for (j = 0; j < nl; j++) {
+      var ll = S.fresh(SYN.label);
+      if (i === ti && j === 0) target = ll;
+      ls.push(SYN.tabLink(ll, i === ti && j === 0));
+    }
+    links.push(ls);
+  }
   var tpl = SYN.pick(['Open the {tab} tab and click the link {l}.', 'Go to tab {tab}, then click {l}.',
                       'Switch to the {tab} tab and follow the link {l}.', 'Click the link {l} on tab {tab}.']);
-  return {nodes: [], layout: layout, utterance: SYN.fmt(tpl, {tab: SYN.q(tabs[ti].label), l: SYN.q(target)}),
+  return {nodes: [], layout: SYN.tabPage(tabs, links, start),
+          utterance: SYN.fmt(tpl, {tab: SYN.q(tabs[ti].label), l: SYN.q(target)}),
           fields: {kind: 'tabs', tab: tabs[ti].label, target: target}};
+};
+
+// One edit of s (a character replaced, dropped, doubled, or two neighbours swapped), fresh on the page; null if
+// none is found. Near-copies are what a reader who does not check every character clicks instead of s.
+SYN.nearCopy = function (S, s) {
+  for (var t = 0; t < 60; t++) {
+    var i = core.randi(0, s.length), c = s.charAt(i), u = Math.random(), out = null;
+    if (c === ' ') continue;
+    if (u < 0.5) {
+      var d = /[0-9]/.test(c) ? String(core.randi(0, 10)) : String.fromCharCode(97 + core.randi(0, 26));
+      out = s.slice(0, i) + (c !== c.toLowerCase() ? d.toUpperCase() : d) + s.slice(i + 1);
+    } else if (u < 0.7) {
+      if (s.length > 3) out = s.slice(0, i) + s.slice(i + 1);
+    } else if (u < 0.85) {
+      out = s.slice(0, i) + c + s.slice(i);
+    } else if (i + 1 < s.length && s.charAt(i + 1) !== ' ' && s.charAt(i + 1) !== c) {
+      out = s.slice(0, i) + s.charAt(i + 1) + c + s.slice(i + 2);
+    }
+    if (out && out.trim() === out && out.indexOf('  ') < 0 && out.length >= 2 && !S.used[out.toLowerCase()]) {
+      S.used[out.toLowerCase()] = 1;
+      return out;
+    }
+  }
+  return null;
+};
+
+// Search: the link L is on one of the tabs, and the instruction does not say which. Any tab may start active
+// (L's own included), and one or two near-copies of L (one character off) sit on other tabs, sometimes on L's
+// own: the page rewards only reading each tab's links exactly and moving on when L is not among them.
+SYN.kinds.search = function (S, shrink) {
+  var nt = Math.max(2, SYN.r(2, 4) - (shrink > 3 ? 1 : 0)), links = [], i, j;
+  var ti = core.randi(0, nt), start = core.randi(0, nt);
+  var tabs = [], target = S.fresh(SYN.label);
+  for (i = 0; i < nt; i++) {
+    tabs.push(SYN.tabEl(S));
+    var nl = Math.max(1, SYN.r(2, 4) - shrink), ls = [];
+    if (i === ti) ls.push(SYN.tabLink(target, true));
+    for (j = 0; j < nl; j++) ls.push(SYN.tabLink(S.fresh(SYN.label), false));
+    links.push(ls);
+  }
+  var nc = shrink > 5 ? 0 : SYN.r(1, 2);
+  for (i = 0; i < nc; i++) {
+    var near = SYN.nearCopy(S, target);
+    if (!near) continue;
+    var k = SYN.chance(0.3) ? ti : (ti + SYN.r(1, nt - 1)) % nt;
+    links[k].push(SYN.tabLink(near, false));
+  }
+  var tpl = SYN.pick(['Find the link {l} on one of the tabs and click it.', 'The link {l} is on one of the tabs: click it.',
+                      'Look through the tabs for the link {l}, then click it.', 'Click the link {l}; it may be on another tab.']);
+  return {nodes: [], layout: SYN.tabPage(tabs, links, start), utterance: SYN.fmt(tpl, {l: SYN.q(target)}),
+          fields: {kind: 'search', target: target}};
 };
 
 // ------------------------------------------------------------------ MiniWoB hooks
