@@ -2,7 +2,7 @@
 
 flywheel query "SELECT task_id, avg(success::INT) FROM episodes GROUP BY 1" [--format csv --out f.csv]
 flywheel query --at 12 "SELECT count(*) FROM episodes"      # the lake as of snapshot 12 (or a dataset id)
-flywheel lake stats | verify | compact | snapshots | schema | migrate OLD NEW
+flywheel lake stats | verify | compact | snapshots | schema | grounding | migrate OLD NEW
 """
 
 from __future__ import annotations
@@ -146,6 +146,41 @@ def lake_stats_cmd(
             str(len(s.partitions)),
             f"[red]{s.unreadable}[/red]" if s.unreadable else "0",
         )
+    console.print(table)
+
+
+@lake_app.command("grounding")
+def lake_grounding_cmd(
+    stage: Optional[str] = typer.Option(None, "--stage", help="Only episodes of this stage (evaluate, rollouts, ...)."),
+    iteration: Optional[int] = typer.Option(None, "--iteration", "-i", help="Only this iteration's episodes."),
+    run_key: Optional[str] = typer.Option(None, "--run-key", help="Only this run's episodes."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="Only this policy's episodes (student, scripted)."),
+    at: Optional[str] = typer.Option(None, "--at", help="The lake as of a snapshot, dataset, checkpoint or eval id."),
+    lake: Optional[str] = LAKE_OPT,
+    config: Optional[Path] = CONFIG_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+):
+    """Why clicks miss, per task: hit, absent (the cited element is not on the screen), off_target (it is, the
+    click is elsewhere), uncited; in all episodes and in the failed ones (flywheel/grounding.py)."""
+    from flywheel.grounding import CATEGORIES, grounding_table
+    from storage.catalog import connect
+
+    lk = open_lake(lake, config)
+    con = connect(lk, at=_snapshot_of(lk, at))
+    rows = grounding_table(con, stage=stage, iteration=iteration, run_key=run_key, policy=policy)
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        err_console.print("no click steps match")
+        return
+    table = Table(title="clicks: all episodes (failed episodes)", header_style="bold cyan")
+    table.add_column("task")
+    for c in ("clicks", *CATEGORIES):
+        table.add_column(c, justify="right")
+    for r in rows:
+        cells = [f"{r[c]} ({r['failed_' + c]})" for c in ("clicks", *CATEGORIES)]
+        table.add_row(r["task_id"], *cells)
     console.print(table)
 
 
