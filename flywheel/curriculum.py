@@ -130,6 +130,62 @@ def frontier_seeds(cfg: FlywheelConfig, success_rate: float) -> int:
     return max(min(full, cc.max_rollout_seeds), min(need, cc.max_rollout_seeds))
 
 
+def _bootstrap(d: Decision, cfg: FlywheelConfig, iteration: int, left: int | None) -> None:
+    """No student evidence yet: the bootstrap's demos (once: iteration 0, or a task with none spent)."""
+    want = cfg.bootstrap.selection.seeds_per_task if iteration == 0 or d.demos_spent == 0 else 0
+    d.teacher_demos = want if left is None else min(want, left)
+    d.decision, d.rollout_seeds, d.rl = "bootstrap", cfg.rollouts.selection.seeds_per_task, True
+    d.reason = "no student evidence yet" + (
+        f"; {d.teacher_demos} teacher demos" if d.teacher_demos else "; demos already in the lake"
+    )
+
+
+def _never_solved(
+    d: Decision, ev: Evidence, cfg: FlywheelConfig, budget: int | None, left: int | None, spent_teacher: int
+) -> None:
+    """Success 0: teacher top-up demos while the budget lasts, else the task is parked."""
+    top_up = cfg.curriculum.top_up_demos
+    want = top_up if left is None else min(top_up, left)
+    if want > 0:
+        of = f"its budget of {budget}" if budget is not None else "the lake's teacher budget"
+        d.decision, d.teacher_demos, d.rollout_seeds = "teacher", want, cfg.rollouts.selection.seeds_per_task
+        d.reason = f"student never solved it ({ev.n} episodes, {d.evidence}): {want} teacher demos" + (
+            "" if left is None else f", {left - want} left in {of}"
+        )
+        return
+    spent_out = budget is not None and budget - spent_teacher <= 0
+    d.decision = "park"
+    d.reason = (
+        f"student never solved it ({ev.n} episodes, {d.evidence}) and "
+        + (f"its teacher budget of {budget} demos" if spent_out else "the lake's teacher budget")
+        + " is spent: no rollouts or RL until it shows a success"
+    )
+
+
+def _frontier(d: Decision, ev: Evidence, cfg: FlywheelConfig) -> None:
+    """0 < success < solved: rollouts (sized by curriculum.target_successes) and RL go here."""
+    cc = cfg.curriculum
+    d.decision, d.rollout_seeds, d.rl = "train", frontier_seeds(cfg, ev.success_rate), True
+    d.reason = (
+        f"0 < success {ev.success_rate:.0%} < {cc.solved_threshold:.0%} ({d.evidence}): "
+        "its groups carry a signal, so rollouts and RL go here"
+    )
+    if cc.target_successes:
+        d.reason += (
+            f"; {d.rollout_seeds} seeds x {cfg.rollout_attempts()} attempts for ~{cc.target_successes} successes"
+        )
+
+
+def _solved(d: Decision, ev: Evidence, cfg: FlywheelConfig) -> None:
+    """Solved: a small check that it stays solved; no demos, no RL."""
+    cc = cfg.curriculum
+    d.decision, d.rollout_seeds = "check", min(cc.check_seeds, cfg.rollouts.selection.seeds_per_task)
+    d.reason = (
+        f"solved: success {ev.success_rate:.0%} >= {cc.solved_threshold:.0%} ({d.evidence}); "
+        f"a {d.rollout_seeds}-seed check, no demos, no RL"
+    )
+
+
 def decide(
     tasks: list[str],
     evidence: dict[str, Evidence],
@@ -145,61 +201,25 @@ def decide(
     in task order."""
     from flywheel.teacher_budget import limits
 
-    cc, budget = cfg.curriculum, limits(cfg).per_task
+    budget = limits(cfg).per_task
     teacher = spent if teacher is None else teacher
-    full_seeds = cfg.rollouts.selection.seeds_per_task
     out = []
     for task in tasks:
-        ev, used = evidence.get(task), spent.get(task, 0)
+        ev = evidence.get(task)
         left = None if budget is None else max(0, budget - teacher.get(task, 0))
         if pool is not None:
             left = pool if left is None else min(left, pool)
-        d = Decision(task, "", "", demos_spent=used)
-        if ev is not None:
-            d.success_rate, d.evidence, d.n_evidence = ev.success_rate, f"{ev.source} it{ev.iteration}", ev.n
+        d = Decision(task, "", "", demos_spent=spent.get(task, 0))
         if ev is None:
-            want = cfg.bootstrap.selection.seeds_per_task if iteration == 0 or used == 0 else 0
-            d.teacher_demos = want if left is None else min(want, left)
-            d.decision, d.rollout_seeds, d.rl = "bootstrap", full_seeds, True
-            d.reason = "no student evidence yet" + (
-                f"; {d.teacher_demos} teacher demos" if d.teacher_demos else "; demos already in the lake"
-            )
-        elif ev.success_rate <= 0.0:
-            want = cc.top_up_demos if left is None else min(cc.top_up_demos, left)
-            of = f"its budget of {budget}" if budget is not None else "the lake's teacher budget"
-            if want > 0:
-                d.decision, d.teacher_demos, d.rollout_seeds = "teacher", want, full_seeds
-                d.reason = f"student never solved it ({ev.n} episodes, {d.evidence}): {want} teacher demos" + (
-                    "" if left is None else f", {left - want} left in {of}"
-                )
-            else:
-                d.decision = "park"
-                d.reason = (
-                    f"student never solved it ({ev.n} episodes, {d.evidence}) and "
-                    + (
-                        f"its teacher budget of {budget} demos"
-                        if budget is not None and budget - teacher.get(task, 0) <= 0
-                        else "the lake's teacher budget"
-                    )
-                    + " is spent: no rollouts or RL until it shows a success"
-                )
-        elif ev.success_rate < cc.solved_threshold:
-            d.decision, d.rollout_seeds, d.rl = "train", frontier_seeds(cfg, ev.success_rate), True
-            d.reason = (
-                f"0 < success {ev.success_rate:.0%} < {cc.solved_threshold:.0%} ({d.evidence}): "
-                "its groups carry a signal, so rollouts and RL go here"
-            )
-            if cc.target_successes:
-                d.reason += (
-                    f"; {d.rollout_seeds} seeds x {cfg.rollout_attempts()} attempts for ~{cc.target_successes}"
-                    " successes"
-                )
+            _bootstrap(d, cfg, iteration, left)
         else:
-            d.decision, d.rollout_seeds = "check", min(cc.check_seeds, full_seeds)
-            d.reason = (
-                f"solved: success {ev.success_rate:.0%} >= {cc.solved_threshold:.0%} ({d.evidence}); "
-                f"a {d.rollout_seeds}-seed check, no demos, no RL"
-            )
+            d.success_rate, d.evidence, d.n_evidence = ev.success_rate, f"{ev.source} it{ev.iteration}", ev.n
+            if ev.success_rate <= 0.0:
+                _never_solved(d, ev, cfg, budget, left, teacher.get(task, 0))
+            elif ev.success_rate < cfg.curriculum.solved_threshold:
+                _frontier(d, ev, cfg)
+            else:
+                _solved(d, ev, cfg)
         if pool is not None:
             pool -= d.teacher_demos
         out.append(d)
