@@ -232,6 +232,35 @@ def curriculum(lake: Path) -> list[dict[str, Any]]:
     )
 
 
+def grounding(lake: Path, iteration: int | None = None) -> dict[str, dict[str, int]]:
+    """Held-out clicks of failed episodes by cause, per iteration's evaluation (flywheel/grounding.py): the cited
+    element absent from the screen, the click off it, or a hit that still failed."""
+    from flywheel.grounding import CATEGORIES, grounding_table
+    from storage.catalog import connect
+    from storage.lake import open_lake
+
+    con = connect(open_lake(lake, create=False))
+    try:
+        its = (
+            [iteration]
+            if iteration is not None
+            else [
+                r[0]
+                for r in con.execute(
+                    "SELECT DISTINCT iteration FROM episodes WHERE stage = 'evaluate' ORDER BY 1"
+                ).fetchall()
+            ]
+        )
+        out = {}
+        for it in its:
+            rows = [r for r in grounding_table(con, stage="evaluate", iteration=it) if r["task_id"] == "__all__"]
+            if rows:
+                out[str(it)] = {c: rows[0][f"failed_{c}"] for c in ("clicks", *CATEGORIES)}
+        return out
+    finally:
+        con.close()
+
+
 def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> dict[str, Any]:
     runs = {}
     for s in seeds:
@@ -250,6 +279,7 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
             "teacher_episodes_by_stage": teacher_episodes(lake) if lake.exists() else {},
             "base": base_skills(lake) if lake.exists() else None,
             "curriculum": curriculum(lake) if lake.exists() else [],
+            "failed_clicks": grounding(lake) if lake.exists() else {},
         }
         c = root / f"c{s}"
         if control and c.exists():
@@ -259,6 +289,7 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
                 "ci": cev.get(OVERALL, {}).get("ci"),
                 "per_task": {t: v["success"] for t, v in cev.items() if t != OVERALL},
                 "steps": training_steps(c)["total"],
+                "failed_clicks": grounding(c, 0).get("0"),
                 "dataset": dataset_growth(c).get("0"),
             }
         runs[str(s)] = run
