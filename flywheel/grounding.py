@@ -7,7 +7,8 @@ A reply's Action line cites the element it means (`Action: Click span "tellus" @
 agents/teacher_ctx.py) before the tool call that clicks. The step's UI text (screen px boxes, `steps.ui_text`)
 and its executed click (`steps.action`, screen px) say which of four things happened:
 
-- hit: the click landed inside the box of an element the line cites (tag and text as the UI text lists it);
+- hit: the click landed inside the box of an element the line cites (its tag and text as the UI text lists them;
+  a DOM id after the tag, `a#ui-id-2`, is not compared: a reply that garbles the id still names the element);
 - absent: no element on this screen has the cited tag and text (the model named something that is not there:
   a near-copy of the word, a word from the instruction, an element of another tab);
 - off_target: the cited element is on the screen but the click landed outside its box (the numbers were copied
@@ -57,7 +58,8 @@ def classify_click(action_desc: str | None, action: Any, ui_text: str | None) ->
     x, y = action.get("x"), action.get("y")
     if not isinstance(x, (int, float)) or not isinstance(y, (int, float)):
         return "uncited"
-    cited = [b for b in _boxes(ui_text) if b[0] == m["tag"] and b[1] == m["text"]]
+    tag = m["tag"].split("#", 1)[0]
+    cited = [b for b in _boxes(ui_text) if b[0].split("#", 1)[0] == tag and b[1] == m["text"]]
     if not cited:
         return "absent"
     inside = any(abs(x - cx) <= w / 2 + 0.5 and abs(y - cy) <= h / 2 + 0.5 for _, _, cx, cy, w, h in cited)

@@ -42,6 +42,8 @@ def click(x, y):
         ('Click span "velit" @ (744,781)', click(119.0, 164.0), "absent"),
         ('Click a "tellus" @ (744,781)', click(119.0, 164.0), "absent"),  # the tag is part of the citation
         ('Click a#ui-id-2 "Tab #2" @ (444,333)', click(71.0, 70.0), "hit"),
+        ('Click a#ui-id-1 "Tab #2" @ (444,333)', click(71.0, 70.0), "hit"),  # a garbled id still names the tab
+        ('Click a "Tab #2" @ (444,333)', click(27.0, 70.0), "off_target"),  # Tab #1's box
         ("Click the button", click(119.0, 164.0), "uncited"),
         ('Click span "tellus" @ (744,781)', {"action": "type", "text": "x"}, "uncited"),
         ('Click span "tellus" @ (744,781)', "not json", "uncited"),
