@@ -28,25 +28,20 @@ from collections import Counter, defaultdict
 from typing import Any
 
 CATEGORIES = ("hit", "absent", "off_target", "uncited")
-_CITE = re.compile(r'^Click (?P<tag>\S+)(?: "(?P<text>.*)")? @ \(-?\d+,-?\d+\)')
-_LINE = re.compile(
-    r'^(?P<tag>\S+)(?: "(?P<text>.*?)")? @ \((?P<x>-?[\d.]+),(?P<y>-?[\d.]+)\) \[(?P<w>[\d.]+)x(?P<h>[\d.]+)\]'
-)
+_CITE = re.compile(r"^Click (?P<name>.+?) @ \(-?\d+,-?\d+\)")
 
 
-def _boxes(ui_text: str | None) -> list[tuple[str, str | None, float, float, float, float]]:
-    """(tag, text, cx, cy, w, h) of every UI-text line (screen px; a label line `tag#id` keeps the id)."""
-    out = []
-    for line in (ui_text or "").splitlines():
-        m = _LINE.match(line)
-        if m:
-            out.append((m["tag"], m["text"], float(m["x"]), float(m["y"]), float(m["w"]), float(m["h"])))
-    return out
+def _element(name: str) -> str:
+    """A cited element as compared: `a#ui-id-2 "Tab #2"` -> `a "Tab #2"` (the DOM id dropped, the text kept)."""
+    head, sep, rest = name.partition(" ")
+    return head.split("#", 1)[0] + sep + rest
 
 
 def classify_click(action_desc: str | None, action: Any, ui_text: str | None) -> str:
     """One step: 'hit', 'absent', 'off_target' or 'uncited' (see the module doc). `action` is the step's
     executed action (a dict or its JSON, x/y in screen px)."""
+    from training.data import ui_boxes
+
     if isinstance(action, str):
         try:
             action = json.loads(action)
@@ -58,12 +53,11 @@ def classify_click(action_desc: str | None, action: Any, ui_text: str | None) ->
     x, y = action.get("x"), action.get("y")
     if not isinstance(x, (int, float)) or not isinstance(y, (int, float)):
         return "uncited"
-    tag = m["tag"].split("#", 1)[0]
-    cited = [b for b in _boxes(ui_text) if b[0].split("#", 1)[0] == tag and b[1] == m["text"]]
+    want = _element(m["name"])
+    cited = [b for b in ui_boxes(ui_text or "") if _element(b.cite.rsplit(" @ (", 1)[0]) == want]
     if not cited:
         return "absent"
-    inside = any(abs(x - cx) <= w / 2 + 0.5 and abs(y - cy) <= h / 2 + 0.5 for _, _, cx, cy, w, h in cited)
-    return "hit" if inside else "off_target"
+    return "hit" if any(b.holds(x, y, slack=0.5) for b in cited) else "off_target"
 
 
 GROUNDING_SQL = """

@@ -91,14 +91,19 @@ class UIBox(NamedTuple):
     w: int
     h: int
 
-    def holds(self, x: float, y: float) -> bool:
-        return abs(x - self.cx) <= self.w / 2 and abs(y - self.cy) <= self.h / 2
+    def holds(self, x: float, y: float, slack: float = 0.0) -> bool:
+        """(x, y) inside the box, widened by `slack` on each side (0.5: the rounding of a line's integers)."""
+        return abs(x - self.cx) <= self.w / 2 + slack and abs(y - self.cy) <= self.h / 2 + slack
+
+
+def ui_boxes(text: str) -> list[UIBox]:
+    """Every UI-text element box in `text` (UI-text lines, or a whole prompt), in order."""
+    return [UIBox(m["cite"].strip(), *(int(m[k]) for k in ("x", "y", "w", "h"))) for m in _UI_BOX.finditer(text)]
 
 
 def box_at(text: str, x: float, y: float) -> UIBox | None:
     """The smallest UI-text element box in `text` (UI-text lines, or a whole prompt) that holds (x, y), if any."""
-    boxes = (UIBox(m["cite"].strip(), *(int(m[k]) for k in ("x", "y", "w", "h"))) for m in _UI_BOX.finditer(text))
-    return min((b for b in boxes if b.holds(x, y)), key=lambda b: b.w * b.h, default=None)
+    return min((b for b in ui_boxes(text) if b.holds(x, y)), key=lambda b: b.w * b.h, default=None)
 
 
 def cite_what_it_did(step: dict[str, Any]) -> dict[str, Any]:
