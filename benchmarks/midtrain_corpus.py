@@ -31,8 +31,12 @@ def main() -> None:
     ap.add_argument("--kinds", nargs="+", default=None, help="synth/<kind> ids (default: midtrain.tasks)")
     ap.add_argument("--seed-offset", type=int, default=0, help="first train seed (a second corpus on other pages)")
     a = ap.parse_args()
-    over = {"lake.root": a.lake, "midtrain.enabled": True, "midtrain.episodes_per_task": a.pages,
-            "midtrain.seed_offset": a.seed_offset}
+    over = {
+        "lake.root": a.lake,
+        "midtrain.enabled": True,
+        "midtrain.episodes_per_task": a.pages,
+        "midtrain.seed_offset": a.seed_offset,
+    }
     if a.kinds:
         over["midtrain.tasks"] = a.kinds
     cfg = load_config(a.config, over)

@@ -19,6 +19,9 @@ _INTERACTIVE = frozenset({"button", "select", "textarea"})
 _SHAPES = frozenset({"circle", "rect", "polygon", "ellipse", "path", "line"})
 _TEXT_MAX = 80  # long enough for find-word paragraphs and table cells
 _RGBA = re.compile(r"rgba?\(([0-9.]+), ([0-9.]+), ([0-9.]+)(?:, ([0-9.]+))?\)")
+# Class tokens that mark the selected item of a group (the open tab): jQuery UI's tabs and the synthetic pages.
+# An accessibility tree says `selected` for these; the screenshot shows it only as styling.
+_SELECTED = frozenset({"active", "selected", "ui-tabs-active", "ui-state-active"})
 
 
 def _color(s: str | None) -> tuple[float, float, float, float]:
@@ -111,7 +114,11 @@ def _quote(s: str) -> str:
     return '"' + s.replace('"', "'") + '"'
 
 
-def element_line(e: dict[str, Any], scale: int = 1) -> str:
+def _classes_mark_selected(e: dict[str, Any] | None) -> bool:
+    return bool(e) and isinstance(e["classes"], str) and not _SELECTED.isdisjoint(e["classes"].split())
+
+
+def element_line(e: dict[str, Any], scale: int = 1, selected: bool = False) -> str:
     """One element as `tag#id "text" @ (cx,cy) [wxh] flags`, in screen px (CSS px * scale)."""
     tag = "text" if e["tag"] == "t" else e["tag"]
     label = f"{tag}#{e['id']}" if e["id"] else tag
@@ -129,6 +136,8 @@ def element_line(e: dict[str, Any], scale: int = 1) -> str:
     parts.append(f"@ ({round(cx)},{round(cy)}) [{round(e['width'] * scale)}x{round(e['height'] * scale)}]")
     if tag in ("input_checkbox", "input_radio"):
         parts.append("checked" if e["value"] else "unchecked")
+    if selected:
+        parts.append("selected")
     if e["focused"]:
         parts.append("focused")
     return " ".join(parts)
@@ -146,6 +155,15 @@ def visible(e: dict[str, Any], task_w: float, task_h: float) -> bool:
     )
 
 
+def selected(e: dict[str, Any], by_ref: dict[int, dict[str, Any]]) -> bool:
+    """The element is the selected one of its group: a selected-state class on it or on its parent (jQuery UI
+    marks the tab's <li>, the link inside it is what is shown)."""
+    return _classes_mark_selected(e) or _classes_mark_selected(by_ref.get(e["parent"]))
+
+
 def ui_text(elems: list[dict[str, Any]], scale: int = 1, task_w: float = 160, task_h: float = 210) -> str:
     """The compact text view: one shown, visible element per line, in document order."""
-    return "\n".join(element_line(e, scale) for e in elems[1:] if _shown(e) and visible(e, task_w, task_h))
+    by_ref = {e["ref"]: e for e in elems}
+    return "\n".join(
+        element_line(e, scale, selected(e, by_ref)) for e in elems[1:] if _shown(e) and visible(e, task_w, task_h)
+    )

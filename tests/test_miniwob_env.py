@@ -15,7 +15,7 @@ from agents.actions import Click, Done, Drag, Fail, Key, RightClick, Type, Wait
 from envs import registry
 from envs.base import EnvError
 
-BOX_LINE = re.compile(r'^\S+( ".*")? @ \(-?\d+,-?\d+\) \[\d+x\d+\]( (checked|unchecked|focused))*$')
+BOX_LINE = re.compile(r'^\S+( ".*")? @ \(-?\d+,-?\d+\) \[\d+x\d+\]( (checked|unchecked|selected|focused))*$')
 
 
 def centre(obs, **match) -> tuple[float, float]:
