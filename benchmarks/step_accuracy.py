@@ -57,8 +57,10 @@ def evaluate(
     max_new_tokens: int,
     show: int = 0,
     rights: list[bool] | None = None,
+    replies: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Greedy replies of `model` to `rows`, judged; `rights`, when given, gets each row's verdict in order."""
+    """Greedy replies of `model` to `rows`, judged; `rights` and `replies`, when given, get each row's verdict and
+    reply text in order."""
     from agents.backends.base import Sampling
     from agents.backends.hf import HFBackend
     from agents.prompts import Prompt
@@ -84,6 +86,8 @@ def evaluate(
             parse_fail += not parsed
             if rights is not None:
                 rights.append(right)
+            if replies is not None:
+                replies.append(g.text)
             for key in (r["task_id"], f"skill:{skill}", "all"):
                 t = tally.setdefault(key, {"right": [0, 0]})
                 t["right"][0] += right
