@@ -155,7 +155,7 @@ def visible(e: dict[str, Any], task_w: float, task_h: float) -> bool:
     )
 
 
-def selected(e: dict[str, Any], by_ref: dict[int, dict[str, Any]]) -> bool:
+def is_selected(e: dict[str, Any], by_ref: dict[int, dict[str, Any]]) -> bool:
     """The element is the selected one of its group: a selected-state class on it or on its parent (jQuery UI
     marks the tab's <li>, the link inside it is what is shown)."""
     return _classes_mark_selected(e) or _classes_mark_selected(by_ref.get(e["parent"]))
@@ -165,5 +165,5 @@ def ui_text(elems: list[dict[str, Any]], scale: int = 1, task_w: float = 160, ta
     """The compact text view: one shown, visible element per line, in document order."""
     by_ref = {e["ref"]: e for e in elems}
     return "\n".join(
-        element_line(e, scale, selected(e, by_ref)) for e in elems[1:] if _shown(e) and visible(e, task_w, task_h)
+        element_line(e, scale, is_selected(e, by_ref)) for e in elems[1:] if _shown(e) and visible(e, task_w, task_h)
     )
