@@ -7,7 +7,8 @@
 # tar into carry-sized data.tar.NN parts and copy them to /tmp/data on the warm box over several calls, then run this.
 # Per base (b3r = A+B, b4 = A+B+C; 2,800 steps each, in parallel; S3=<steps> adds b4l): the held-out synth proxy
 # (skills_*.json), then M1's recipe (mix_ablation control_task, 360 steps, seeds 0-2: m1_*.json), and the LM weights
-# of each M1 model xz'd into /tmp/keep for later calls to bring back.
+# of each M1 model and the init's vision tower xz'd into /tmp/keep (benchmarks/keep_weights.py) for later calls to
+# bring back.
 exec > >(tee -a $OUT/log) 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2
 cd /tmp/data && cat data.tar.* | tar xf - && ls -la /tmp/data && cd - >/dev/null || exit 1
@@ -47,22 +48,10 @@ json.dump(score(rows, rights), open('$OUT/skills_$1.json', 'w'), indent=1)
   timeout 200 python3 benchmarks/mix_ablation.py --train /tmp/data/teach.parquet --held /tmp/data/held.parquet --base /tmp/$1 \
     --variants control_task --seeds 0,1,2 --parallel 3 --steps ${MSTEPS:-360} ${HELDMAX:+--held-max $HELDMAX} --work /tmp/mix_$1 --out $OUT/m1_$1.json > /dev/null 2>/tmp/$1.mix.log
   echo "$1 m1 rc=$? at $(( $(date +%s) - t0 )) s"
-  python3 - $1 <<'PY'
-import lzma, os, sys
-from safetensors.torch import load_file, save_file
-name = sys.argv[1]
-os.makedirs("/tmp/keep", exist_ok=True)
-for seed in (0, 1, 2):
-    p = f"/tmp/mix_{name}/control_task-{seed}/model/model.safetensors"
-    if not os.path.exists(p):
-        continue
-    sd = load_file(p)
-    save_file({k: v.bfloat16() for k, v in sd.items() if "visual" not in k}, f"/tmp/{name}-{seed}.lm.safetensors")
-    blob = lzma.compress(open(f"/tmp/{name}-{seed}.lm.safetensors", "rb").read(), preset=6)
-    for i in range(0, len(blob), 15 << 20):
-        open(f"/tmp/keep/{name}-{seed}.lm.xz.{i // (15 << 20)}", "wb").write(blob[i : i + (15 << 20)])
-    print("kept", name, seed, len(blob))
-PY
+  for seed in 0 1 2; do
+    m=/tmp/mix_$1/control_task-$seed/model/model.safetensors
+    [ -f $m ] && python3 benchmarks/keep_weights.py $m /tmp/keep/$1-$seed.lm --bf16
+  done
 }
 chain b3r /tmp/AB.parquet ${S1:-2800} &
 P1=$!
@@ -70,16 +59,6 @@ chain b4 /tmp/ABC.parquet ${S2:-2800} &
 P2=$!
 if [ -n "$S3" ]; then chain b4l /tmp/ABC.parquet $S3 & P3=$!; fi
 wait $P1 $P2 ${P3:-}
-python3 - <<'PY'
-import lzma
-from safetensors.torch import load_file, save_file
-sd = load_file("/tmp/m_small/model.safetensors")
-save_file({k: v for k, v in sd.items() if "visual" in k}, "/tmp/visual.safetensors")
-blob = lzma.compress(open("/tmp/visual.safetensors", "rb").read(), preset=6)
-for i in range(0, len(blob), 15 << 20):
-    open(f"/tmp/keep/visual.xz.{i // (15 << 20)}", "wb").write(blob[i : i + (15 << 20)])
-print("visual", len(blob))
-PY
-mkdir -p $OUT/msmall && cp /tmp/m_small/*.json $OUT/msmall/ 2>/dev/null
+python3 benchmarks/keep_weights.py /tmp/m_small/model.safetensors /tmp/keep/visual --part visual
 cp /tmp/keep/visual.xz.* /tmp/keep/b4-0.lm.xz.* $OUT/ 2>/dev/null
 ls -la /tmp/keep $OUT

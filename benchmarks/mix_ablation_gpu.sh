@@ -18,21 +18,17 @@ with lzma.open('/tmp/base/model.safetensors.xz') as src, open('/tmp/base/model.s
     shutil.copyfileobj(src, dst, 1 << 22)" && rm /tmp/base/model.safetensors.xz || exit 1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 cat > /tmp/keep.py <<'PY'
-import json, lzma, os, sys
-from safetensors.torch import load_file, save_file
+import json, os, sys
+sys.path.insert(0, "benchmarks")
+from keep_weights import pack
 runs = [json.loads(x) for x in open(os.environ["OUT"] + "/runs.jsonl") if x.strip()]
 runs = [r for r in runs if "error" not in r and r["seed"] == int(sys.argv[1])]
 control = os.environ.get("CONTROL", "control")
 best = max((r for r in runs if r["variant"] != control), key=lambda r: r["macro_episode"])
 for r in [x for x in runs if x["variant"] == control] + [best]:
     name = f"{r['variant']}-{r['seed']}"
-    sd = load_file(f"/tmp/mix/{name}/model/model.safetensors")
-    save_file({k: v for k, v in sd.items() if "visual" not in k}, f"/tmp/{name}.lm.safetensors")
-    with open(f"/tmp/{name}.lm.safetensors", "rb") as f:
-        blob = lzma.compress(f.read(), preset=6)
-    for i in range(0, len(blob), 15 << 20):
-        open(f"{os.environ['OUT']}/{name}.lm.xz.{i // (15 << 20)}", "wb").write(blob[i : i + (15 << 20)])
-    print("kept", name, len(blob))
+    size = pack(f"/tmp/mix/{name}/model/model.safetensors", f"{os.environ['OUT']}/{name}.lm", preset=6)
+    print("kept", name, size)
 PY
 first=1
 SEEDS=${SEEDS:-0,1}
