@@ -182,6 +182,34 @@ def test_search_needs_the_exact_link_and_any_tab(env):
 
 
 @pytest.mark.browser
+def test_search_in_running_text_puts_the_word_where_it_is_not_a_link(env):
+    """Half the search pages are paragraphs with inline links. The target word may stand in the open tab's text as
+    a plain word: clicking it does nothing, and the teacher opens other tabs until the word is a link."""
+    prose, trap = 0, None
+    for seed in range(40):
+        obs = env.reset("synth/search", seed)
+        if not any("prose" in e["classes"].split() for e in obs.extra["dom_elements"]):
+            continue
+        prose += 1
+        target = dict(obs.extra["fields"])["target"]
+        words = [
+            e
+            for e in obs.extra["dom_elements"]
+            if e["tag"] == "t" and e["width"] > 0 and target in norm(e["text"]).split(" ")
+        ]
+        if words and target not in [norm(e["text"]) for e in shown_links(obs)] and trap is None:
+            trap = (seed, words[0])
+            assert re.search(rf'^text ".*{re.escape(target)}.*" @ \(', obs.ui_text, re.M), obs.ui_text
+    assert 10 <= prose <= 30, prose
+    assert trap, "no page with the target as plain text on the open tab"
+    seed, word = trap
+    env.reset("synth/search", seed)
+    assert not env.step(click_on(word)).done  # plain text is not the link
+    reward, decisions, _ = run_teacher(env, "synth/search", seed)
+    assert reward == 1.0 and len(decisions) >= 2, [d.action_desc for d in decisions]
+
+
+@pytest.mark.browser
 def test_switch_between_miniwob_and_synth(env):
     a = env.reset("click-test", 1)
     assert a.extra["task_id"] == "click-test" and a.instruction == "Click the button."

@@ -19,7 +19,9 @@ Kinds (the page says which fields `core.getUtterance()` returns; the teacher rea
     option  Select "Pelu" and press Submit. / Check "a" and "b", then press Go.    widget, target_i, button
     tabs    Open the "Vemu" tab and click the link "rano 7".                   tab, target
     search  Find the link "rano 7" on one of the tabs and click it.           target
-            (any tab starts active; one or two near-copies such as "rano 1" or "ramo 7" sit on the tabs)
+            (any tab starts active; one or two near-copies such as "rano 1" or "ramo 7" sit on the tabs;
+            half the pages are paragraphs with inline links, where the target word may stand as plain
+            text on a tab, most often the open one, while its link is on another)
 Success is raw reward +1 (the target clicked; the named fields hold exactly the quoted text, the other
 fields empty, when the named button is pressed; exactly the named options selected). Pressing a button
 or link the instruction did not name, or pressing the button with wrong field contents, ends the
@@ -39,6 +41,8 @@ Why this corpus cannot leak a scored MiniWoB task's solution:
   episode plumbing every MiniWoB page shares (seeding, timer, DOM snapshot, endEpisode);
 - labels, names and values are generated strings (a short list of common button verbs is the only fixed
   vocabulary), so no MiniWoB utterance or answer string is a target here except by chance;
+- search's paragraphs are generated syllable words with some of them links (`a`), a layout any wiki page
+  has; no MiniWoB text (its lorem ipsum), template or instruction wording is used;
 - the ids `synth/<kind>` are disjoint from MiniWoB's task ids (which never contain "/"), so a synth
   episode can never be scored, curated or split as a MiniWoB task, and the seed splits are per task id;
 - a solution is instance-specific: coordinates and labels of a randomly laid-out synthetic page. What

@@ -464,6 +464,7 @@ SYN.nearCopy = function (S, s) {
 // (L's own included), and one or two near-copies of L (one character off) sit on other tabs, sometimes on L's
 // own: the page rewards only reading each tab's links exactly and moving on when L is not among them.
 SYN.kinds.search = function (S, shrink) {
+  if (shrink < 6 && SYN.chance(0.5)) return SYN.proseSearch(S, shrink);
   var nt = Math.max(2, SYN.r(2, 4) - (shrink > 3 ? 1 : 0)), links = [], i, j;
   var ti = core.randi(0, nt), start = core.randi(0, nt);
   var tabs = [], target = S.fresh(SYN.label);
@@ -485,6 +486,65 @@ SYN.kinds.search = function (S, shrink) {
                       'Look through the tabs for the link {l}, then click it.', 'Click the link {l}; it may be on another tab.']);
   return {nodes: [], layout: SYN.tabPage(tabs, links, start), utterance: SYN.fmt(tpl, {l: SYN.q(target)}),
           fields: {kind: 'search', target: target}};
+};
+
+// A word of running text: lower or capitalised, sometimes with a trailing comma or full stop.
+SYN.proseWord = function () {
+  var w = SYN.word(1, 3), u = Math.random();
+  if (SYN.chance(0.3)) w = SYN.cap(w);
+  return u < 0.15 ? w + '.' : u < 0.25 ? w + ',' : w;
+};
+// One paragraph of items ({text} or {link, target}): consecutive words share one text node, links sit inline.
+SYN.prose = function (items) {
+  var p = document.createElement('div'), run = '';
+  p.className = 'syn prose';
+  p.style.whiteSpace = 'normal';
+  p.style.width = SYN.r(90, 140) + 'px';
+  p.style.fontSize = SYN.r(10, 12) + 'px';
+  var flush = function () { if (run) p.appendChild(document.createTextNode(run)); run = ''; };
+  items.forEach(function (it, m) {
+    if (m) run += ' ';
+    if (it.text !== undefined) { run += it.text; return; }
+    flush();
+    var a = SYN.tabLink(it.link, !!it.target);
+    a.style.fontSize = 'inherit';
+    p.appendChild(a);
+  });
+  flush();
+  return p;
+};
+SYN.insertAt = function (a, x) { a.splice(core.randi(0, a.length + 1), 0, x); };
+// Search in running text: each tab holds a paragraph in which some words are links. The target word L is a link
+// on one tab; on another (most often the one that starts open) L may stand in the text as a plain word, and
+// near-copies of L may be links: only a link whose text is exactly L counts, so the reader checks both the text
+// and that it is a link before clicking, and opens the next tab otherwise.
+SYN.proseSearch = function (S, shrink) {
+  var nt = SYN.r(2, shrink > 2 ? 3 : 4), ti = core.randi(0, nt), start = core.randi(0, nt), i, j;
+  var target = S.fresh(SYN.proseWord), tabs = [], items = [];
+  var plain = function () {
+    for (var t = 0; t < 20; t++) {
+      var w = SYN.proseWord();
+      if (w.toLowerCase() !== target.toLowerCase()) return w;
+    }
+    return 'et';
+  };
+  for (i = 0; i < nt; i++) {
+    tabs.push(SYN.tabEl(S));
+    var its = [], n = Math.max(6, SYN.r(10, 22) - 2 * shrink);
+    for (j = 0; j < n; j++) its.push(SYN.chance(0.25) ? {link: S.fresh(SYN.proseWord)} : {text: plain()});
+    items.push(its);
+  }
+  SYN.insertAt(items[ti], {link: target, target: true});
+  var other = function () { return (ti + SYN.r(1, nt - 1)) % nt; };
+  if (SYN.chance(0.7)) SYN.insertAt(items[start !== ti && SYN.chance(0.7) ? start : other()], {text: target});
+  for (i = SYN.r(0, 2); i > 0; i--) {
+    var near = SYN.nearCopy(S, target);
+    if (near) SYN.insertAt(items[SYN.chance(0.3) ? ti : other()], {link: near});
+  }
+  var tpl = SYN.pick(['Find the link {l} on one of the tabs and click it.', 'The link {l} is on one of the tabs: click it.',
+                      'Look through the tabs for the link {l}, then click it.', 'Click the link {l}; it may be on another tab.']);
+  return {nodes: [], layout: SYN.tabPage(tabs, items.map(function (its) { return [SYN.prose(its)]; }), start),
+          utterance: SYN.fmt(tpl, {l: SYN.q(target)}), fields: {kind: 'search', target: target}};
 };
 
 // ------------------------------------------------------------------ MiniWoB hooks
