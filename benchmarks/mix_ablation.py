@@ -5,6 +5,8 @@
     .venv/bin/python benchmarks/mix_ablation.py --train A/_datasets/<id>/train.parquet \
         --held B/_datasets/<id>/train.parquet --base DIR --out abl.json \
         [--variants control,control_task,all,task,task_half,answer] [--seeds 0,1] [--steps 360] [--parallel 4]
+    # the same, with mid-training rows replayed: `+rNN` puts NN% of the rows from --replay into a variant's mix
+    ... --variants control_task,control_task+r50 --replay MIDTRAIN/train.parquet --synth-held HELD_SYNTH.parquet
 
 Every variant trains the same base for the same optimizer steps (equal compute) on another mix of the same rows. A
 mix is materialised by repeating rows, so the trainer's shuffle samples them by weight:
@@ -15,12 +17,15 @@ mix is materialised by repeating rows, so the trainer's shuffle samples them by 
 - task: teacher + student, each task the same total weight;
 - task_half: each task the same weight, half of it teacher and half student (all teacher where the student has
   no success);
+- `<variant>+rNN`: the variant's rows plus rows drawn from --replay (the mid-training corpus) so that they are NN% of
+  the mix: replay against forgetting the base's skills while the SFT fits a few tasks' demos.
 - answer: task_half with the student's half spread evenly over the answers its successes reach (the final
   element of the Action line), so a bias of the student (always "Tab #1") is not taught back to it.
 
 Held-out score: greedy replies to the held-out teacher demos, judged as in benchmarks/step_accuracy.py, per task;
 `macro` is the mean over tasks and `episode` counts an episode right when every step is (the teacher-forced proxy
-of success). Runs anywhere `python -m training.sft` runs (the GPU box: no browser needed). Prints JSON.
+of success). --synth-held scores held-out mid-training pages the same way (what the SFT kept of the base's
+skills). Runs anywhere `python -m training.sft` runs (the GPU box: no browser needed). Prints JSON.
 """
 
 from __future__ import annotations
@@ -107,6 +112,27 @@ def mix(rows: list[dict[str, Any]], variant: str, seed: int) -> list[dict[str, A
     return out
 
 
+def split_variant(v: str) -> tuple[str, float]:
+    """'control_task+r50' -> ('control_task', 0.5); a bare name replays nothing."""
+    name, _, share = v.partition("+r")
+    if name not in VARIANTS or (share and not (share.isdigit() and 0 < int(share) < 100)):
+        raise ValueError(f"unknown variant {v!r}: one of {', '.join(VARIANTS)}, optionally +rNN with 0 < NN < 100")
+    return name, int(share) / 100 if share else 0.0
+
+
+def with_replay(rows: list[dict], replay: list[dict], share: float, seed: int, columns: list[str]) -> list[dict]:
+    """`rows` plus rows of `replay` (shaped to `columns`) making up `share` of the result, shuffled."""
+    if share <= 0:
+        return rows
+    if not replay:
+        raise ValueError("a +rNN variant needs --replay rows")
+    rng = random.Random(seed + 1)
+    n = round(len(rows) * share / (1 - share))
+    out = rows + [{c: r.get(c) for c in columns} for r in _fill(replay, n, rng)]
+    rng.shuffle(out)
+    return out
+
+
 def score(held: list[dict[str, Any]], rights: list[bool]) -> dict[str, Any]:
     step: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     ep: dict[tuple[str, str], bool] = {}
@@ -135,7 +161,12 @@ def job(a: argparse.Namespace, variant: str, seed: int) -> dict[str, Any]:
     from step_accuracy import evaluate
 
     table = pq.read_table(a.train)
-    rows = mix(table.to_pylist(), variant, seed)
+    name, share = split_variant(variant)
+    rows = mix(table.to_pylist(), name, seed)
+    teacher = sum(_is_teacher(r) for r in rows)
+    student = len(rows) - teacher
+    replay = pq.read_table(a.replay).to_pylist() if share else []
+    rows = with_replay(rows, replay, share, seed, table.schema.names)
     work = Path(a.work) / f"{variant}-{seed}"
     work.mkdir(parents=True, exist_ok=True)
     data = work / "train.parquet"
@@ -159,15 +190,22 @@ def job(a: argparse.Namespace, variant: str, seed: int) -> dict[str, Any]:
     held = pq.read_table(a.held).to_pylist()[: a.held_max]
     rights: list[bool] = []
     evaluate(str(work / "model"), held, a.eval_batch, a.max_new_tokens, rights=rights)
-    teacher = sum(_is_teacher(r) for r in rows)
+    synth: dict[str, Any] = {}
+    if a.synth_held:
+        synth_rows = pq.read_table(a.synth_held).to_pylist()
+        synth_rights: list[bool] = []
+        evaluate(str(work / "model"), synth_rows, a.eval_batch, a.max_new_tokens, rights=synth_rights)
+        synth = {"synth": score(synth_rows, synth_rights)}
     return {
         "variant": variant,
         "seed": seed,
         "rows": len(rows),
-        "student_share": round(1 - teacher / max(len(rows), 1), 4),
+        "student_share": round(student / max(len(rows), 1), 4),
+        "replay_share": round(1 - (teacher + student) / max(len(rows), 1), 4),
         "train_s": round(train_s, 1),
         "final_loss": json.loads((work / "model" / "sft_result.json").read_text()).get("final_loss"),
         **score(held, rights),
+        **synth,
     }
 
 
@@ -185,6 +223,8 @@ def main() -> None:
     ap.add_argument("--targets", default="action", choices=("full", "action", "tool_call"), help="sft.targets")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="reply budget when scoring (full: the thought too)")
     ap.add_argument("--held-max", type=int, default=None, help="score only the first N held-out rows (a smoke run)")
+    ap.add_argument("--replay", default=None, help="mid-training export whose rows +rNN variants mix in")
+    ap.add_argument("--synth-held", default=None, help="held-out mid-training export, scored too (skills kept)")
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--work", default="/tmp/mix_ablation")
     ap.add_argument("--out", default=None)
@@ -196,8 +236,11 @@ def main() -> None:
         print(json.dumps(job(a, variant, int(seed))))
         return
     for v in a.variants.split(","):
-        if v not in VARIANTS:
-            ap.error(f"--variants: unknown {v!r} (one of {', '.join(VARIANTS)})")
+        try:
+            if split_variant(v)[1] and not a.replay:
+                ap.error(f"--variants: {v} replays mid-training rows: pass --replay")
+        except ValueError as e:
+            ap.error(f"--variants: {e}")
     jobs = [(v, int(s)) for s in a.seeds.split(",") for v in a.variants.split(",")]
 
     def child(vs: tuple[str, int]) -> dict[str, Any]:
@@ -219,8 +262,11 @@ def main() -> None:
         ok = [r for r in runs if r["variant"] == v and "error" not in r]
         if ok:
             summary[v] = {
-                k: round(sum(r[k] for r in ok) / len(ok), 4) for k in ("macro_step", "macro_episode", "student_share")
+                k: round(sum(r[k] for r in ok) / len(ok), 4)
+                for k in ("macro_step", "macro_episode", "student_share", "replay_share")
             }
+            if all("synth" in r for r in ok):
+                summary[v]["synth_macro_episode"] = round(sum(r["synth"]["macro_episode"] for r in ok) / len(ok), 4)
             summary[v]["episode"] = {t: round(sum(r["episode"][t] for r in ok) / len(ok), 4) for t in ok[0]["episode"]}
     out = {"benchmark": "mix_ablation", "settings": vars(a), "summary": summary, "runs": runs}
     text = json.dumps(out, indent=1)
