@@ -210,6 +210,24 @@ def test_search_in_running_text_puts_the_word_where_it_is_not_a_link(env):
 
 
 @pytest.mark.browser
+def test_series_pages_label_everything_alike_but_the_number(env):
+    """A quarter of click, tabs and search pages draw every label from one numbered series ("Ko #12", "Ko #11"):
+    the target differs from its neighbours only in its digits, and the teacher still picks it exactly."""
+    series = {}
+    for kind in ("synth/click", "synth/tabs"):
+        for seed in range(24):
+            obs = env.reset(kind, seed)
+            labels = re.findall(r'^(?:button|a|div)\S* "([^"]+)"', obs.ui_text, re.M)
+            parts = [re.fullmatch(r"(\w+)( #| |-)(\d+)", x) for x in labels]
+            if len(labels) >= 3 and all(parts) and len({(m.group(1), m.group(2)) for m in parts}) == 1:
+                series.setdefault(kind, seed)
+    assert set(series) == {"synth/click", "synth/tabs"}, series
+    reward, decisions, _ = run_teacher(env, "synth/click", series["synth/click"])
+    target = dict(env.reset("synth/click", series["synth/click"]).extra["fields"])["target"]
+    assert reward == 1.0 and f'"{target}"' in decisions[-1].action_desc
+
+
+@pytest.mark.browser
 def test_switch_between_miniwob_and_synth(env):
     a = env.reset("click-test", 1)
     assert a.extra["task_id"] == "click-test" and a.instruction == "Click the button."

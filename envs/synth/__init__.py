@@ -32,7 +32,9 @@ text inputs with DOM ids derived from their field names, e.g. `input_text#city`,
 labels, tabs) are scattered at uniform random positions over the 160x160 area with overlaps rejected
 (getBoundingClientRect), or, a quarter of the time, flowed in wrapping rows at a random height and
 alignment. Labels, field names and values come from a seeded generator (syllable words, mixed-case
-letter strings, letters+digits, numbers, two-word labels), unique on a page. All randomness is
+letter strings, letters+digits, numbers, two-word labels), unique on a page. A quarter of the click, tabs
+and search pages draw every label from one numbered series ("Ko #12", "Ko #11", "Ko #5"), so the target
+differs from its neighbours only in its digits. All randomness is
 Math.random after the env's Math.seedrandom(seed): the same seed gives the same page, pixel for pixel.
 
 Why this corpus cannot leak a scored MiniWoB task's solution:

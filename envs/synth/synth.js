@@ -67,6 +67,14 @@ SYN.label = function () {
   if (u < 0.92) return SYN.alnum(3, 5);
   return SYN.number();
 };
+// A numbered series: one short generated prefix, a separator, then numbers ("Vo 3", "Kra #12", "Ti-7"). On a page in
+// series mode every visible label is drawn from it, so labels differ only in their numbers and matching the
+// instruction's label means reading each one to the last character (click, tabs and search pages, a quarter of them).
+SYN.series = function () {
+  var pre = SYN.cap(SYN.word(1, 1)).slice(0, 4), sep = SYN.pick([' ', ' #', '-', ' ']), hi = SYN.pick([30, 99]);
+  return function () { return pre + sep + SYN.r(1, hi); };
+};
+SYN.SERIES_KINDS = {click: 1, tabs: 1, search: 1};
 // A value to type.
 SYN.value = function () {
   var u = Math.random();
@@ -84,12 +92,16 @@ SYN.fieldName = function () {
 SYN.fieldId = function (name) { return name.toLowerCase().replace(/[^a-z0-9]+/g, '_').replace(/^_+|_+$/g, ''); };
 
 // Per-problem state: labels already on the page (case-insensitive), button verbs used bare.
-SYN.State = function () { this.used = {}; this.verb = {}; };
+SYN.State = function () { this.used = {}; this.verb = {}; this.series = null; };
 SYN.State.prototype.fresh = function (gen, maxLen) {
   maxLen = maxLen || 12;
-  for (var i = 0; i < 200; i++) {
-    var s = gen(), k = s.toLowerCase();
-    if (s.length >= 2 && s.length <= maxLen && !this.used[k]) { this.used[k] = 1; return s; }
+  // a page in series mode draws its labels from the series first, then from gen once the series runs dry
+  var gens = this.series && (gen === SYN.label || gen === SYN.tabLabel) ? [this.series, gen] : [gen];
+  for (var g = 0; g < gens.length; g++) {
+    for (var i = 0; i < 200; i++) {
+      var s = gens[g](), k = s.toLowerCase();
+      if (s.length >= 2 && s.length <= maxLen && !this.used[k]) { this.used[k] = 1; return s; }
+    }
   }
   throw new Error('synth: no fresh label');
 };
@@ -400,8 +412,9 @@ SYN.tabPage = function (tabs, links, start) {
     return true;
   };
 };
+SYN.tabLabel = function () { return SYN.chance(0.6) ? SYN.cap(SYN.word(1, 2)) : SYN.label(); };
 SYN.tabEl = function (S) {
-  var tl = S.fresh(function () { return SYN.chance(0.6) ? SYN.cap(SYN.word(1, 2)) : SYN.label(); }, 8);
+  var tl = S.fresh(SYN.tabLabel, 8);
   var tab = SYN.el('div', tl, 'tab');
   tab.label = tl;
   return tab;
@@ -553,7 +566,9 @@ var genProblem = function () {
   // One stream per (seed, kind): without this, seed s draws the same words in every kind.
   Math.seedrandom(Math.random().toFixed(12) + '/' + SYNTH_KIND);
   for (var shrink = 0; shrink < 12; shrink++) {
-    var S = new SYN.State(), p = SYN.kinds[SYNTH_KIND](S, shrink);
+    var S = new SYN.State();
+    if (SYN.SERIES_KINDS[SYNTH_KIND] && SYN.chance(0.25)) S.series = SYN.series();
+    var p = SYN.kinds[SYNTH_KIND](S, shrink);
     var ok = p.layout ? p.layout(area) : SYN.layout(area, p.nodes);
     if (ok) {
       query.textContent = p.utterance;
