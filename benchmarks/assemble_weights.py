@@ -26,10 +26,10 @@ def unpack(prefix: str) -> dict:
     """The tensors of PREFIX.xz.0, PREFIX.xz.1, ... (joined in numeric order, xz-decompressed)."""
     from safetensors.torch import load
 
-    parts = sorted(glob.glob(f"{glob.escape(prefix)}.xz.*"), key=lambda p: int(p.rsplit(".", 1)[1]))
-    if not parts:
+    numbered = sorted((int(p.rsplit(".", 1)[1]), p) for p in glob.glob(f"{glob.escape(prefix)}.xz.*"))
+    if not numbered:
         raise SystemExit(f"no parts {prefix}.xz.N")
-    numbers = [int(q.rsplit(".", 1)[1]) for q in parts]
+    numbers, parts = [n for n, _ in numbered], [p for _, p in numbered]
     if numbers != list(range(len(parts))):
         raise SystemExit(f"{prefix}.xz.N: parts {numbers}, expected 0..{len(parts) - 1} with none missing")
     try:

@@ -17,10 +17,10 @@ mix is materialised by repeating rows, so the trainer's shuffle samples them by 
 - task: teacher + student, each task the same total weight;
 - task_half: each task the same weight, half of it teacher and half student (all teacher where the student has
   no success);
-- `<variant>+rNN`: the variant's rows plus rows drawn from --replay (the mid-training corpus) so that they are NN% of
-  the mix: replay against forgetting the base's skills while the SFT fits a few tasks' demos.
 - answer: task_half with the student's half spread evenly over the answers its successes reach (the final
   element of the Action line), so a bias of the student (always "Tab #1") is not taught back to it.
+- `<variant>+rNN`: the variant's rows plus rows drawn from --replay (the mid-training corpus) so that they are NN% of
+  the mix: replay against forgetting the base's skills while the SFT fits a few tasks' demos.
 
 Held-out score: greedy replies to the held-out teacher demos, judged as in benchmarks/step_accuracy.py, per task;
 `macro` is the mean over tasks and `episode` counts an episode right when every step is (the teacher-forced proxy

@@ -476,6 +476,8 @@ SYN.nearCopy = function (S, s) {
 // Search: the link L is on one of the tabs, and the instruction does not say which. Any tab may start active
 // (L's own included), and one or two near-copies of L (one character off) sit on other tabs, sometimes on L's
 // own: the page rewards only reading each tab's links exactly and moving on when L is not among them.
+SYN.SEARCH_TEMPLATES = ['Find the link {l} on one of the tabs and click it.', 'The link {l} is on one of the tabs: click it.',
+                        'Look through the tabs for the link {l}, then click it.', 'Click the link {l}; it may be on another tab.'];
 SYN.kinds.search = function (S, shrink) {
   if (shrink < 6 && SYN.chance(0.5)) return SYN.proseSearch(S, shrink);
   var nt = Math.max(2, SYN.r(2, 4) - (shrink > 3 ? 1 : 0)), links = [], i, j;
@@ -495,8 +497,7 @@ SYN.kinds.search = function (S, shrink) {
     var k = SYN.chance(0.3) ? ti : (ti + SYN.r(1, nt - 1)) % nt;
     links[k].push(SYN.tabLink(near, false));
   }
-  var tpl = SYN.pick(['Find the link {l} on one of the tabs and click it.', 'The link {l} is on one of the tabs: click it.',
-                      'Look through the tabs for the link {l}, then click it.', 'Click the link {l}; it may be on another tab.']);
+  var tpl = SYN.pick(SYN.SEARCH_TEMPLATES);
   return {nodes: [], layout: SYN.tabPage(tabs, links, start), utterance: SYN.fmt(tpl, {l: SYN.q(target)}),
           fields: {kind: 'search', target: target}};
 };
@@ -554,8 +555,7 @@ SYN.proseSearch = function (S, shrink) {
     var near = SYN.nearCopy(S, target);
     if (near) SYN.insertAt(items[SYN.chance(0.3) ? ti : other()], {link: near});
   }
-  var tpl = SYN.pick(['Find the link {l} on one of the tabs and click it.', 'The link {l} is on one of the tabs: click it.',
-                      'Look through the tabs for the link {l}, then click it.', 'Click the link {l}; it may be on another tab.']);
+  var tpl = SYN.pick(SYN.SEARCH_TEMPLATES);
   return {nodes: [], layout: SYN.tabPage(tabs, items.map(function (its) { return [SYN.prose(its)]; }), start),
           utterance: SYN.fmt(tpl, {l: SYN.q(target)}), fields: {kind: 'search', target: target}};
 };
