@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,10 @@ CATALOG_FILE = "catalog.sqlite"
 DATA_DIR = "data"
 INLINE_ROWS = 10  # DuckLake's default data_inlining_row_limit: inserts of at most this many rows stay in the catalog
 FLUSH_ROWS = int(os.environ.get("FLYWHEEL_LAKE_FLUSH_ROWS", "1000"))  # a writer's inlined rows per Parquet file
+# Held by the catalog's maintenance calls (flush, merge) and by the lake lock's heartbeat (storage/lock.py), so that
+# the heartbeat's write to the catalog never runs beside them in this process: one fresh-clone suite aborted natively
+# inside ducklake_merge_adjacent_files while the heartbeat wrote the same SQLite catalog (session 27, docs/LOG.md).
+MAINTENANCE = threading.Lock()
 
 
 __all__ = ["Lake", "LakeError", "LakeFile", "open_lake", "to_table"]
@@ -170,7 +175,8 @@ class Lake:
             cur.execute(f"CALL ducklake_flush_inlined_data({quote(alias)})")
             cur.execute(f"CALL ducklake_merge_adjacent_files({quote(alias)})")
 
-        self.transaction(run, "compaction", begin=False)
+        with MAINTENANCE:
+            self.transaction(run, "compaction", begin=False)
         return {"files_before": before, "files_after": len(self.files())}
 
     # ------------------------------------------------------------------ paths in rows
@@ -278,11 +284,8 @@ class Lake:
         due = [table for table, n in self._inlined.items() if n >= FLUSH_ROWS]
         for table in due:
             call = f"CALL ducklake_flush_inlined_data({quote(self.alias)}, table_name => {quote(table)})"
-            self.transaction(
-                lambda cur: cur.execute(call),
-                f"flushing {table}",
-                begin=False,
-            )
+            with MAINTENANCE:
+                self.transaction(lambda cur: cur.execute(call), f"flushing {table}", begin=False)
             self._inlined[table] = 0
 
     def write(self, table: str, rows: Sequence[dict] | pa.Table, **key: Any) -> str:

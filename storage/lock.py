@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import duckdb
 
 from storage.duck import database, is_conflict, load, quote, transaction
-from storage.lake import Lake, LakeError
+from storage.lake import MAINTENANCE, Lake, LakeError
 
 log = logging.getLogger(__name__)
 LEASE_S = float(os.environ.get("FLYWHEEL_LOCK_LEASE_S", "60"))
@@ -146,7 +146,9 @@ def parent_lock(lake: Lake, what: str = "flywheel run", lease_s: float | None = 
     def beat() -> None:
         while not stop.wait(lease / 3):
             try:
-                meta.run("UPDATE {t} SET expires = ? WHERE name = ? AND holder = ?", [time.time() + lease, _NAME, me])
+                renew = [time.time() + lease, _NAME, me]
+                with MAINTENANCE:  # never beside a flush or merge of this process (storage.lake.MAINTENANCE)
+                    meta.run("UPDATE {t} SET expires = ? WHERE name = ? AND holder = ?", renew)
             except duckdb.Error as e:  # a missed beat is retried; the lease covers two more
                 log.warning("lake lock heartbeat failed: %s", str(e).splitlines()[0][:200])
 

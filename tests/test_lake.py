@@ -332,6 +332,26 @@ def test_lock_lives_in_the_catalog_and_a_killed_holder_is_taken_over(tmp_path):
             p.join(5)
 
 
+def test_the_lock_heartbeat_waits_for_catalog_maintenance(tmp_path):
+    """The heartbeat's catalog write never runs beside a flush or merge of the same process: while maintenance holds
+    storage.lake.MAINTENANCE the lease is not renewed, and it is renewed once maintenance ends."""
+    from storage.lake import MAINTENANCE
+    from storage.lock import _Meta, parent_lock
+
+    lake = Lake(str(tmp_path / "lake"))
+    with parent_lock(lake, lease_s=0.6):  # a beat every 0.2 s
+        meta = _Meta(lake)
+        with MAINTENANCE:
+            held = meta.row()["expires"]
+            time.sleep(0.9)
+            assert meta.row()["expires"] == held  # three beats due, none written
+        deadline = time.time() + 10
+        while meta.row()["expires"] == held and time.time() < deadline:
+            time.sleep(0.05)
+        assert meta.row()["expires"] > held
+    assert meta.row() is None  # released on exit
+
+
 def _corrupt_column_chunk(path, column: str) -> None:
     """Overwrite the bytes of one column's data pages in place (the footer stays valid)."""
     md = pq.ParquetFile(path).metadata
