@@ -10,7 +10,9 @@
 # this script until it prints "all": the training resumes from its newest saved step (every 400) when a call's
 # TLIM ends it. With M1=1, once every base is done: the held-out synth proxy (skills_*.json), M1's recipe
 # (mix_ablation control_task, 360 steps, seeds 0-2: m1_*.json) and the LM weights of each base's seed-0 M1 model
-# xz'd into /tmp/keep (KEEP names those copied to $OUT). Env: STEPS (5600), SEEDS ("0 2"), TLIM (540 s a call).
+# xz'd into /tmp/keep, the bases' as L<seed>.lm (KEEP names those copied to $OUT). Env: STEPS (5600), SEEDS ("0 2"),
+# TLIM (540 s a call), CORPUS (the exports the bases train on, FILE or FILE:TASK: "A B:synth/click SP"), HELD (the
+# held-out synth sets: "HS HSP"). The corpus and the proxy are benchmarks/gpu_corpus.py.
 exec > >(tee -a $OUT/log) 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=4
 SEEDS=${SEEDS:-0 2}
@@ -18,18 +20,8 @@ if ls .dev_gpu/p/* >/dev/null 2>&1; then for f in .dev_gpu/p/*; do cp "$f" /tmp/
 if [ ! -f /tmp/ABP.parquet ]; then
   cd /tmp/data && cat data.tar.* | tar xf - && rm -f data.tar.* && cd - >/dev/null || exit 1
   [ -d /tmp/m_small ] || python3 -c "from training.models import init_model; from pathlib import Path; init_model('qwen3-vl', 'small', Path('/tmp/m_small'), seed=0)" || exit 1
-  python3 - <<'PY' || exit 1
-import pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq
-cols = ["messages", "images", "step_idx", "task_id"]
-ts = []
-for n in ["A", "B", "SP"]:
-    t = pq.read_table(f"/tmp/data/{n}.parquet")
-    t = t.select([c for c in cols if c in t.schema.names])
-    if n == "B":
-        t = t.filter(pc.equal(t.column("task_id"), "synth/click"))
-    ts.append(t)
-pq.write_table(pa.concat_tables(ts, promote_options="default"), "/tmp/ABP.parquet")
-PY
+  src=(); for c in ${CORPUS:-A B:synth/click SP}; do f=/tmp/data/${c%%:*}.parquet; [[ $c == *:* ]] && f=$f:${c#*:}; src+=($f); done
+  python3 benchmarks/gpu_corpus.py concat /tmp/ABP.parquet "${src[@]}" || exit 1
 fi
 train() {  # name seed
   [ -f /tmp/$1/sft_result.json ] && return 0
@@ -46,20 +38,7 @@ for s in $SEEDS; do python3 -c "import json; d=json.load(open('/tmp/L$s/sft_resu
 [ "$M1" = 1 ] || exit 0
 for s in $SEEDS; do
   b=L$s
-  ( python3 -c "
-import json, sys; sys.path.insert(0, 'benchmarks')
-import pyarrow.parquet as pq
-from step_accuracy import evaluate
-from mix_ablation import score
-out = {}
-for h in ('HS', 'HSP'):
-    rows = pq.read_table(f'/tmp/data/{h}.parquet').to_pylist()
-    rights = []
-    evaluate('/tmp/$b', rows, 64, 128, rights=rights)
-    out[h] = score(rows, rights)
-json.dump(out, open('$OUT/skills_$b.json', 'w'), indent=1)
-print('$b skills', json.dumps({h: v['episode'] for h, v in out.items()}))
-"
+  ( python3 benchmarks/gpu_corpus.py skills /tmp/$b $OUT/skills_$b.json $(for h in ${HELD:-HS HSP}; do echo $h=/tmp/data/$h.parquet; done)
   python3 benchmarks/mix_ablation.py --train /tmp/data/teach.parquet --held /tmp/data/held.parquet --base /tmp/$b \
     --variants control_task --seeds 0,1,2 --parallel 3 --steps 360 --work /tmp/mix_$b --out $OUT/m1_$b.json > /dev/null 2>/tmp/$b.mix.log
   python3 -c "import json; d=json.load(open('$OUT/m1_$b.json')); print('$b m1', [r['macro_episode'] for r in d['runs']], d['summary']['control_task']['episode'])" ) &
@@ -67,7 +46,10 @@ done
 wait $(jobs -p)
 mkdir -p /tmp/keep
 [ -f /tmp/keep/visual.xz.0 ] || python3 benchmarks/keep_weights.py /tmp/m_small/model.safetensors /tmp/keep/visual --part visual
-for s in $SEEDS; do python3 benchmarks/keep_weights.py /tmp/mix_L$s/control_task-0/model/model.safetensors /tmp/keep/m1L$s-0.lm --bf16 & done
+for s in $SEEDS; do
+  python3 benchmarks/keep_weights.py /tmp/mix_L$s/control_task-0/model/model.safetensors /tmp/keep/m1L$s-0.lm --bf16 &
+  python3 benchmarks/keep_weights.py /tmp/L$s/model.safetensors /tmp/keep/L$s.lm --bf16 &
+done
 wait $(jobs -p)
 for k in ${KEEP:-}; do cp /tmp/keep/$k.lm.xz.* $OUT/; done
 echo "all $(( $(date +%s) - t0 )) s"

@@ -14,20 +14,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THR
 cd /tmp/data && cat data.tar.* | tar xf - && ls -la /tmp/data && cd - >/dev/null || exit 1
 mkdir -p /tmp/keep; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 [ -d /tmp/m_small ] || python3 -c "from training.models import init_model; from pathlib import Path; init_model('qwen3-vl', 'small', Path('/tmp/m_small'), seed=0)" || exit 1
-python3 - <<'PY' || exit 1
-import pyarrow as pa, pyarrow.parquet as pq
-cols = ["messages", "images", "step_idx", "task_id"]
-def cat(names, out):
-    ts = []
-    for n in names:
-        t = pq.read_table(f"/tmp/data/{n}.parquet")
-        ts.append(t.select([c for c in cols if c in t.schema.names]))
-    t = pa.concat_tables(ts, promote_options="default")
-    pq.write_table(t, out)
-    print(out, t.num_rows, {k: v for k, v in zip(*__import__("numpy").unique(t.column("task_id").to_numpy(zero_copy_only=False), return_counts=True))})
-cat(["A", "B"], "/tmp/AB.parquet")
-cat(["A", "B", "C"], "/tmp/ABC.parquet")
-PY
+python3 benchmarks/gpu_corpus.py concat /tmp/AB.parquet /tmp/data/A.parquet /tmp/data/B.parquet || exit 1
+python3 benchmarks/gpu_corpus.py concat /tmp/ABC.parquet /tmp/data/A.parquet /tmp/data/B.parquet /tmp/data/C.parquet || exit 1
 chain() {  # name data steps
   local t0=$(date +%s)
   timeout ${TLIM:-430} python3 -m training.sft --base /tmp/m_small --data $2 --out /tmp/$1 --no-progress \
@@ -35,16 +23,8 @@ chain() {  # name data steps
   echo "$1 trained rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 /tmp/$1.log | cut -c1-300)"
   [ -f /tmp/$1/sft_result.json ] || return 1
   cp /tmp/$1/sft_result.json $OUT/sft_$1.json
-  timeout 200 python3 -c "
-import json, sys; sys.path.insert(0, 'benchmarks')
-import pyarrow.parquet as pq
-from step_accuracy import evaluate
-from mix_ablation import score
-rows = pq.read_table('/tmp/data/HS.parquet').to_pylist()[: int('${SKMAX:-5000}')]
-rights = []
-evaluate('/tmp/$1', rows, 64, 128, rights=rights)
-json.dump(score(rows, rights), open('$OUT/skills_$1.json', 'w'), indent=1)
-" > /tmp/$1.sk.log 2>&1; echo "$1 skills rc=$? $(cat $OUT/skills_$1.json | tr -d ' \n' | cut -c1-400)"
+  timeout 200 python3 benchmarks/gpu_corpus.py skills /tmp/$1 $OUT/skills_$1.json HS=/tmp/data/HS.parquet --max-rows ${SKMAX:-5000} \
+    > /tmp/$1.sk.log 2>&1; echo "$1 skills rc=$? $(cat $OUT/skills_$1.json | tr -d ' \n' | cut -c1-400)"
   timeout 200 python3 benchmarks/mix_ablation.py --train /tmp/data/teach.parquet --held /tmp/data/held.parquet --base /tmp/$1 \
     --variants control_task --seeds 0,1,2 --parallel 3 --steps ${MSTEPS:-360} ${HELDMAX:+--held-max $HELDMAX} --work /tmp/mix_$1 --out $OUT/m1_$1.json > /dev/null 2>/tmp/$1.mix.log
   echo "$1 m1 rc=$? at $(( $(date +%s) - t0 )) s"
