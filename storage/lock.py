@@ -146,8 +146,8 @@ def parent_lock(lake: Lake, what: str = "flywheel run", lease_s: float | None = 
     def beat() -> None:
         while not stop.wait(lease / 3):
             try:
-                renew = [time.time() + lease, _NAME, me]
                 with MAINTENANCE:  # never beside a flush or merge of this process (storage.lake.MAINTENANCE)
+                    renew = [time.time() + lease, _NAME, me]  # the lease counts from the write, not from the wait
                     meta.run("UPDATE {t} SET expires = ? WHERE name = ? AND holder = ?", renew)
             except duckdb.Error as e:  # a missed beat is retried; the lease covers two more
                 log.warning("lake lock heartbeat failed: %s", str(e).splitlines()[0][:200])
