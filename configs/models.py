@@ -1103,6 +1103,13 @@ class MidtrainConfig(_Cfg):
     episodes_per_task: int = Field(
         300, ge=1, description="Corpus size: oracle episodes (distinct train seeds) per synthetic kind"
     )
+    pages: dict[str, int] = Field(
+        default_factory=dict,
+        description=(
+            "Corpus pages for the named kinds instead of episodes_per_task, e.g. {synth/click: 2600, "
+            "synth/search: 2000}: more of the kinds that teach the skills the scored tasks lack"
+        ),
+    )
     seed_offset: int = Field(0, ge=0, description="First train seed of the corpus")
     base: str | None = Field(None, description="Model to mid-train (a folder or Hub id); null = student.model")
     sft: SFTConfig = Field(
@@ -1118,6 +1125,20 @@ class MidtrainConfig(_Cfg):
     eval_seeds_per_task: int = Field(
         10, ge=0, description="Held-out synthetic pages (eval split) per kind for the base's skill report; 0 = none"
     )
+
+    @model_validator(mode="after")
+    def _pages_name_corpus_kinds(self) -> "MidtrainConfig":
+        unknown = [k for k in self.pages if k not in self.tasks]
+        if unknown:
+            raise ValueError(f"midtrain.pages names kinds not in midtrain.tasks: {', '.join(unknown)}")
+        bad = [k for k, n in self.pages.items() if n < 1]
+        if bad:
+            raise ValueError(f"midtrain.pages must be >= 1 page a kind: {', '.join(bad)}")
+        return self
+
+    def pages_of(self, kind: str) -> int:
+        """Corpus pages (oracle episodes) of one synthetic kind."""
+        return self.pages.get(kind, self.episodes_per_task)
 
 
 class FlywheelConfig(_Cfg):

@@ -9,7 +9,8 @@ already reads, copies and points (shared/research/midtraining.md); this stage bu
 unlimited variety at no teacher cost:
 
 1. corpus: the scripted oracle solves `midtrain.episodes_per_task` train seeds of every synthetic kind
-   (`synth/*`, envs/synth: random pages rendered by the same Chromium, verified by the page) into the lake's
+   (`midtrain.pages[kind]` for the kinds it names; `synth/*`, envs/synth: random pages rendered by the same
+   Chromium, verified by the page) into the lake's
    `episodes`/`steps` under stage 'midtrain'. Every example is in the student's own prompt and reply format
    (screenshot + UI text + instruction -> Action line + tool call), because it goes through the same
    rollout runner and the same SFT export as the flywheel's own data.
@@ -62,16 +63,26 @@ def corpus_spec(cfg: FlywheelConfig):
     from flywheel.specs import rollout_spec
 
     m = cfg.midtrain
+    tasks = _tasks(cfg)
     seeds = registry.seeds("train", m.episodes_per_task, offset=m.seed_offset)
+    # per-kind counts only when midtrain.pages is set, so a corpus without them keeps its run key
+    task_seeds = {t: registry.seeds("train", m.pages_of(t), offset=m.seed_offset) for t in tasks} if m.pages else None
     return rollout_spec(
         cfg,
         iteration=0,
         stage=MIDTRAIN_STAGE,
         policy=PolicySpec("scripted", version="synth-oracle"),
-        tasks=_tasks(cfg),
+        tasks=tasks,
         seeds=seeds,
         split="train",
+        task_seeds=task_seeds,
     )
+
+
+def _cap(cfg: FlywheelConfig) -> int:
+    """The most pages any kind of the corpus has: the dataset's per-task cap keeps every one of them."""
+    m = cfg.midtrain
+    return max([m.episodes_per_task, *m.pages.values()])
 
 
 def corpus(cfg: FlywheelConfig, *, progress: bool = True, on_result: Any = None) -> dict[str, Any]:
@@ -88,7 +99,7 @@ def corpus_sql(cfg: FlywheelConfig, run_key: str) -> str:
     """The dataset's selection: the curate query restricted to this corpus run (stage 'midtrain')."""
     from training.curation import _sql_str, curate_sql
 
-    cur = CurateConfig(reward_threshold=1.0, max_episodes_per_task=cfg.midtrain.episodes_per_task)
+    cur = CurateConfig(reward_threshold=1.0, max_episodes_per_task=_cap(cfg))
     return curate_sql(cur, 0, [], stage_filter=f"e.stage = '{MIDTRAIN_STAGE}' AND e.run_key = {_sql_str(run_key)}")
 
 
@@ -98,7 +109,7 @@ def dataset_id_for(cfg: FlywheelConfig, run_key: str) -> str:
         "arch": cfg.student.arch,
         "history_images": cfg.student.history_images,
         "use_ui_text": cfg.student.use_ui_text,
-        "cap": cfg.midtrain.episodes_per_task,
+        "cap": _cap(cfg),
     }
     return runkeys.run_key("midtrain", payload)
 

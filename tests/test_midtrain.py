@@ -122,3 +122,29 @@ def test_base_is_found_by_its_corpus_and_a_missing_base_is_an_error(built, tmp_p
     assert mt.base_checkpoint(other) == built["res"]["model_path"]
     with pytest.raises(UserError, match="flywheel stage midtrain"):
         mt.base_checkpoint(_cfg(tmp_path))  # an empty lake: one clear line, not the random-init student
+
+
+def test_pages_size_each_named_kind_and_leave_the_rest_at_episodes_per_task(built):
+    cfg = _cfg(built["tmp"], **{"midtrain.pages": {"synth/click": 4}})
+    spec = mt.corpus_spec(cfg)
+    per_kind = {t: sorted(j.seed for j in spec.jobs if j.task_id == t) for t in KINDS}
+    assert {t: len(s) for t, s in per_kind.items()} == {"synth/click": 4, "synth/type": 3}
+    assert per_kind["synth/type"] == per_kind["synth/click"][:3]  # the same first train seeds
+    assert spec.run_key != mt.corpus_spec(built["cfg"]).run_key  # another corpus, another run
+    # without `pages` the corpus keeps the run key it had before the field existed: the built lake's corpus
+    assert mt.corpus_spec(built["cfg"]).run_key == built["res"]["corpus_run_key"]
+    res = mt.corpus(cfg, progress=False)
+    counts = _rows(
+        cfg, f"SELECT task_id, count(*) AS n FROM episodes WHERE run_key = '{res['run_key']}' GROUP BY 1 ORDER BY 1"
+    )
+    assert counts == [{"task_id": "synth/click", "n": 4}, {"task_id": "synth/type", "n": 3}]
+    # the dataset keeps every page of the biggest kind (its per-task cap is the largest count)
+    assert mt.build_dataset(cfg, res["run_key"])["n_episodes"] == 7
+    assert mt.dataset_id_for(cfg, res["run_key"]) != mt.dataset_id_for(built["cfg"], res["run_key"])
+
+
+def test_pages_must_name_kinds_of_the_corpus(tmp_path):
+    with pytest.raises(Exception, match="midtrain.pages names kinds not in midtrain.tasks: synth/form"):
+        _cfg(tmp_path, **{"midtrain.pages": {"synth/form": 5}})
+    with pytest.raises(Exception, match=">= 1 page"):
+        _cfg(tmp_path, **{"midtrain.pages": {"synth/click": 0}})

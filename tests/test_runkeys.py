@@ -24,7 +24,8 @@ MODEL = "models/tiny-qwen3vl"
 # (session 18) moved the first entry; the run keys and ids above it did not move. Session 23's curate.balance and
 # curate.rebuild_action_lines moved the dataset ids and the whole and curate hashes (flywheel8 sets both). Session
 # 24's curriculum.target_successes / max_rollout_seeds moved the whole hash; flywheel8's rollouts settings (16 seeds x
-# 3 attempts at temperature 0.7) its rollouts run key.
+# 3 attempts at temperature 0.7) its rollouts run key. Session 29's midtrain.pages moved the whole hash; flywheel8's
+# small student, sft.lr 3e-4 and mid-training recipe its sft, rl, rollouts and midtrain ids.
 PINNED = {
     "tiny": {
         "dataset": "curate-it1-1d85b16819",
@@ -35,18 +36,18 @@ PINNED = {
         "rl": "rl-it1-grpo-b3ea827fb7",
         "rollouts": "rollouts-it1-603f8a26a7",
         "bootstrap": "bootstrap-it0-0072cbbc90",
-        "config_hash": ("77e0047447b3", "bd8cbec79713", "9d51e8216385", "026648adbdd0"),
+        "config_hash": ("c781ff4431c7", "bd8cbec79713", "9d51e8216385", "026648adbdd0"),
     },
     "flywheel8": {
         "dataset": "curate-it1-a23f677c86",
-        "sft": "sft-it1-a88d5c73bb",
-        "sft_max_minutes_99": "sft-it1-f8b75bf588",
-        "midtrain_ckpt": "base-6989c7801c",
-        "midtrain_dataset": "midtrain-ff7e6263ce",
-        "rl": "rl-it1-grpo-0da808d333",
-        "rollouts": "rollouts-it1-95589bb813",
+        "sft": "sft-it1-b381c8664e",
+        "sft_max_minutes_99": "sft-it1-c232275f2d",
+        "midtrain_ckpt": "base-e899bb77f5",
+        "midtrain_dataset": "midtrain-240d6a96c0",
+        "rl": "rl-it1-grpo-52eaf15bee",
+        "rollouts": "rollouts-it1-e16e5412c2",
         "bootstrap": "bootstrap-it0-74e451a815",
-        "config_hash": ("6c564c6feecd", "d98e0ad492c3", "189bf26053bd", "94efc1568d5d"),
+        "config_hash": ("fdf3b26f3f56", "d98e0ad492c3", "1cbea09cbb87", "94efc1568d5d"),
     },
 }
 
