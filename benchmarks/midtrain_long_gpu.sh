@@ -12,20 +12,26 @@
 # (mix_ablation control_task, 360 steps, seeds 0-2: m1_*.json) and the LM weights of each base's seed-0 M1 model
 # xz'd into /tmp/keep, the bases' as L<seed>.lm (KEEP names those copied to $OUT). Env: STEPS (5600), SEEDS ("0 2"),
 # TLIM (540 s a call), CORPUS (the exports the bases train on, FILE or FILE:TASK: "A B:synth/click SP"), HELD (the
-# held-out synth sets: "HS HSP"). The corpus and the proxy are benchmarks/gpu_corpus.py.
+# held-out synth sets: "HS HSP"), SIZE (the student preset: small). The corpus and the proxy are benchmarks/gpu_corpus.py.
 exec > >(tee -a $OUT/log) 2>&1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=4
 SEEDS=${SEEDS:-0 2}
+SIZE=${SIZE:-small}
+M0=/tmp/m_$SIZE
 if ls .dev_gpu/p/* >/dev/null 2>&1; then for f in .dev_gpu/p/*; do cp "$f" /tmp/data/; done; fi
 if [ ! -f /tmp/ABP.parquet ]; then
   cd /tmp/data && cat data.tar.* | tar xf - && rm -f data.tar.* && cd - >/dev/null || exit 1
-  [ -d /tmp/m_small ] || python3 -c "from training.models import init_model; from pathlib import Path; init_model('qwen3-vl', 'small', Path('/tmp/m_small'), seed=0)" || exit 1
+fi
+if [ ! -d $M0 ]; then
+  python3 -c "from training.models import init_model; from pathlib import Path; init_model('qwen3-vl', '$SIZE', Path('$M0'), seed=0)" || exit 1
+fi
+if [ ! -f /tmp/ABP.parquet ]; then
   src=(); for c in ${CORPUS:-A B:synth/click SP}; do f=/tmp/data/${c%%:*}.parquet; [[ $c == *:* ]] && f=$f:${c#*:}; src+=($f); done
   python3 benchmarks/gpu_corpus.py concat /tmp/ABP.parquet "${src[@]}" || exit 1
 fi
 train() {  # name seed
   [ -f /tmp/$1/sft_result.json ] && return 0
-  timeout ${TLIM:-540} python3 -m training.sft --base /tmp/m_small --data /tmp/ABP.parquet --out /tmp/$1 --no-progress \
+  timeout ${TLIM:-540} python3 -m training.sft --base $M0 --data /tmp/ABP.parquet --out /tmp/$1 --no-progress \
     --settings "{\"method\": \"full\", \"lr\": 0.001, \"batch_size\": 16, \"max_steps\": ${STEPS:-5600}, \"epochs\": 100, \"targets\": \"action\", \"save_every\": 400, \"seed\": $2}" >> /tmp/$1.log 2>&1
   echo "$1 rc=$? $(tail -1 /tmp/$1.log | cut -c1-200)"
 }
@@ -45,7 +51,7 @@ for s in $SEEDS; do
 done
 wait $(jobs -p)
 mkdir -p /tmp/keep
-[ -f /tmp/keep/visual.xz.0 ] || python3 benchmarks/keep_weights.py /tmp/m_small/model.safetensors /tmp/keep/visual --part visual
+[ -f /tmp/keep/visual.xz.0 ] || python3 benchmarks/keep_weights.py $M0/model.safetensors /tmp/keep/visual --part visual
 for s in $SEEDS; do
   python3 benchmarks/keep_weights.py /tmp/mix_L$s/control_task-0/model/model.safetensors /tmp/keep/m1L$s-0.lm --bf16 &
   python3 benchmarks/keep_weights.py /tmp/L$s/model.safetensors /tmp/keep/L$s.lm --bf16 &

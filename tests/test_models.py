@@ -304,7 +304,7 @@ def test_hub_id_unreachable_endpoint_fails_fast(monkeypatch):
 def test_bad_input_errors(tmp_path):
     with pytest.raises(ModelError, match="no model folder at ./missing-model"):
         load_model("./missing-model")
-    with pytest.raises(ModelError, match="unknown size 'huge'.*tiny, mini, small, 2b, 4b, 8b"):
+    with pytest.raises(ModelError, match="unknown size 'huge'.*tiny, mini, small, medium, 2b, 4b, 8b"):
         build_config("qwen3-vl", "huge")
     with pytest.raises(ModelError, match="unknown arch 'llava'"):
         init_model("llava", "tiny", tmp_path / "x")

@@ -114,6 +114,8 @@ SIZES: dict[str, dict[str, dict]] = {
         # ~6M: the shape of the CPU learnability probe (shared/research/learnability.md)
         "mini": _q3(192, 4, 6, 2, 768, True, (4, 192, 768, 3, 256), [2], head_dim=32, mrope=(6, 5, 5)),
         "small": _q3(384, 8, 6, 2, 1536, True, (4, 192, 768, 3, 256), [1, 2], head_dim=64, mrope=(12, 10, 10)),
+        # ~3x small's text layers, the same vision tower: does the reading check need capacity? (docs/LOG.md s29)
+        "medium": _q3(512, 12, 8, 2, 2048, True, (4, 192, 768, 3, 256), [1, 2], head_dim=64, mrope=(12, 10, 10)),
         "2b": _q3(2048, 28, 16, 8, 6144, True, (24, 1024, 4096, 16, 2304), [5, 11, 17]),
         "4b": _q3(2560, 36, 32, 8, 9728, True, (24, 1024, 4096, 16, 2304), [5, 11, 17]),
         "8b": _q3(4096, 36, 32, 8, 12288, False, (27, 1152, 4304, 16, 2304), [8, 16, 24]),
@@ -122,11 +124,13 @@ SIZES: dict[str, dict[str, dict]] = {
         "tiny": _q25(64, 2, 4, 2, 128, True, (2, 64, 128, 4, [1]), mrope=(4, 2, 2)),
         "mini": _q25(192, 4, 6, 2, 768, True, (4, 192, 768, 3, [3]), mrope=(6, 5, 5)),
         "small": _q25(384, 8, 6, 2, 1536, True, (4, 192, 768, 3, [3]), mrope=(12, 10, 10)),
+        "medium": _q25(512, 12, 8, 2, 2048, True, (4, 192, 768, 3, [3]), mrope=(12, 10, 10)),
         "3b": _q25(2048, 36, 16, 2, 11008, True, (32, 1280, 3420, 16, [7, 15, 23, 31])),
         "7b": _q25(3584, 28, 28, 4, 18944, False, (32, 1280, 3420, 16, [7, 15, 23, 31]), vocab=152064),
     },
 }
-CPU_SIZES = ("tiny", "mini", "small")  # local vocabulary and a low image-pixel floor; the others are released shapes
+# local vocabulary and a low image-pixel floor; the others are released shapes
+CPU_SIZES = ("tiny", "mini", "small", "medium")
 
 
 def _check(arch: str, size: str) -> dict:
