@@ -107,6 +107,13 @@ def query(lake: Path, sql: str, params: list | None = None) -> list[dict[str, An
         con.close()
 
 
+def has_base(lake: Path) -> bool:
+    """Whether the shared base lake holds a mid-trained base checkpoint (`flywheel stage midtrain` finished)."""
+    if not (lake / "catalog.sqlite").exists():
+        return False
+    return bool(query(lake, "SELECT checkpoint_id FROM checkpoints WHERE method = 'midtrain' LIMIT 1"))
+
+
 def evaluated_iterations(lake: Path) -> int:
     """Iterations of this lake with a finished evaluation (where `flywheel run` would continue)."""
     from flows.flywheel import next_iteration_of
@@ -141,12 +148,8 @@ def training_steps(lake: Path) -> dict[str, Any]:
         m = json.loads(r["metrics"] or "{}")
         it = per_it.setdefault(int(r["iteration"]), {"sft": 0, "rl": 0})
         it["sft"], it["sft_stopped"] = int(m.get("steps") or 0), m.get("stopped")  # 'budget' = the minutes cap hit
-    rl = (
-        query(lake, "SELECT iteration, count(*) AS n FROM rl_metrics GROUP BY iteration")
-        if (lake / "rl_metrics").exists()
-        else []
-    )
-    for r in rl:
+    # a DuckLake table is no folder of the lake: a table never written reads as empty (query)
+    for r in query(lake, "SELECT iteration, count(*) AS n FROM rl_metrics GROUP BY iteration"):
         per_it.setdefault(int(r["iteration"]), {"sft": 0, "rl": 0})["rl"] = int(r["n"])
     total = sum(v["sft"] + v["rl"] for v in per_it.values())
     return {"per_iteration": {str(k): v for k, v in sorted(per_it.items())}, "total": total}
@@ -223,8 +226,6 @@ def base_skills(lake: Path) -> dict[str, Any] | None:
 
 
 def curriculum(lake: Path) -> list[dict[str, Any]]:
-    if not (lake / "curriculum").exists():
-        return []
     return query(
         lake,
         "SELECT iteration, task_id, decision, success_rate, rollout_seeds, rl, teacher_demos FROM curriculum "
@@ -419,7 +420,7 @@ def main() -> None:
         start = None
         if (base.get("midtrain") or {}).get("enabled"):
             start = root / "base"
-            if not (start / "checkpoints").exists():
+            if not has_base(start):
                 print(f"mid-training the shared base -> {start}", file=sys.stderr)
                 bcfg = write_yaml(root / "configs" / "base.yaml", base)
                 walls["base"] = run(
