@@ -19,13 +19,11 @@ SEEDS=${SEEDS:-0 2}
 SIZE=${SIZE:-small}
 M0=/tmp/m_$SIZE
 if ls .dev_gpu/p/* >/dev/null 2>&1; then for f in .dev_gpu/p/*; do cp "$f" /tmp/data/; done; fi
-if [ ! -f /tmp/ABP.parquet ]; then
-  cd /tmp/data && cat data.tar.* | tar xf - && rm -f data.tar.* && cd - >/dev/null || exit 1
-fi
 if [ ! -d $M0 ]; then
   python3 -c "from training.models import init_model; from pathlib import Path; init_model('qwen3-vl', '$SIZE', Path('$M0'), seed=0)" || exit 1
 fi
 if [ ! -f /tmp/ABP.parquet ]; then
+  cd /tmp/data && cat data.tar.* | tar xf - && rm -f data.tar.* && cd - >/dev/null || exit 1
   src=(); for c in ${CORPUS:-A B:synth/click SP}; do f=/tmp/data/${c%%:*}.parquet; [[ $c == *:* ]] && f=$f:${c#*:}; src+=($f); done
   python3 benchmarks/gpu_corpus.py concat /tmp/ABP.parquet "${src[@]}" || exit 1
 fi

@@ -9,8 +9,8 @@ already reads, copies and points (shared/research/midtraining.md); this stage bu
 unlimited variety at no teacher cost:
 
 1. corpus: the scripted oracle solves `midtrain.episodes_per_task` train seeds of every synthetic kind
-   (`midtrain.pages[kind]` for the kinds it names; `synth/*`, envs/synth: random pages rendered by the same
-   Chromium, verified by the page) into the lake's
+   (`midtrain.pages` sets the count of the kinds it names; `synth/*`, envs/synth: random pages rendered by the
+   same Chromium, verified by the page) into the lake's
    `episodes`/`steps` under stage 'midtrain'. Every example is in the student's own prompt and reply format
    (screenshot + UI text + instruction -> Action line + tool call), because it goes through the same
    rollout runner and the same SFT export as the flywheel's own data.

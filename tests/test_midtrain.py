@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from configs.models import load_config
+from configs.models import ConfigError, load_config
 from flywheel import midtrain as mt
 from flywheel import specs, stages
 from flywheel.errors import UserError
@@ -144,7 +144,7 @@ def test_pages_size_each_named_kind_and_leave_the_rest_at_episodes_per_task(buil
 
 
 def test_pages_must_name_kinds_of_the_corpus(tmp_path):
-    with pytest.raises(Exception, match="midtrain.pages names kinds not in midtrain.tasks: synth/form"):
+    with pytest.raises(ConfigError, match="midtrain.pages names kinds not in midtrain.tasks: synth/form"):
         _cfg(tmp_path, **{"midtrain.pages": {"synth/form": 5}})
-    with pytest.raises(Exception, match=">= 1 page"):
+    with pytest.raises(ConfigError, match=">= 1 page"):
         _cfg(tmp_path, **{"midtrain.pages": {"synth/click": 0}})
