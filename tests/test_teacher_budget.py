@@ -719,3 +719,19 @@ def test_rl_teacher_run_in_chromium_stops_at_the_budget(tmp_path, lake_env):
         assert connect(lake_env).execute("SELECT count(*) FROM episodes WHERE stage = 'rl'").fetchone()[0] == 1
     finally:
         pool.close()
+
+
+def test_cli_bootstrap_with_the_budget_spent_says_so(tmp_path, lake_env):
+    """`flywheel stage bootstrap` on a lake whose teacher budget is spent prints why it did nothing (a resumed
+    experiment reruns it) instead of failing on the skipped result."""
+    from typer.testing import CliRunner
+
+    from flywheel.cli.stage import stage_app
+
+    for task in TASKS:
+        episodes(lake_env, iteration=0, stage="bootstrap", run_key=f"boot-{task}", task=task, n=2)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text((ROOT / "configs" / "tiny.yaml").read_text() + "\nteacher_budget:\n  max_episodes: 4\n")
+    cli = CliRunner().invoke(stage_app(), ["bootstrap", "-i", "0", "-c", str(cfg), "--lake", str(lake_env.root)])
+    assert cli.exit_code == 0, cli.output
+    assert "bootstrap skipped" in cli.output and "0 new teacher episode" in cli.output

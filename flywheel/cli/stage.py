@@ -113,7 +113,10 @@ def stage_bootstrap(
     use_lake(lake)
     over = {"bootstrap.policy": policy, "bootstrap.budget_usd": budget_usd}
     res = bootstrap(load_cfg(config, {k: v for k, v in over.items() if v is not None}), iteration)
-    stop = f"; budget reached, {res['budget_stopped']} not started" if res["budget_stopped"] else ""
+    if res.skipped:  # every demo is in the lake already, or the teacher budget is spent
+        Console().print(f"bootstrap skipped: {res.skipped}")
+        return
+    stop = f"; budget reached, {res['budget_stopped']} not started" if res.get("budget_stopped") else ""
     Console().print(
         f"run [bold]{res['run_key']}[/bold] ({res['policy']}): ran {res['ran']} episodes "
         f"({res['skipped']} already in the lake), {res['successes']} successes, "
