@@ -20,7 +20,9 @@ init order, minibatches and sampled rollouts. Everything is read back from the l
 rl_metrics, curriculum, the curated exports); nothing is timed into the verdict.
 
 Prints JSON (also --json) with held-out success per iteration and task (95% Wilson CIs), the control, the
-dataset's growth split into teacher and student samples, teacher demos spent, and the targets:
+dataset's growth split into teacher and student samples (the student share per iteration), teacher demos spent,
+across seeds the mean, spread and 95% t-interval of each, the wall time per arm (<root>/wall_s.json, summed over
+resumed invocations), and the targets:
 iteration N >= iteration 1 + 15 points, iteration N >= control + 10 points, on every seed. --png draws success
 vs iteration (and vs teacher demos spent) for docs/RESULTS.md.
 """
@@ -262,6 +264,24 @@ def grounding(lake: Path, iteration: int | None = None) -> dict[str, dict[str, i
         con.close()
 
 
+# two-sided 95% Student-t quantiles by degrees of freedom (n seeds - 1); 1.96 beyond the table
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def stats(vals: list[float | None]) -> dict[str, Any] | None:
+    """Mean, spread (min, max, sample sd) and the 95% t-interval of the mean across seeds (None for one seed)."""
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    n, mean = len(vals), sum(vals) / len(vals)
+    out: dict[str, Any] = {"mean": round(mean, 4), "min": min(vals), "max": max(vals), "n": n}
+    if n > 1:
+        sd = (sum((v - mean) ** 2 for v in vals) / (n - 1)) ** 0.5
+        half = T95.get(n - 1, 1.96) * sd / n**0.5
+        out |= {"sd": round(sd, 4), "ci95": [round(mean - half, 4), round(mean + half, 4)]}
+    return out
+
+
 def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> dict[str, Any]:
     runs = {}
     for s in seeds:
@@ -312,15 +332,11 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
     met_share = all((v["student_share_last"] or 0) >= 0.5 for v in verdict.values())
     met_copy = all(all((x or 0) > 0 for x in v["copy_tasks_last"].values()) for v in verdict.values())
 
-    def stats(vals: list[float]) -> dict[str, float] | None:
-        vals = [v for v in vals if v is not None]
-        return (
-            None
-            if not vals
-            else {"mean": round(sum(vals) / len(vals), 4), "min": min(vals), "max": max(vals), "n": len(vals)}
-        )
-
     per_iteration = {str(i): stats([r["success"].get(str(i)) for r in runs.values()]) for i in range(iterations)}
+    share = {
+        str(i): stats([(r["dataset"].get(str(i)) or {}).get("student_share") for r in runs.values()])
+        for i in range(iterations)
+    }
     return {
         "root": str(root),
         "seeds": seeds,
@@ -328,7 +344,10 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
         "runs": runs,
         "per_iteration": per_iteration,
         "control": stats([(r.get("control") or {}).get("success") for r in runs.values()]),
-        "student_share": stats([(r["dataset"].get(last) or {}).get("student_share") for r in runs.values()]),
+        "student_share": share[last],
+        "student_share_per_iteration": share,
+        "gain_points": stats([v["gain_points"] for v in verdict.values()]),
+        "vs_control_points": stats([v["vs_control_points"] for v in verdict.values()]),
         "verdict": verdict,
         "targets": {
             "iteration_last_vs_first_plus_15": met_gain,
@@ -416,6 +435,15 @@ def main() -> None:
     demos = int(base["bootstrap"]["selection"]["seeds_per_task"])
     root = (ROOT / a.root).resolve()
     walls: dict[str, float] = {}
+    wall_file = root / "wall_s.json"  # per arm, summed over invocations (a resumed run adds its part)
+
+    def spent(arm: str, seconds: float) -> None:
+        walls[arm] = walls.get(arm, 0.0) + seconds
+        total = json.loads(wall_file.read_text()) if wall_file.exists() else {}
+        total[arm] = round(total.get(arm, 0.0) + seconds, 1)
+        wall_file.parent.mkdir(parents=True, exist_ok=True)
+        wall_file.write_text(json.dumps(total, indent=1) + "\n")
+
     if not a.report_only:
         start = None
         if (base.get("midtrain") or {}).get("enabled"):
@@ -423,8 +451,9 @@ def main() -> None:
             if not has_base(start):
                 print(f"mid-training the shared base -> {start}", file=sys.stderr)
                 bcfg = write_yaml(root / "configs" / "base.yaml", base)
-                walls["base"] = run(
-                    [*FLYWHEEL, "stage", "midtrain", "-c", str(bcfg), "--lake", str(start)], root / "base.log"
+                spent(
+                    "base",
+                    run([*FLYWHEEL, "stage", "midtrain", "-c", str(bcfg), "--lake", str(start)], root / "base.log"),
                 )
         for s in a.seeds:
             lake, log = root / f"s{s}", root / f"s{s}.log"
@@ -435,8 +464,9 @@ def main() -> None:
             left = n - evaluated_iterations(lake)
             if left > 0:
                 print(f"seed {s}: flywheel, {left} iteration(s) left -> {lake}", file=sys.stderr)
-                walls[f"s{s}"] = run(
-                    [*FLYWHEEL, "run", "-c", str(cfg_path), "--lake", str(lake), "--iterations", str(left)], log
+                spent(
+                    f"s{s}",
+                    run([*FLYWHEEL, "run", "-c", str(cfg_path), "--lake", str(lake), "--iterations", str(left)], log),
                 )
             if a.no_control:
                 continue
@@ -455,11 +485,13 @@ def main() -> None:
                 "SELECT path FROM checkpoints WHERE iteration = 0 AND method = 'sft' ORDER BY created_at DESC LIMIT 1",
             )[0]["path"]
             run([*FLYWHEEL, "stage", "evaluate", "-i", "0", "--checkpoint", str(clake / ck), *common], clog)
-            walls[f"c{s}"] = time.monotonic() - t0
+            spent(f"c{s}", time.monotonic() - t0)
     summary = summarize(root, a.seeds, n, not a.no_control)
     summary["config"], summary["overrides"] = a.config, a.sets
     if walls:
         summary["wall_s_this_invocation"] = {k: round(v, 1) for k, v in walls.items()}
+    if wall_file.exists():  # every invocation's part, per arm (2 CPU cores unless the note says otherwise)
+        summary["wall_s"] = json.loads(wall_file.read_text())
     if (root / "base").exists():
         summary["base"] = base_skills(root / "base")
     text = json.dumps(summary, indent=1, default=str)
