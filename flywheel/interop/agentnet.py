@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from agents.actions import action_from_dict
 from agents.coords import CoordTransform
 from agents.pyautogui_parse import Pointer, read_pyautogui
-from flywheel.interop.common import ImportError_, ImportResult, import_records, png_size, step_verdict
+from flywheel.interop.common import ImportError_, ImportResult, import_records, imported_episode, png_size, step_verdict
 from storage.lake import Lake
 
 RUN_KEY = "import-agentnet"
@@ -151,32 +150,21 @@ def record_rows(path: Path, n: int, rec: Any, images: Path, git_sha: str | None)
             n_bad += err is not None
     done = rec.get("task_completed")
     reward = 1.0 if done is True else 0.0 if done is False else None
-    now = datetime.now(timezone.utc)
-    ep = dict(
+    ep = imported_episode(
         episode_id=eid,
         task_id=task_id,
         seed=0,
-        split="train",
         instruction=rec.get("instruction") or rec.get("natural_language_task") or rec.get("actual_task"),
         env="agentnet",
         env_version=shape,
         policy=POLICY,
         policy_version="human",
-        group_id=None,
-        sample_idx=0,
         task_reward=reward,
         success=reward == 1.0,
         n_steps=len(steps),
         n_parse_errors=n_bad,
-        status="ok",
-        error=None,
-        started_at=now,
-        ended_at=now,
-        duration_s=None,
-        cost=0.0,
         run_key=RUN_KEY,
         git_sha=git_sha,
-        config_hash=None,
     )
     return ep, steps
 

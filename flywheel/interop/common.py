@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,6 +48,15 @@ def step_verdict(error: str | None, flags: list[str]) -> dict[str, Any]:
         return dict(parse_ok=False, parse_error=error, fallback_parse=False)
     flag = "; ".join(f for f in flags if f) or None
     return dict(parse_ok=True, parse_error=flag, fallback_parse=flag is not None)
+
+
+def imported_episode(*, run_key: str, git_sha: str | None, status: str = "ok", error: str | None = None, **cols: Any):
+    """An imported episode's row: the columns the reader knows (ids, task, instruction, reward, step counts, ...)
+    plus what every import shares: a train-split episode of no rollout group, imported now (no duration, no cost,
+    no config)."""
+    now = datetime.now(timezone.utc)
+    row = dict(split="train", group_id=None, sample_idx=0, started_at=now, ended_at=now, duration_s=None, cost=0.0)
+    return row | cols | dict(status=status, error=error, run_key=run_key, git_sha=git_sha, config_hash=None)
 
 
 def png_size(data: bytes) -> tuple[int, int]:

@@ -42,7 +42,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,7 @@ from flywheel.interop.common import (  # noqa: F401
     ImportResult,
     PassOver,
     import_one,
+    imported_episode,
     png_size,
     step_verdict,
     write_episode,
@@ -267,18 +267,15 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
             screen_h=final_size[1],
         )
     )
-    now = datetime.now(timezone.utc)
-    ep = dict(
+    ep = imported_episode(
         episode_id=eid,
         task_id=example_id,
         seed=0,
-        split="train",
         instruction=instruction,
         env="osworld",
         env_version=f"osworld {parts[0]}/{parts[1]}" if len(parts) >= 5 else "osworld",
         policy=POLICY,
         policy_version=model,
-        group_id=None,
         sample_idx=trial,
         task_reward=score,
         success=score is not None and score >= 1.0,
@@ -290,13 +287,8 @@ def episode_rows(root: Path, folder: Path, git_sha: str | None = None) -> tuple[
         else None
         if score is not None
         else "no result.txt: the run did not finish",
-        started_at=now,
-        ended_at=now,
-        duration_s=None,
-        cost=0.0,
         run_key=RUN_KEY,
         git_sha=git_sha,
-        config_hash=None,
     )
     return ep, steps
 

@@ -33,13 +33,12 @@ import binascii
 import hashlib
 import json
 import re
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Union
 
 from agents.coords import CoordSpace, CoordTransform
 from agents.parsing import CALL_CLOSE, CALL_OPEN, parse_response
-from flywheel.interop.common import ImportError_, ImportResult, import_records, png_size
+from flywheel.interop.common import ImportError_, ImportResult, import_records, imported_episode, png_size
 from storage.lake import Lake
 
 RUN_KEY = "import-slime"
@@ -192,32 +191,21 @@ def record_rows(path: Path, n: int, rec: Any, coords: Coords, git_sha: str | Non
     reward = rec.get("reward")
     reward = float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None
     meta = rec.get("metadata") if isinstance(rec.get("metadata"), dict) else {}
-    now = datetime.now(timezone.utc)
-    ep = dict(
+    ep = imported_episode(
         episode_id=eid,
         task_id=rec["task_id"],
         seed=0,
-        split="train",
         instruction=_instruction(rec, messages),
         env="osworld",
         env_version=f"slime osworld sft ({meta.get('domain') or 'unknown domain'})",
         policy=POLICY,
         policy_version=str(rec.get("source_dataset") or "unknown"),
-        group_id=None,
-        sample_idx=0,
         task_reward=reward,
         success=reward is not None and reward >= 1.0,
         n_steps=len(steps),
         n_parse_errors=n_bad,
-        status="ok",
-        error=None,
-        started_at=now,
-        ended_at=now,
-        duration_s=None,
-        cost=0.0,
         run_key=RUN_KEY,
         git_sha=git_sha,
-        config_hash=None,
     )
     return ep, steps
 
