@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from configs.algorithms import ALGORITHM_NAMES
 from configs.algorithms import describe as describe_algorithms
-from configs.runkeys import RUNTIME
+from configs.runkeys import KEYED_IF_SET, RUNTIME
 
 
 class ConfigError(Exception):
@@ -480,6 +480,17 @@ class CurateConfig(_Cfg):
             "Fraction of the student's successes kept from instances it solved on every attempt (>= 2 attempts: "
             "rollouts.attempts, RL groups); 0 keeps only instances it solves sometimes, where its new data is"
         ),
+    )
+    instance_weight: Literal["none", "inverse_pass_rate"] = Field(
+        "none",
+        description=(
+            "How much each student instance weighs in the export: none = each kept success once; "
+            "inverse_pass_rate = an instance solved on w of its n >= 2 attempts counts about n / w times (its "
+            "kept successes in whole copies, at least once each), so the instances the student solves only "
+            "sometimes are not outnumbered by the ones it always solves and a self-trained student does not "
+            "drift toward its easy cases (manifest: source_counts.instance_copies)"
+        ),
+        json_schema_extra=KEYED_IF_SET,
     )
 
 

@@ -6,7 +6,9 @@ change one.
 
 The same inputs give the same key, so a rerun finds its finished run (or resumes it, or replaces its rows) instead
 of adding another. A RUNTIME field changes how a run executes, not what it produces: processes, packing, caches and
-worker counts, a test's delay. `keyed` leaves those fields out, so changing one resumes the run. The wall-clock caps
+worker counts, a test's delay. `keyed` leaves those fields out, so changing one resumes the run. A KEYED_IF_SET field
+(an option added after lakes exist) is keyed only when set to other than its default, so adding it renames no
+existing run. The wall-clock caps
 (sft.max_minutes, rl.max_minutes) are keyed: a capped run trains a different (shorter) schedule.
 
 The ids and what each hashes (tests/test_runkeys.py pins them for configs/tiny.yaml and configs/flywheel8.yaml):
@@ -36,6 +38,9 @@ import json
 from typing import Any
 
 RUNTIME: dict[str, Any] = {"runtime": True}  # pydantic Field(json_schema_extra=RUNTIME), dataclass field(metadata=)
+# An option added to a keyed section after lakes exist: at its default it stays out of the key (the runs it does not
+# change keep their ids, so an existing lake resumes instead of redoing them); set otherwise, it is keyed.
+KEYED_IF_SET: dict[str, Any] = {"keyed_if_set": True}
 KEY_HEX = 10  # hex characters of the hash in a key
 
 
@@ -62,10 +67,22 @@ def runtime_fields(obj: Any) -> frozenset[str]:
     raise TypeError(f"runtime_fields takes a pydantic model or a dataclass, got {cls.__name__}")
 
 
+def _at_default_if_set_only(obj: Any) -> set[str]:
+    """The KEYED_IF_SET fields of a pydantic model instance that hold their default."""
+    fields = getattr(type(obj), "model_fields", {})
+    return {
+        k
+        for k, f in fields.items()
+        if isinstance(f.json_schema_extra, dict)
+        and f.json_schema_extra.get("keyed_if_set") is True
+        and getattr(obj, k) == f.default
+    }
+
+
 def keyed(obj: Any) -> dict[str, Any]:
-    """What of a config section or settings dataclass goes into a run key: every field but the RUNTIME ones (a
-    pydantic model dumped as JSON values, a dataclass as dataclasses.asdict)."""
+    """What of a config section or settings dataclass goes into a run key: every field but the RUNTIME ones and the
+    KEYED_IF_SET ones at their default (a pydantic model dumped as JSON values, a dataclass as dataclasses.asdict)."""
     skip = runtime_fields(obj)
     if hasattr(obj, "model_dump"):
-        return obj.model_dump(mode="json", exclude=set(skip))
+        return obj.model_dump(mode="json", exclude=set(skip) | _at_default_if_set_only(obj))
     return {k: v for k, v in dataclasses.asdict(obj).items() if k not in skip}

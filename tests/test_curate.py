@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -361,6 +362,38 @@ def test_solved_instance_keep_keeps_the_frontier(lake):
     part = {r["episode_id"] for r in _selected(curate(_cfg(lake["root"], solved_instance_keep=0.5), iteration=1))}
     again = {r["episode_id"] for r in _selected(curate(_cfg(lake["root"], solved_instance_keep=0.5), iteration=1))}
     assert chosen <= part == again <= chosen | {stu["click-test-1"], ids["fallback"][0], stu["focus-text-2"]}
+
+
+def test_inverse_pass_rate_weighs_the_instances_the_student_solves_sometimes(lake):
+    """click-test seed 2: the student won one of its two attempts there, so with instance_weight
+    inverse_pass_rate its success is written twice (2 / 1 attempts per win); click-test seed 1 (two attempts, two
+    distinct successes) and single attempts stay at one copy, teacher demos too."""
+    ids = lake["ids"]
+    stu = {f"{t}-{sd}": i for (t, sd), i in zip(((t, sd) for t in TASKS for sd in SEEDS), ids["student"])}
+    plain = curate(_cfg(lake["root"]), iteration=1)
+    weighted = curate(_cfg(lake["root"], instance_weight="inverse_pass_rate"), iteration=1)
+    assert weighted["dataset_id"] != plain["dataset_id"]
+    assert weighted["n_episodes"] == plain["n_episodes"] == 13  # the same episodes, some written more often
+    per_ep = lambda res: Counter(r["episode_id"] for r in _selected(res))  # noqa: E731
+    a, b = per_ep(plain), per_ep(weighted)
+    assert b[stu["click-test-2"]] == 2 * a[stu["click-test-2"]] > 0
+    assert {e: n for e, n in b.items() if e != stu["click-test-2"]} == {
+        e: n for e, n in a.items() if e != stu["click-test-2"]
+    }
+    assert weighted["n_steps"] == plain["n_steps"] + a[stu["click-test-2"]]
+    con = connect(Lake(lake["root"]))
+    row = con.sql("SELECT source_counts FROM datasets WHERE dataset_id = ?", params=[weighted["dataset_id"]]).fetchone()
+    counts = json.loads(row[0])
+    assert counts["instance_copies"] == {"episodes": 1, "extra_copies": 1, "by_task": {"click-test": 1}}
+    assert (
+        counts["samples_by_source"]["student"]
+        == json.loads(
+            con.sql("SELECT source_counts FROM datasets WHERE dataset_id = ?", params=[plain["dataset_id"]]).fetchone()[
+                0
+            ]
+        )["samples_by_source"]["student"]
+        + a[stu["click-test-2"]]
+    )
 
 
 def test_load_dataset_roundtrip_same_prompt_as_rollouts(lake, tmp_path):

@@ -25,7 +25,8 @@ MODEL = "models/tiny-qwen3vl"
 # curate.rebuild_action_lines moved the dataset ids and the whole and curate hashes (flywheel8 sets both). Session
 # 24's curriculum.target_successes / max_rollout_seeds moved the whole hash; flywheel8's rollouts settings (16 seeds x
 # 3 attempts at temperature 0.7) its rollouts run key. Session 29's midtrain.pages moved the whole hash; flywheel8's
-# small student, sft.lr 3e-4 and mid-training recipe its sft, rl, rollouts and midtrain ids.
+# small student, sft.lr 3e-4 and mid-training recipe its sft, rl, rollouts and midtrain ids. Session 30's
+# curate.instance_weight moved the whole and curate hashes only: a KEYED_IF_SET field at its default is in no run key.
 PINNED = {
     "tiny": {
         "dataset": "curate-it1-1d85b16819",
@@ -36,7 +37,7 @@ PINNED = {
         "rl": "rl-it1-grpo-b3ea827fb7",
         "rollouts": "rollouts-it1-603f8a26a7",
         "bootstrap": "bootstrap-it0-0072cbbc90",
-        "config_hash": ("c781ff4431c7", "bd8cbec79713", "9d51e8216385", "026648adbdd0"),
+        "config_hash": ("430d5f385710", "bd8cbec79713", "9d51e8216385", "5213006ef40a"),
     },
     "flywheel8": {
         "dataset": "curate-it1-a23f677c86",
@@ -47,7 +48,7 @@ PINNED = {
         "rl": "rl-it1-grpo-52eaf15bee",
         "rollouts": "rollouts-it1-e16e5412c2",
         "bootstrap": "bootstrap-it0-74e451a815",
-        "config_hash": ("fdf3b26f3f56", "d98e0ad492c3", "1cbea09cbb87", "94efc1568d5d"),
+        "config_hash": ("60e0422e1d53", "d98e0ad492c3", "1cbea09cbb87", "8783cf88f913"),
     },
 }
 
@@ -190,3 +191,14 @@ def test_runtime_markers_are_the_old_exclusion_lists():
     rl = RLConfig(max_minutes=5.0)
     assert keyed(rl) == rl.model_dump(mode="json", exclude={"distributed", "nproc"})  # wall-clock caps are keyed
     assert "max_minutes" in keyed(TrainSettings(max_minutes=5.0))
+
+
+def test_an_option_added_later_keys_only_when_set():
+    """curate.instance_weight (KEYED_IF_SET) at its default leaves the dataset id where it was before the option
+    existed; set, it moves it."""
+    from training.curation import dataset_id_for
+
+    for name in PINNED:
+        assert dataset_id_for(_cfg(name), 1) == PINNED[name]["dataset"]
+        weighted = _cfg(name, {"curate.instance_weight": "inverse_pass_rate"})
+        assert dataset_id_for(weighted, 1) != PINNED[name]["dataset"]

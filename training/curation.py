@@ -62,6 +62,7 @@ def curate_sql(curate_cfg: Any, iteration: int, held_out: list[str], stage_filte
         stage_filter=stage_filter,
         ratio="NULL" if ratio is None else repr(float(ratio)),
         solved_keep=repr(float(getattr(curate_cfg, "solved_instance_keep", 1.0))),
+        inverse_pass_rate=str(getattr(curate_cfg, "instance_weight", "none") == "inverse_pass_rate").upper(),
     ).strip()
 
 

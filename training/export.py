@@ -82,7 +82,7 @@ def _export_rows(
             ep_steps, n_cut = cut_loops(ep_steps)
             if cut is not None and n_cut:
                 cut[source_of(e["policy"])] += n_cut
-        for smp in episode_samples(e["instruction"] or "", ep_steps, arch, opts):
+        for smp in episode_samples(e["instruction"] or "", ep_steps, arch, opts) * int(e.get("copies") or 1):
             rows.append(
                 {
                     "messages": smp["messages"],
@@ -251,6 +251,13 @@ def write_dataset(
     counts = source_counts(episodes, samples, loops if drop_loops else None)
     if balance == "task":
         counts["repeats_by_task"] = repeats
+    if getattr(cfg.curate, "instance_weight", "none") != "none" and stage == "curate":
+        weighted = [e for e in episodes if int(e.get("copies") or 1) > 1]
+        counts["instance_copies"] = {
+            "episodes": len(weighted),  # student successes written more than once (their instance's pass rate)
+            "extra_copies": sum(int(e["copies"]) - 1 for e in weighted),
+            "by_task": dict(sorted(Counter(e["task_id"] for e in weighted).items())),
+        }
     record_dataset(
         lake,
         dataset_id=dataset_id,

@@ -43,6 +43,10 @@ WHERE e.task_reward >= {threshold}
 # - {solved_keep}: the fraction (by md5(episode_id)) of student successes kept from instances the student
 #   solved on every one of its >= 2 attempts there (same task, seed, iteration and stage). Those repeat what the
 #   policy already does; the successes from instances it solves only sometimes are the new information.
+# - copies: how many times the export writes an episode's samples. 1, or with {inverse_pass_rate} (TRUE/FALSE)
+#   a student instance solved on `wins` of its `attempts` >= 2 counts about attempts / wins times, split over its
+#   kept successes (whole copies, at least one each): rejection sampling otherwise keeps mostly the instances the
+#   student already solves, and SFT on that mix pulls it further toward them.
 CURATE_EPISODES = (
     """
 WITH instance_passes AS (
@@ -54,7 +58,8 @@ WITH instance_passes AS (
 ),
 candidates AS (
     SELECT e.episode_id, e.task_id, e.seed, e.instruction, e.policy, e.iteration, e.stage,
-           CASE WHEN e.policy = 'student' THEN 'student' ELSE 'teacher' END AS source
+           CASE WHEN e.policy = 'student' THEN 'student' ELSE 'teacher' END AS source,
+           p.attempts, p.wins
     FROM episodes AS e
     LEFT JOIN instance_passes AS p
            ON e.policy = 'student' AND p.task_id = e.task_id AND p.seed = e.seed
@@ -108,13 +113,21 @@ quotas AS (
            CASE WHEN n_s = 0 THEN n_keep WHEN n_t = 0 THEN 0
                 ELSE least(n_t, round({ratio} * n_keep)) END::BIGINT AS keep_teacher
     FROM totals
+),
+selected AS (
+    SELECT r.*
+    FROM ranked AS r JOIN quotas AS q USING (task_id)
+    WHERE CASE WHEN {ratio} IS NULL THEN r.task_rank <= {cap}
+               WHEN r.source = 'teacher' THEN r.source_rank <= q.keep_teacher
+               ELSE r.source_rank <= q.n_keep - q.keep_teacher END
 )
-SELECT r.episode_id, r.task_id, r.seed, r.instruction, r.policy, r.source, r.iteration, r.stage, r.fit_steps
-FROM ranked AS r JOIN quotas AS q USING (task_id)
-WHERE CASE WHEN {ratio} IS NULL THEN r.task_rank <= {cap}
-           WHEN r.source = 'teacher' THEN r.source_rank <= q.keep_teacher
-           ELSE r.source_rank <= q.n_keep - q.keep_teacher END
-ORDER BY r.task_id, r.source, r.source_rank
+SELECT episode_id, task_id, seed, instruction, policy, source, iteration, stage, fit_steps,
+       CASE WHEN {inverse_pass_rate} AND source = 'student' AND attempts >= 2 AND wins > 0
+            THEN greatest(1, round(attempts / wins
+                                   / count(*) OVER (PARTITION BY task_id, seed, iteration, stage, source)))
+            ELSE 1 END::INTEGER AS copies
+FROM selected
+ORDER BY task_id, source, source_rank
 """
 )
 
