@@ -24,7 +24,7 @@ dataset's growth split into teacher and student samples (the student share per i
 across seeds the mean, spread and 95% t-interval of each, the wall time per arm (<root>/wall_s.json, summed over
 resumed invocations), and the targets:
 iteration N >= iteration 1 + 15 points, iteration N >= control + 10 points, on every seed. --png draws success
-vs iteration (and vs teacher demos spent) for docs/RESULTS.md.
+vs iteration (and the student's share of the SFT samples per iteration) for docs/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -390,8 +390,9 @@ def plot(summary: dict[str, Any], png: Path) -> None:
                 lw=1,
                 label=f"control seed {s} ({r['control']['steps']} SFT steps)",
             )
-        demos = [r["teacher_demos"].get(str(i), max([0, *r["teacher_demos"].values()])) for i in its]
-        ax2.plot(demos, ys, marker="o", color=col, label=f"seed {s}")
+        shares = [(i, (r["dataset"].get(str(i)) or {}).get("student_share")) for i in range(n)]
+        shares = [(i, v) for i, v in shares if v is not None]
+        ax2.plot([i + 1 for i, _ in shares], [100 * v for _, v in shares], marker="o", color=col, label=f"seed {s}")
     ax.set_xlabel("iteration")
     ax.set_ylabel("held-out success (%)")
     ax.set_xticks(range(1, n + 1))
@@ -399,11 +400,13 @@ def plot(summary: dict[str, Any], png: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title("Success per iteration (95% Wilson CI); dashed: control")
-    ax2.set_xlabel("teacher demos spent (cumulative)")
-    ax2.set_ylabel("held-out success (%)")
+    ax2.axhline(50, color="grey", ls=":", lw=1, label="target at the last iteration")
+    ax2.set_xlabel("iteration")
+    ax2.set_ylabel("student share of the SFT samples (%)")
+    ax2.set_xticks(range(1, n + 1))
     ax2.set_ylim(0, 100)
     ax2.grid(alpha=0.3)
-    ax2.set_title("Success vs teacher demos")
+    ax2.set_title("The student's own data (teacher demos fixed)")
     ax2.legend(fontsize=7)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
