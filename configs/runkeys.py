@@ -50,8 +50,8 @@ def run_key(prefix: str, payload: Any) -> str:
     return f"{prefix}-{hashlib.sha1(blob.encode()).hexdigest()[:KEY_HEX]}"
 
 
-def _marked(extra: Any) -> bool:
-    return isinstance(extra, dict) and extra.get("runtime") is True
+def _marked(extra: Any, marker: str = "runtime") -> bool:
+    return isinstance(extra, dict) and extra.get(marker) is True
 
 
 def runtime_fields(obj: Any) -> frozenset[str]:
@@ -71,11 +71,7 @@ def _at_default_if_set_only(obj: Any) -> set[str]:
     """The KEYED_IF_SET fields of a pydantic model instance that hold their default."""
     fields = getattr(type(obj), "model_fields", {})
     return {
-        k
-        for k, f in fields.items()
-        if isinstance(f.json_schema_extra, dict)
-        and f.json_schema_extra.get("keyed_if_set") is True
-        and getattr(obj, k) == f.default
+        k for k, f in fields.items() if _marked(f.json_schema_extra, "keyed_if_set") and getattr(obj, k) == f.default
     }
 
 
