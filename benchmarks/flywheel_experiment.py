@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/flywheel_experiment.py                        # configs/flywheel8.yaml, seeds 0 1 2
     .venv/bin/python benchmarks/flywheel_experiment.py --seeds 0 --no-control # one flywheel run only
     .venv/bin/python benchmarks/flywheel_experiment.py --report-only          # re-read the lakes, rewrite JSON + PNG
+    .venv/bin/python benchmarks/flywheel_experiment.py --seeds 2 --merge docs/bench_flywheel8.json  # + earlier seeds
 
 With `midtrain.enabled` in the config, the mid-trained base is built once, in <root>/base (`flywheel stage
 midtrain`), and every lake below starts as a copy of that lake (a lake is relocatable: its rows hold relative
@@ -282,10 +283,40 @@ def stats(vals: list[float | None]) -> dict[str, Any] | None:
     return out
 
 
-def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> dict[str, Any]:
-    runs = {}
+def merged_runs(reports: list[str], root: Path) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """The runs (seed -> run) and wall times per arm of earlier reports (--merge), for the seeds whose flywheel lake
+    is not under `root` (its lakes were deleted, or it ran on another machine). A seed in two reports is an error."""
+    runs: dict[str, dict[str, Any]] = {}
+    walls: dict[str, float] = {}
+    for path in reports:
+        f = ROOT / path
+        try:
+            report = json.loads(f.read_text())
+            items = report["runs"].items()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SystemExit(f"--merge {path}: not a report of this benchmark ({type(e).__name__}: {e})") from None
+        for s, run in items:
+            if (root / f"s{s}").exists():
+                continue  # measured here: the lake wins
+            if s in runs:
+                raise SystemExit(f"--merge: seed {s} is in two reports ({runs[s]['merged_from']} and {path})")
+            runs[s] = {**run, "merged_from": path}
+            for arm in (f"s{s}", f"c{s}"):
+                if arm in (report.get("wall_s") or {}):
+                    walls[arm] = report["wall_s"][arm]
+    return runs, walls
+
+
+def summarize(
+    root: Path, seeds: list[int], iterations: int, control: bool, merged: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The report of the seeds' lakes under `root`; `merged` (seed -> run, from earlier reports) fills in the seeds
+    whose flywheel lake is not there, and every statistic and target covers them too."""
+    runs: dict[str, dict[str, Any]] = {}
     for s in seeds:
         lake = root / f"s{s}"
+        if merged and str(s) in merged and not lake.exists():
+            continue
         ev = evals_by_iteration(lake) if lake.exists() else {}
         run = {
             "lake": str(lake.relative_to(ROOT) if lake.is_relative_to(ROOT) else lake),
@@ -314,6 +345,9 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
                 "dataset": dataset_growth(c).get("0"),
             }
         runs[str(s)] = run
+    for s, run in (merged or {}).items():
+        runs.setdefault(s, run)
+    runs = dict(sorted(runs.items(), key=lambda kv: int(kv[0])))
     last, first = str(iterations - 1), "0"
     verdict = {}
     for s, r in runs.items():
@@ -339,7 +373,7 @@ def summarize(root: Path, seeds: list[int], iterations: int, control: bool) -> d
     }
     return {
         "root": str(root),
-        "seeds": seeds,
+        "seeds": [int(k) for k in runs],
         "iterations": iterations,
         "runs": runs,
         "per_iteration": per_iteration,
@@ -429,6 +463,13 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="override a config key for every run (dotted, YAML value), e.g. rollouts.temperature=0.3",
     )
+    ap.add_argument(
+        "--merge",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="an earlier report of this benchmark: its seeds whose lakes are not under --root join this report",
+    )
     ap.add_argument("--json", default="docs/bench_flywheel8.json")
     ap.add_argument("--png", default="docs/img/flywheel8.png")
     a = ap.parse_args()
@@ -489,12 +530,15 @@ def main() -> None:
             )[0]["path"]
             run([*FLYWHEEL, "stage", "evaluate", "-i", "0", "--checkpoint", str(clake / ck), *common], clog)
             spent(f"c{s}", time.monotonic() - t0)
-    summary = summarize(root, a.seeds, n, not a.no_control)
+    merged, merged_walls = merged_runs(a.merge, root)
+    summary = summarize(root, a.seeds, n, not a.no_control, merged)
     summary["config"], summary["overrides"] = a.config, a.sets
+    if a.merge:
+        summary["merged"] = a.merge
     if walls:
         summary["wall_s_this_invocation"] = {k: round(v, 1) for k, v in walls.items()}
-    if wall_file.exists():  # every invocation's part, per arm (2 CPU cores unless the note says otherwise)
-        summary["wall_s"] = json.loads(wall_file.read_text())
+    if wall_file.exists() or merged_walls:  # per arm, every invocation (2 CPU cores unless the note says otherwise)
+        summary["wall_s"] = merged_walls | (json.loads(wall_file.read_text()) if wall_file.exists() else {})
     if (root / "base").exists():
         summary["base"] = base_skills(root / "base")
     text = json.dumps(summary, indent=1, default=str)

@@ -1,0 +1,59 @@
+"""benchmarks/flywheel_experiment.py: a report of seeds measured in different places (--merge)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import flywheel_experiment as fx  # noqa: E402
+
+
+def _run(first: float, last: float, control: float, share: float) -> dict:
+    return {
+        "success": {"0": first, "1": (first + last) / 2, "2": last},
+        "per_task": {"2": {"enter-text": 1.0, "login-user": 0.5}},
+        "dataset": {"2": {"student_share": share}},
+        "control": {"success": control},
+    }
+
+
+def _report(path: Path, runs: dict[str, dict], wall: dict[str, float]) -> str:
+    path.write_text(json.dumps({"runs": runs, "wall_s": wall}))
+    return str(path)
+
+
+def test_merged_seeds_join_the_statistics_and_the_verdict(tmp_path):
+    early = _report(tmp_path / "a.json", {"0": _run(0.5, 0.7, 0.55, 0.6)}, {"s0": 100.0, "c0": 50.0, "s9": 1.0})
+    later = _report(tmp_path / "b.json", {"1": _run(0.6, 0.9, 0.7, 0.4)}, {"s1": 200.0})
+    runs, walls = fx.merged_runs([early, later], tmp_path / "root")
+    assert walls == {"s0": 100.0, "c0": 50.0, "s1": 200.0}  # only the merged seeds' arms
+    assert runs["0"]["merged_from"] == early and runs["1"]["merged_from"] == later
+
+    out = fx.summarize(tmp_path / "root", [0, 1], 3, True, runs)
+    assert out["seeds"] == [0, 1]
+    assert out["verdict"]["0"]["gain_points"] == 20.0 and out["verdict"]["0"]["vs_control_points"] == 15.0
+    assert out["verdict"]["1"]["gain_points"] == 30.0 and out["verdict"]["1"]["vs_control_points"] == 20.0
+    assert out["per_iteration"]["2"]["mean"] == 0.8 and out["per_iteration"]["2"]["n"] == 2
+    assert out["control"]["mean"] == 0.625
+    assert out["targets"]["iteration_last_vs_first_plus_15"] is True
+    assert out["targets"]["iteration_last_vs_control_plus_10"] is True
+    assert out["targets"]["student_share_last_at_least_half"] is False  # seed 1's 40%
+
+
+def test_a_seed_measured_here_is_not_replaced_and_one_in_two_reports_is_an_error(tmp_path):
+    root = tmp_path / "root"
+    (root / "s0").mkdir(parents=True)  # seed 0's lake is here: its report entry is not merged
+    a = _report(tmp_path / "a.json", {"0": _run(0.5, 0.7, 0.55, 0.6), "1": _run(0.6, 0.9, 0.7, 0.4)}, {})
+    runs, _ = fx.merged_runs([a], root)
+    assert list(runs) == ["1"]
+    b = _report(tmp_path / "b.json", {"1": _run(0.1, 0.2, 0.3, 0.4)}, {})
+    with pytest.raises(SystemExit, match="seed 1 is in two reports"):
+        fx.merged_runs([a, b], root)
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="bad.json: not a report"):
+        fx.merged_runs([str(tmp_path / "bad.json")], root)
