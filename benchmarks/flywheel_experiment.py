@@ -310,13 +310,14 @@ def merged_runs(reports: list[str], root: Path) -> tuple[dict[str, dict[str, Any
 def summarize(
     root: Path, seeds: list[int], iterations: int, control: bool, merged: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """The report of the seeds' lakes under `root`; `merged` (seed -> run, from earlier reports) fills in the seeds
-    whose flywheel lake is not there, and every statistic and target covers them too."""
+    """The report of the seeds' lakes under `root`; `merged` (seed -> run, from earlier reports: merged_runs, which
+    leaves out the seeds measured here) adds its seeds, and every statistic and target covers them too."""
+    merged = merged or {}
     runs: dict[str, dict[str, Any]] = {}
     for s in seeds:
-        lake = root / f"s{s}"
-        if merged and str(s) in merged and not lake.exists():
+        if str(s) in merged:
             continue
+        lake = root / f"s{s}"
         ev = evals_by_iteration(lake) if lake.exists() else {}
         run = {
             "lake": str(lake.relative_to(ROOT) if lake.is_relative_to(ROOT) else lake),
@@ -345,9 +346,7 @@ def summarize(
                 "dataset": dataset_growth(c).get("0"),
             }
         runs[str(s)] = run
-    for s, run in (merged or {}).items():
-        runs.setdefault(s, run)
-    runs = dict(sorted(runs.items(), key=lambda kv: int(kv[0])))
+    runs = dict(sorted((runs | merged).items(), key=lambda kv: int(kv[0])))
     last, first = str(iterations - 1), "0"
     verdict = {}
     for s, r in runs.items():
@@ -537,8 +536,9 @@ def main() -> None:
         summary["merged"] = a.merge
     if walls:
         summary["wall_s_this_invocation"] = {k: round(v, 1) for k, v in walls.items()}
-    if wall_file.exists() or merged_walls:  # per arm, every invocation (2 CPU cores unless the note says otherwise)
-        summary["wall_s"] = merged_walls | (json.loads(wall_file.read_text()) if wall_file.exists() else {})
+    here = json.loads(wall_file.read_text()) if wall_file.exists() else {}
+    if here or merged_walls:  # per arm, every invocation (2 CPU cores unless the note says otherwise)
+        summary["wall_s"] = merged_walls | here
     if (root / "base").exists():
         summary["base"] = base_skills(root / "base")
     text = json.dumps(summary, indent=1, default=str)
