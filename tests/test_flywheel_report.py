@@ -1,4 +1,4 @@
-"""benchmarks/flywheel_experiment.py: a report of seeds measured in different places (--merge)."""
+"""benchmarks/flywheel_report.py: a report of seeds measured in different places (--merge)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import flywheel_experiment as fx  # noqa: E402
+import flywheel_report as fx  # noqa: E402
 
 
 def _run(first: float, last: float, control: float, share: float) -> dict:
