@@ -9,7 +9,7 @@ ids, counts and paths that the next stage or a Prefect task passes on. flywheel/
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from configs.models import FlywheelConfig
 from flywheel.errors import UserError
@@ -158,23 +158,50 @@ def curate(cfg: FlywheelConfig, iteration: int) -> StageResult:
     return stage_result("curate", iteration, res, rows=1)
 
 
+def _sft_base(cfg: FlywheelConfig, iteration: int, base: str | None) -> str | None:
+    if base is None and cfg.midtrain.enabled and latest_checkpoint(cfg, iteration) is None:
+        from flywheel.midtrain import base_checkpoint  # the first SFT starts from the mid-trained base
+
+        return base_checkpoint(cfg)
+    return base
+
+
+def sft_plan(cfg: FlywheelConfig, iteration: int, dataset_id: str, base: str | None = None) -> dict[str, Any]:
+    """What `sft` would train, to train it on another machine and adopt the run (training.sft.sft_plan)."""
+    from training.sft import sft_plan as plan
+
+    try:
+        return plan(cfg, iteration, dataset_id, _sft_base(cfg, iteration, base))
+    except FileNotFoundError as e:
+        raise UserError(str(e).splitlines()[0]) from None
+
+
 def sft(
-    cfg: FlywheelConfig, iteration: int, dataset_id: str, base: str | None = None, *, progress: bool = True
+    cfg: FlywheelConfig,
+    iteration: int,
+    dataset_id: str,
+    base: str | None = None,
+    *,
+    progress: bool = True,
+    adopt: str | None = None,
 ) -> StageResult:
     """Fine-tune `base` (a folder or checkpoint id; default: latest checkpoint of an earlier iteration, else
     cfg.student.model) on a dataset manifest, within cfg.sft.max_minutes if set. Outputs: "checkpoint_id",
     "path", "model_path" (full model for rollouts/eval: the result's checkpoint), "final_loss", "steps", ...; a row
     lands in `checkpoints`. A finished checkpoint of this lake (same data, base and settings) is reused, not
-    retrained (`reused`)."""
+    retrained (`reused`). `adopt`: a finished run of this stage trained on another machine (training.adopt),
+    checked against this stage's data, base and settings and recorded in its place."""
+    from training.adopt import AdoptError
     from training.models import ModelError
     from training.sft import sft_stage
 
-    if base is None and cfg.midtrain.enabled and latest_checkpoint(cfg, iteration) is None:
-        from flywheel.midtrain import base_checkpoint  # the first SFT starts from the mid-trained base
-
-        base = base_checkpoint(cfg)
+    base = _sft_base(cfg, iteration, base)
     try:
-        res = sft_stage(cfg, iteration, dataset_id, base, lake=lake_for(cfg), progress=progress, git_sha=git_sha())
+        res = sft_stage(
+            cfg, iteration, dataset_id, base, lake=lake_for(cfg), progress=progress, git_sha=git_sha(), adopt=adopt
+        )
+    except AdoptError as e:
+        raise UserError(str(e)) from None
     # missing export, unloadable base or parent checkpoint, another lake's checkpoint in the way
     except (FileNotFoundError, FileExistsError, ModelError) as e:
         raise UserError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None

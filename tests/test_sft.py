@@ -637,23 +637,29 @@ def test_bf16_lora_keeps_fp32_master_weights(tmp_path):
     assert torch.equal(w2.master[name], w.master[name]) and torch.equal(w2.params[name], w.params[name])
 
 
+def data_only_lake(env, dst: Path) -> Path:
+    """A copy of the module's lake with its curated data only: no checkpoint folder or row comes along."""
+    import shutil
+
+    from storage.lake import Lake
+
+    shutil.copytree(env["cfg"].lake.root, dst, ignore=shutil.ignore_patterns("checkpoints", "_checkpoints"))
+    copy = Lake(dst)
+    drop = f"DELETE FROM {copy.ref('checkpoints')}"
+    copy.transaction(lambda cur: cur.execute(drop), "dropping checkpoints")
+    return dst
+
+
 def test_each_lake_keeps_its_own_checkpoints(env, tmp_path):
     """Two lakes in one folder, same data and settings (so the same checkpoint id): each trains into its own
     `<lake>/_checkpoints`, rows store lake-relative paths, and a moved lake still reuses its own checkpoint."""
-    import shutil
-
     from flywheel.errors import UserError
     from flywheel.stages import sft
     from storage.inspect import lake_stats, verify_lake
     from storage.lake import Lake
 
-    src = Path(env["cfg"].lake.root)
-    skip = shutil.ignore_patterns("checkpoints", "_checkpoints")
-    for name in ("a", "b", "c", "d"):  # the curated data only: no checkpoint of the module's lake comes along
-        shutil.copytree(src, tmp_path / name, ignore=skip)
-        copy = Lake(tmp_path / name)
-        drop = f"DELETE FROM {copy.ref('checkpoints')}"
-        copy.transaction(lambda cur, sql=drop: cur.execute(sql), "dropping checkpoints")
+    for name in ("a", "b", "c", "d"):
+        data_only_lake(env, tmp_path / name)
 
     def cfg(name: str, output_root: str | None = None):
         return load_config(

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 
 from configs.models import SFT_STAGE_FIELDS, SFTConfig, choices, settings_from
 from configs.runkeys import RUNTIME, keyed, run_key
+from training.adopt import adopt_run, file_digest, weights_digest
 from training.core import (  # noqa: F401
     CHECKPOINTS_DIR,
     MERGED_DIR,
@@ -453,6 +454,8 @@ def _train(
     if not ctx.main:  # rank 0 saves; the others wait for it (teardown's barrier) and report nothing
         return {}
     extra = {"step_times": [t for t, _ in step_log], "step_tokens": [n for _, n in step_log]} if step_log else {}
+    # what it trained on, so a run on another machine can be adopted into a lake (training.adopt)
+    extra.update(data_sha256=file_digest(data_files), base_sha256=weights_digest(base), n_samples=len(raw))
     return _finish(model, proc, out, s, st, base, resumed_from, kernels, world_size=ctx.world, **extra)
 
 
@@ -572,6 +575,58 @@ def checkpoint_id_for(
     return run_key(prefix or f"sft-it{int(iteration)}", payload)
 
 
+def _stage_inputs(cfg, iteration, dataset_id, base, lake, sft_cfg, id_prefix) -> dict[str, Any]:
+    """What an SFT stage trains: the lake, the dataset manifest, the base (and its parent checkpoint), the
+    settings, the checkpoint id and its folder."""
+    from storage.catalog import connect
+    from storage.lake import open_lake
+    from training.curation import EXPORT_FILE, manifest
+
+    lake = lake or open_lake(cfg)
+    dataset = manifest(lake, dataset_id)
+    con = connect(lake)
+    base_path, parent = resolve_base(cfg, con, iteration, base, lake.root)
+    s = TrainSettings.from_config(sft_cfg or cfg.sft)
+    ckpt_id = checkpoint_id_for(iteration, dataset, _lake_key(base_path, lake.root), s, id_prefix)
+    return dict(
+        lake=lake,
+        con=con,
+        base_path=base_path,
+        parent=parent,
+        settings=s,
+        ckpt_id=ckpt_id,
+        out=output_root(cfg, lake.root) / ckpt_id,
+        export=lake.fetch(dataset["path"]) / EXPORT_FILE,
+    )
+
+
+def sft_plan(
+    cfg: Any,
+    iteration: int,
+    dataset_id: str,
+    base: str | None = None,
+    *,
+    sft_cfg: Any = None,
+    id_prefix: str | None = None,
+) -> dict[str, Any]:
+    """What `sft_stage` would train, for training it on another machine and adopting the run (training.adopt):
+    the checkpoint id, the export, the base, the settings and the `python -m training.sft` command."""
+    import shlex
+
+    x = _stage_inputs(cfg, iteration, dataset_id, base, None, sft_cfg, id_prefix)
+    settings = {k: v for k, v in asdict(x["settings"]).items() if k not in ("keep_state", "step_sleep_s")}
+    cmd = ["python", "-m", "training.sft", "--base", x["base_path"], "--data", str(x["export"]), "--out", "<folder>"]
+    return {
+        "checkpoint_id": x["ckpt_id"],
+        "data": str(x["export"]),
+        "data_sha256": file_digest(x["export"]),
+        "base": x["base_path"],
+        "base_sha256": weights_digest(x["base_path"]),
+        "settings": settings,
+        "command": shlex.join([*cmd, "--settings", json.dumps(settings)]),
+    }
+
+
 def sft_stage(
     cfg: Any,
     iteration: int,
@@ -584,30 +639,27 @@ def sft_stage(
     method: str = "sft",
     sft_cfg: Any = None,
     id_prefix: str | None = None,
+    adopt: str | Path | None = None,
 ) -> dict[str, Any]:
     """Fine-tune on a dataset manifest; a finished checkpoint of this lake (its row is here) is reused, not retrained.
     Writes a `checkpoints` row; the checkpoint folder is under the lake (output_root).
 
     `method` names the row's method, its stage partition and the config section hashed into it; `sft_cfg` holds the
     training settings (default cfg.sft) and `id_prefix` the checkpoint id's prefix (checkpoint_id_for). Mid-training
-    (flywheel/midtrain.py) trains its base through here with method 'midtrain' and cfg.midtrain.sft."""
-    from storage.catalog import connect
-    from storage.lake import open_lake
-    from training.curation import EXPORT_FILE, manifest
-
-    lake = lake or open_lake(cfg)
-    dataset = manifest(lake, dataset_id)
-    con = connect(lake)
-    base_path, parent = resolve_base(cfg, con, iteration, base, lake.root)
-    s = TrainSettings.from_config(sft_cfg or cfg.sft)
-    ckpt_id = checkpoint_id_for(iteration, dataset, _lake_key(base_path, lake.root), s, id_prefix)
-    out = output_root(cfg, lake.root) / ckpt_id
+    (flywheel/midtrain.py) trains its base through here with method 'midtrain' and cfg.midtrain.sft. `adopt`: a
+    finished run of this stage trained elsewhere (sft_plan), checked and recorded instead of training here."""
+    x = _stage_inputs(cfg, iteration, dataset_id, base, lake, sft_cfg, id_prefix)
+    lake, con, base_path, parent, s, ckpt_id, out = (
+        x[k] for k in ("lake", "con", "base_path", "parent", "settings", "ckpt_id", "out")
+    )
     done = out / RESULT_FILE
     skipped = _reusable(con, ckpt_id, out, lake.root)
     if skipped:
         metrics = json.loads(done.read_text())
+    elif adopt is not None:
+        metrics = adopt_run(adopt, out, s, x["export"], base_path, RESULT_FILE)
     else:
-        metrics = train(base_path, lake.fetch(dataset["path"]) / EXPORT_FILE, out, s, progress=progress)
+        metrics = train(base_path, x["export"], out, s, progress=progress)
     # sft_result.json holds the absolute paths of when it was trained: the folder may have moved with its lake since
     merged = str(out / MERGED_DIR) if metrics.get("merged_path") else None
     metrics.update(merged_path=merged, model_path=merged or str(out))
@@ -642,6 +694,7 @@ def sft_stage(
         "tokens_per_s": metrics["tokens_per_s"],
         "stopped": metrics.get("stopped"),
         "train_s": metrics.get("wall_s"),
+        "adopted_from": metrics.get("adopted_from"),
     }
 
 

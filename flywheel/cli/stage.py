@@ -160,20 +160,38 @@ def stage_sft(
     max_minutes: Optional[float] = typer.Option(
         None, "--max-minutes", help="Wall-clock budget (overrides sft.max_minutes)."
     ),
+    plan: bool = typer.Option(
+        False,
+        "--plan",
+        help="Print what would be trained (export, base, settings, their sha256) and the `python -m training.sft` "
+        "command that trains it on another machine, then stop.",
+    ),
+    adopt: Optional[str] = typer.Option(
+        None,
+        "--adopt",
+        help="A finished run of this stage trained elsewhere (see --plan): checked against this stage's data, "
+        "base and settings, then recorded as this stage's checkpoint instead of training here.",
+    ),
     config: Optional[str] = CONFIG_OPT,
     lake: Optional[str] = LAKE_OPT,
 ):
     """Fine-tune the student (LoRA or full, vision frozen) on a curated dataset; resumes an interrupted run,
     reuses a finished one, and records the checkpoint in the `checkpoints` table."""
+    import json
+
     from rich.console import Console
 
-    from flywheel.stages import sft
+    from flywheel.stages import sft, sft_plan
     from training.curation import dataset_id_for
 
     use_lake(lake)
     cfg = load_cfg(config, {"sft.max_minutes": max_minutes} if max_minutes else None)
-    res = sft(cfg, iteration, dataset or dataset_id_for(cfg, iteration), base)
-    verb = "reused" if res.reused else "trained"
+    dataset_id = dataset or dataset_id_for(cfg, iteration)
+    if plan:
+        print(json.dumps(sft_plan(cfg, iteration, dataset_id, base), indent=1))
+        return
+    res = sft(cfg, iteration, dataset_id, base, adopt=adopt)
+    verb = "reused" if res.reused else "adopted" if res.get("adopted_from") else "trained"
     Console().print(
         f"{verb} checkpoint [bold]{res['checkpoint_id']}[/bold]: {res['steps']} steps, final loss "
         f"{res['final_loss']:.4f}, {res['tokens_per_s']:,.0f} tokens/s\nmodel: {res['model_path']}"
