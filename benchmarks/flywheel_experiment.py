@@ -81,6 +81,17 @@ def control_config(cfg: dict[str, Any], steps: int) -> dict[str, Any]:
     )  # the minutes: a cap only
 
 
+TEXT: dict[str, Any] = {"capture_output": True, "text": True}
+
+
+def control_checkpoint(lake: Path) -> str | None:
+    """The control's SFT checkpoint folder (relative to its lake), trained here or adopted; None before it."""
+    rows = query(
+        lake, "SELECT path FROM checkpoints WHERE iteration = 0 AND method = 'sft' ORDER BY created_at DESC LIMIT 1"
+    )
+    return rows[0]["path"] if rows else None
+
+
 def write_yaml(path: Path, data: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -107,6 +118,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--iterations", type=int, default=None, help="default: the config's")
     ap.add_argument("--no-control", action="store_true")
+    ap.add_argument(
+        "--control-elsewhere",
+        action="store_true",
+        help="prepare each control up to its SFT and write <root>/c<s>.plan.json (`flywheel stage sft --plan`) "
+        "instead of training it here; train it with the plan's command on another machine, file it with "
+        "`flywheel stage sft --adopt`, and rerun: the control then reuses it and is evaluated",
+    )
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument(
         "--set",
@@ -175,12 +193,23 @@ def main() -> None:
             print(f"seed {s}: control, {steps} SFT steps -> {clake}", file=sys.stderr)
             t0 = time.monotonic()
             common = ["-c", str(ccfg), "--lake", str(clake)]
-            for stage in ("bootstrap", "curate", "sft"):
+            for stage in ("bootstrap", "curate"):
                 run([*FLYWHEEL, "stage", stage, "-i", "0", *common], clog)
-            ck = query(
-                clake,
-                "SELECT path FROM checkpoints WHERE iteration = 0 AND method = 'sft' ORDER BY created_at DESC LIMIT 1",
-            )[0]["path"]
+            if a.control_elsewhere and not control_checkpoint(clake):
+                plan = root / f"c{s}.plan.json"
+                out = subprocess.run([*FLYWHEEL, "stage", "sft", "-i", "0", "--plan", *common], cwd=ROOT, **TEXT)
+                if out.returncode != 0:
+                    raise SystemExit(f"flywheel stage sft --plan failed for {clake}:\n{out.stderr}")
+                plan.write_text(out.stdout)
+                print(
+                    f"seed {s}: control to train elsewhere: {plan}; then `flywheel stage sft -i 0 --adopt <run> "
+                    f"{' '.join(common)}` and rerun",
+                    file=sys.stderr,
+                )
+                spent(f"c{s}", time.monotonic() - t0)
+                continue
+            run([*FLYWHEEL, "stage", "sft", "-i", "0", *common], clog)
+            ck = control_checkpoint(clake)
             run([*FLYWHEEL, "stage", "evaluate", "-i", "0", "--checkpoint", str(clake / ck), *common], clog)
             spent(f"c{s}", time.monotonic() - t0)
     merged, merged_walls = merged_runs(a.merge, root)

@@ -84,6 +84,18 @@ def training_steps(lake: Path) -> dict[str, Any]:
     return {"per_iteration": {str(k): v for k, v in sorted(per_it.items())}, "total": total}
 
 
+def trained_on(lake: Path) -> dict[str, Any] | None:
+    """Where the newest iteration-0 SFT checkpoint trained (its row's metrics): device, dtype, and whether it was
+    trained on another machine and adopted (`flywheel stage sft --adopt`)."""
+    rows = query(
+        lake, "SELECT metrics FROM checkpoints WHERE iteration = 0 AND method = 'sft' ORDER BY created_at DESC LIMIT 1"
+    )
+    if not rows:
+        return None
+    m = json.loads(rows[0]["metrics"] or "{}")
+    return {"device": m.get("device"), "dtype": m.get("dtype"), "adopted": bool(m.get("adopted_from"))}
+
+
 def dataset_growth(lake: Path) -> dict[str, dict[str, int]]:
     """Training samples (step rows) of each iteration's curated export, split into teacher and student."""
     rows = query(
@@ -268,6 +280,7 @@ def summarize(
                 "ci": cev.get(OVERALL, {}).get("ci"),
                 "per_task": {t: v["success"] for t, v in cev.items() if t != OVERALL},
                 "steps": training_steps(c)["total"],
+                "trained_on": trained_on(c),
                 "failed_clicks": grounding(c, 0).get("0"),
                 "dataset": dataset_growth(c).get("0"),
             }

@@ -95,10 +95,18 @@ def test_a_run_trained_elsewhere_is_adopted_as_the_stage_checkpoint(env, tmp_pat
     # the stage now reuses it: the same checkpoint it would have trained here (same id, same losses)
     again = sft(cfg, 0, env["dataset_id"], progress=False)
     assert again.reused and again["checkpoint_id"] == plan["checkpoint_id"]
+    reread = connect(cfg.lake.root).sql("SELECT base_model, metrics FROM checkpoints").fetchall()
+    assert reread[0][0] == row[0]["base_model"] and json.loads(reread[0][1])["adopted_from"] == str(remote.resolve())
     _, cfg_b = cfg_file("trained-here")
     local = sft(cfg_b, 0, env["dataset_id"], progress=False)
     assert local["checkpoint_id"] == plan["checkpoint_id"] and not local.reused
     assert local["final_loss"] == pytest.approx(again["final_loss"], abs=1e-4)
+    # the flywheel benchmark reads where its control trained from the lake, not from a hand-written note
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from flywheel_report import trained_on
+
+    assert trained_on(Path(cfg.lake.root)) == {"device": "cpu", "dtype": "float32", "adopted": True}
+    assert trained_on(Path(cfg_b.lake.root))["adopted"] is False
 
     # a run that cannot stand in for the stage: other settings, other data, other base weights; each is named
     other_base = other / "base2"

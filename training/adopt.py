@@ -101,12 +101,14 @@ def adopt_run(folder: str | Path, out: Path, settings: Any, export_file: Path, b
         problems.append(f"it started from other weights than {base} (sha256 of the tensors differs)")
     if problems:
         raise AdoptError(f"cannot adopt {folder}: " + "; ".join(problems))
+    # the row names this lake's base (the run's path was on the other machine); the copy's result file says so
+    # too, since a rerun of the stage rebuilds the row from it
+    metrics.update(adopted_from=str(folder.resolve()), trained_base_model=metrics.get("base_model"), base_model=base)
     staging = out.with_name(out.name + ".adopting")
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(folder, staging, ignore=shutil.ignore_patterns("state"))
+    shutil.copytree(folder, staging, ignore=shutil.ignore_patterns("state", result_file))
+    (staging / result_file).write_text(json.dumps(metrics, indent=1, default=str))
     if out.exists():  # a partial (or stale) run of the same checkpoint id: the finished one replaces it
         shutil.rmtree(out)
     staging.rename(out)
-    # the row names this lake's base (the run's path was on the other machine)
-    metrics.update(adopted_from=str(folder.resolve()), trained_base_model=metrics.get("base_model"), base_model=base)
     return metrics
