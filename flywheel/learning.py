@@ -72,6 +72,7 @@ def _run(
         "lake.root": str(lake),
         "sft.output_root": str(ckpts),
         "evaluate.held_out_tasks": False,
+        "midtrain.enabled": False,  # the bar is SFT from the random init
     }
     cfg = load_config(config, over)
     model_dir = workdir / f"learn-{cfg.student.size}-{cfg.student.arch}"
