@@ -121,7 +121,8 @@ def test_a_run_trained_elsewhere_is_adopted_as_the_stage_checkpoint(env, tmp_pat
     wrong = _train_as_planned(plan, other / "wrong", other_base, other / "fewer.parquet", lr=0.02)
     path_c, _ = cfg_file("c")
     r = _cli("--adopt", str(wrong), "-c", str(path_c))
-    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"error: cannot adopt {wrong}"), r.stderr
     for why in ("lr=0.02 (the stage's: 0.01)", "other data than", "other weights than"):
         assert why in r.stderr, r.stderr
     assert connect(tmp_path / "c").sql("SELECT count(*) FROM checkpoints").fetchone()[0] == 0

@@ -72,8 +72,6 @@ class AdoptError(ValueError):
 def adopt_run(folder: str | Path, out: Path, settings: Any, export_file: Path, base: str, result_file: str) -> dict:
     """Check the finished run in `folder` against the stage's settings, export and base, then copy it (without
     its resumable state/) into `out` (a partial run there is replaced). Returns the run's metrics."""
-    from training.sft import TrainSettings
-
     folder = Path(folder)
     done = folder / result_file
     if not done.exists():
@@ -81,7 +79,7 @@ def adopt_run(folder: str | Path, out: Path, settings: Any, export_file: Path, b
     metrics = json.loads(done.read_text())
     problems = []
     try:
-        theirs = keyed(TrainSettings(**metrics.get("settings", {})))
+        theirs = keyed(type(settings)(**metrics.get("settings", {})))  # the stage's settings class
     except TypeError as e:  # a field this version does not know
         raise AdoptError(f"{done}: its settings are not this version's ({e})") from None
     ours = keyed(settings)
