@@ -37,7 +37,7 @@ PINNED = {
         "rl": "rl-it1-grpo-b3ea827fb7",
         "rollouts": "rollouts-it1-603f8a26a7",
         "bootstrap": "bootstrap-it0-0072cbbc90",
-        "config_hash": ("430d5f385710", "bd8cbec79713", "9d51e8216385", "5213006ef40a"),
+        "config_hash": ("4625d2b35b4f", "bd8cbec79713", "ebba1a7b6135", "5213006ef40a"),
     },
     "flywheel8": {
         "dataset": "curate-it1-a23f677c86",
@@ -48,7 +48,7 @@ PINNED = {
         "rl": "rl-it1-grpo-52eaf15bee",
         "rollouts": "rollouts-it1-e16e5412c2",
         "bootstrap": "bootstrap-it0-74e451a815",
-        "config_hash": ("60e0422e1d53", "d98e0ad492c3", "1cbea09cbb87", "8783cf88f913"),
+        "config_hash": ("a328d6b6ce55", "d98e0ad492c3", "c308ac49de23", "8783cf88f913"),
     },
 }
 
@@ -86,7 +86,7 @@ def test_sft_checkpoint_id_ignores_how_it_is_trained(name):
 
     s = TrainSettings.from_config(_cfg(name).sft)
     how = dict(packing=True, pack_tokens=999, distributed="ddp", nproc=2, encode_cache_gib=1.0, encode_workers=3)
-    how.update(vision_cache=True, keep_state=True, step_sleep_s=0.5, record_step_times=True)
+    how.update(vision_cache=True, micro_batch=3, keep_state=True, step_sleep_s=0.5, record_step_times=True)
     assert checkpoint_id_for(1, DATASET, MODEL, dataclasses.replace(s, **how)) == PINNED[name]["sft"]
 
 
@@ -183,7 +183,7 @@ def test_runtime_markers_are_the_old_exclusion_lists():
     from training.sft import TrainSettings
 
     sft_runtime = {"distributed", "nproc", "packing", "pack_tokens", "encode_cache_gib", "encode_workers"}
-    sft_runtime.add("vision_cache")
+    sft_runtime |= {"vision_cache", "micro_batch"}
     assert runtime_fields(SFTConfig) == sft_runtime
     assert runtime_fields(TrainSettings) == sft_runtime | {"keep_state", "step_sleep_s", "record_step_times"}
     assert runtime_fields(RLConfig) == {"distributed", "nproc"}

@@ -273,6 +273,35 @@ def test_grad_accum_invariant(env):
     assert not all(torch.allclose(naive[n], g, atol=1e-6, rtol=1e-4) for n, g in grads[1].items())
 
 
+def test_micro_batch_sorts_the_step_by_length_and_keeps_its_gradient(env):
+    """sft.micro_batch: the step's samples run length-sorted, micro_batch rows a forward (neighbours in length share
+    the padding), and the update is the one batch_size rows in one forward give."""
+    rows = read_samples(env["data"])
+    idx = [0, 5, 9, 14]
+
+    class Recorded(EncodedSamples):
+        def batch(self, ids, *a, **k):
+            calls.append(list(ids))
+            return super().batch(ids, *a, **k)
+
+    grads, losses = [], []
+    for micro in (None, 2):
+        calls: list[list[int]] = []
+        model, proc = load_model(env["tiny"])
+        model.train()
+        samples = Recorded(rows, SFTCollator(proc))
+        s = TrainSettings(batch_size=4, micro_batch=micro)
+        loss, _, _ = train_step(model, samples, idx, s, torch.device("cpu"))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        losses.append(loss)
+    ordered = sorted(idx, key=samples.length)
+    assert len({samples.length(i) for i in idx}) > 2 and ordered != idx  # the order has to change for the check
+    assert calls == [ordered[:2], ordered[2:]]
+    assert abs(losses[0] - losses[1]) < 1e-5
+    for n, g in grads[0].items():
+        assert torch.allclose(grads[1][n], g, atol=1e-6, rtol=1e-4), n
+
+
 def _packed_per_sample_losses(model, batch: dict, labels) -> list[float]:
     """Each sample's summed target loss, read off one forward of the packed row (segments from cu_seq_lens_q)."""
     from training.losses import _backbone_and_head

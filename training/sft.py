@@ -128,6 +128,7 @@ class TrainSettings:
     encode_cache_gib: float = 4.0  # encoded samples kept in host memory (past it: re-encoded on every use)
     encode_workers: int | None = None  # CUDA: Prefetch processes (None: the cores over the DDP processes, at most 8)
     vision_cache: bool | None = None  # frozen tower, epochs > 1: image features kept (None: on CUDA, off on CPU)
+    micro_batch: int | None = None  # rows a forward (length-sorted within the step; None: batch_size, in order)
 
     @classmethod
     def from_config(cls, sft_cfg: Any) -> "TrainSettings":
@@ -208,6 +209,9 @@ def train_step(
     if s.packing:  # the same samples as packed rows: same loss sum and normaliser, no pad tokens
         lengths = [samples.length(i) for i in mine]
         groups = [[mine[j] for j in sorted(p)] for p in plan_packs(lengths, s.pack_tokens)]
+    elif s.micro_batch and s.micro_batch < len(mine):  # neighbours in length share a forward: little padding
+        ordered = sorted(mine, key=samples.length)
+        groups = [ordered[k : k + s.micro_batch] for k in range(0, len(ordered), s.micro_batch)]
     else:
         groups = [mine[k : k + s.batch_size] for k in range(0, len(mine), s.batch_size)]
     n_target = global_sum(ctx, sum(samples.targets(i) for i in mine))  # CPU ints (gloo under NCCL): no GPU wait
