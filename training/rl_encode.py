@@ -12,7 +12,7 @@ training.rl documents how the update uses them.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 from training.data import (  # noqa: F401 - the SDPO teacher's re-prompt, importable from here as before
     FEEDBACK_BLOCK,
@@ -116,11 +116,13 @@ class RowEncoder:
         return batch, pos, mask
 
 
-def length_batches(idx, enc: list[dict[str, Any]], size: int) -> list[list[int]]:
+def length_batches(idx, enc: list[dict[str, Any]] | Callable[[int], int], size: int) -> list[list[int]]:
     """Micro-batches of `size` rows of `idx` taken in order of sequence length: they pad to similar lengths (a
     random order pads ~24% of a click-button round's tokens, this order ~2%). A minibatch's loss is the sum of its
-    micro-batches' terms over the minibatch's own normaliser, so the grouping changes nothing but the float order."""
-    order = sorted(idx, key=lambda i: enc[i]["input_ids"].shape[-1])
+    micro-batches' terms over the minibatch's own normaliser, so the grouping changes nothing but the float order.
+    `enc`: the encoded rows, or a row's length by index (SFT's EncodedSamples.length)."""
+    length = enc if callable(enc) else lambda i: enc[i]["input_ids"].shape[-1]
+    order = sorted(idx, key=length)
     return [order[k : k + size] for k in range(0, len(order), size)]
 
 

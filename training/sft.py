@@ -204,14 +204,14 @@ def train_step(
 
     from training.losses import labelled_token_loss
     from training.packing import packed_attention, plan_packs
+    from training.rl_encode import length_batches
 
     mine = balanced_share(idx, [samples.length(i) for i in idx], ctx) if ctx.active else idx
     if s.packing:  # the same samples as packed rows: same loss sum and normaliser, no pad tokens
         lengths = [samples.length(i) for i in mine]
         groups = [[mine[j] for j in sorted(p)] for p in plan_packs(lengths, s.pack_tokens)]
     elif s.micro_batch and s.micro_batch < len(mine):  # neighbours in length share a forward: little padding
-        ordered = sorted(mine, key=samples.length)
-        groups = [ordered[k : k + s.micro_batch] for k in range(0, len(ordered), s.micro_batch)]
+        groups = length_batches(mine, samples.length, s.micro_batch)
     else:
         groups = [mine[k : k + s.batch_size] for k in range(0, len(mine), s.batch_size)]
     n_target = global_sum(ctx, sum(samples.targets(i) for i in mine))  # CPU ints (gloo under NCCL): no GPU wait
