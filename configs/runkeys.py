@@ -16,8 +16,8 @@ The ids and what each hashes (tests/test_runkeys.py pins them for configs/tiny.y
   use_ui_text (the prompt the export builds).
 - `midtrain-…` (flywheel.midtrain.dataset_id_for): the corpus run key, the student's prompt fields and
   midtrain.episodes_per_task.
-- `sft-it<N>-…` / `base-…` (training.sft.checkpoint_id_for): the dataset id, its sorted episode ids and step count,
-  the base (lake-relative) and keyed(TrainSettings). RUNTIME there: SFTConfig's distributed, nproc, packing,
+- `sft-it<N>-…` / `base-…` (training.sft_stage.checkpoint_id_for): the dataset id, its sorted episode ids and step
+  count, the base (lake-relative) and keyed(TrainSettings). RUNTIME there: SFTConfig's distributed, nproc, packing,
   pack_tokens, encode_cache_gib, encode_workers, vision_cache and micro_batch, and TrainSettings' own keep_state,
   step_sleep_s and record_step_times. sft.output_root is the stage's (where the checkpoint goes), never a setting.
 - `rl-it<N>-<algo>-…` (flywheel.rl_stage.rl_run_id): the base, the algorithm, keyed(cfg.rl) (RUNTIME: distributed,

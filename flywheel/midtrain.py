@@ -157,17 +157,17 @@ def build_dataset(cfg: FlywheelConfig, run_key: str) -> dict[str, Any]:
 
 
 def checkpoint_id_for(dataset: dict[str, Any], base: str, settings: Any) -> str:
-    from training.sft import checkpoint_id_for as sft_id
+    from training.sft_stage import checkpoint_id_for as sft_id
 
     return sft_id(0, dataset, base, settings, prefix="base")
 
 
 def train_base(cfg: FlywheelConfig, dataset_id: str, *, progress: bool = True) -> dict[str, Any]:
     """SFT from the start model on the corpus -> the base checkpoint (a `checkpoints` row, method and stage
-    'midtrain', id `base-<hash>`): training.sft.sft_stage with cfg.midtrain.sft."""
+    'midtrain', id `base-<hash>`): training.sft_stage.sft_stage with cfg.midtrain.sft."""
     from flywheel.specs import lake_for
     from training.models import ModelError
-    from training.sft import sft_stage
+    from training.sft_stage import sft_stage
 
     start = cfg.midtrain.base or cfg.student.model
     base_path = str(Path(start).expanduser().resolve()) if Path(start).expanduser().exists() else start

@@ -122,7 +122,7 @@ def episodes_result(stage: str, iteration: int, run_key: str, summary: Any, /, *
 
 
 def trained_result(stage: str, iteration: int, outputs: Mapping[str, Any], /) -> StageResult:
-    """A training stage's result from the trainer's dict (training.sft.sft_stage, flywheel.rl_stage): its
+    """A training stage's result from the trainer's dict (training.sft_stage.sft_stage, flywheel.rl_stage): its
     checkpoint is the model folder (`model_path`: a LoRA run's merged model), its legacy `skipped` flag (a
     finished checkpoint of the same inputs was found in this lake) becomes `reused`; one `checkpoints` row."""
     out = {k: v for k, v in outputs.items() if k != "skipped"}

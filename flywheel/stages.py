@@ -167,8 +167,8 @@ def _sft_base(cfg: FlywheelConfig, iteration: int, base: str | None) -> str | No
 
 
 def sft_plan(cfg: FlywheelConfig, iteration: int, dataset_id: str, base: str | None = None) -> dict[str, Any]:
-    """What `sft` would train, to train it on another machine and adopt the run (training.sft.sft_plan)."""
-    from training.sft import sft_plan as plan
+    """What `sft` would train, to train it on another machine and adopt the run (training.sft_stage.sft_plan)."""
+    from training.sft_stage import sft_plan as plan
 
     try:
         return plan(cfg, iteration, dataset_id, _sft_base(cfg, iteration, base))
@@ -193,7 +193,7 @@ def sft(
     checked against this stage's data, base and settings and recorded in its place."""
     from training.adopt import AdoptError
     from training.models import ModelError
-    from training.sft import sft_stage
+    from training.sft_stage import sft_stage
 
     base = _sft_base(cfg, iteration, base)
     try:

@@ -173,7 +173,7 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, pg, tm
     from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from training.export import curate
     from training.models import init_model
-    from training.sft import sft_stage
+    from training.sft_stage import sft_stage
 
     uri = f"s3://{BUCKET}/fly"
     catalog = pg.database("fly")  # many machines: the catalog in PostgreSQL, the data in the bucket
@@ -247,6 +247,13 @@ def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, pg, tm
     row = row.fetchall()
     assert row == [(f"_checkpoints/{out['checkpoint_id']}",)]
     assert lake_b.store.fs.exists(lake_b.store.join(row[0][0], "sft_result.json"))
+    # a rerun reuses the checkpoint without downloading the export again
+    import shutil
+
+    shutil.rmtree(tmp_path / "b" / "_datasets")
+    again = sft_stage(cfg_b, 0, res["dataset_id"], lake=lake_b, progress=False)
+    assert again["skipped"] and again["checkpoint_id"] == out["checkpoint_id"]
+    assert not (tmp_path / "b" / "_datasets").exists()
 
 
 def test_a_checkpoint_upload_failing_partway_leaves_no_row_and_a_rerun_completes_it(s3, tmp_path, monkeypatch):
@@ -259,7 +266,7 @@ def test_a_checkpoint_upload_failing_partway_leaves_no_row_and_a_rerun_completes
     from configs.models import load_config
     from training.export import curate
     from training.models import init_model, load_model
-    from training.sft import sft_stage
+    from training.sft_stage import sft_stage
 
     uri = f"s3://{BUCKET}/partial"
     lake = Lake(uri, cache_dir=tmp_path / "a")

@@ -67,7 +67,8 @@ def _cfg(name: str, overrides: dict | None = None):
 def test_dataset_and_checkpoint_ids_are_pinned(name):
     from flywheel import midtrain as mt
     from training.curation import dataset_id_for
-    from training.sft import TrainSettings, checkpoint_id_for
+    from training.sft import TrainSettings
+    from training.sft_stage import checkpoint_id_for
 
     cfg, want = _cfg(name), PINNED[name]
     s = TrainSettings.from_config(cfg.sft)
@@ -82,7 +83,8 @@ def test_dataset_and_checkpoint_ids_are_pinned(name):
 def test_sft_checkpoint_id_ignores_how_it_is_trained(name):
     """DDP, packing, the encode cache and workers, the vision cache and the test/benchmark knobs keep the objective
     and the sample order: the same checkpoint id."""
-    from training.sft import TrainSettings, checkpoint_id_for
+    from training.sft import TrainSettings
+    from training.sft_stage import checkpoint_id_for
 
     s = TrainSettings.from_config(_cfg(name).sft)
     how = dict(packing=True, pack_tokens=999, distributed="ddp", nproc=2, encode_cache_gib=1.0, encode_workers=3)

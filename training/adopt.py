@@ -16,6 +16,7 @@ The run's own metrics come along (steps, losses, the device it ran on), with `ad
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -52,16 +53,16 @@ def weights_digest(model: str | Path) -> str | None:
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     if not files:
         return None
-    where: dict[str, Path] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            where.update((k, f) for k in st.keys())
     h = hashlib.sha256()
-    for name in sorted(where):
-        with safe_open(str(where[name]), framework="pt") as st:
-            t = st.get_tensor(name)
-        h.update(f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{tuple(t.shape)}\0".encode())
-        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    with contextlib.ExitStack() as stack:  # each file opened once (a large model has hundreds of tensors a shard)
+        where = {}
+        for f in files:
+            st = stack.enter_context(safe_open(str(f), framework="pt"))
+            where.update((k, st) for k in st.keys())
+        for name in sorted(where):
+            t = where[name].get_tensor(name)
+            h.update(f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{tuple(t.shape)}\0".encode())
+            h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

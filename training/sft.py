@@ -2,7 +2,7 @@
 
     metrics = train("models/small-qwen3vl", "lake/_datasets/<id>/train.parquet", Path("lake/_checkpoints/x"),
                     TrainSettings(method="lora", lr=1e-3, epochs=3, batch_size=8, max_minutes=5))
-    res = sft_stage(cfg, iteration=1, dataset_id="curate-it1-...")   # the flywheel stage (checkpoints row)
+    res = training.sft_stage.sft_stage(cfg, 1, "curate-it1-...")  # the flywheel stage (checkpoints row)
     $ python -m training.sft --base models/tiny --data train.parquet --out ckpt --settings '{"epochs": 1}'
 
 Why a lean loop and not TRL's SFTTrainer: resume must be exact (data-order position, schedule, RNG and
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from configs.models import SFT_STAGE_FIELDS, SFTConfig, choices, settings_from
-from configs.runkeys import RUNTIME, keyed, run_key
-from training.adopt import adopt_run, file_digest, weights_digest
+from configs.runkeys import RUNTIME
+from training.adopt import file_digest, weights_digest
 from training.core import (  # noqa: F401
     CHECKPOINTS_DIR,
     MERGED_DIR,
@@ -68,7 +68,6 @@ from training.core import (  # noqa: F401
 # the private names this module had before training.core existed
 from training.core import Bar as _Bar  # noqa: F401
 from training.core import fused_kernels as _fused_kernels
-from training.core import lake_key as _lake_key
 from training.core import model_path_of as _model_path_of  # noqa: F401
 from training.core import trainable as _trainable  # noqa: F401
 from training.distributed import (
@@ -332,11 +331,6 @@ def _encode_workers(s: TrainSettings, ctx: Context) -> int:
     return s.encode_workers or max(1, min(8, (os.cpu_count() or 2) // ctx.world - 1))
 
 
-def _reusable(con, ckpt_id: str, out: Path, root: Path) -> bool:
-    """training.core.reusable for SFT's completion mark (sft_result.json)."""
-    return reusable(con, ckpt_id, out, root, RESULT_FILE)
-
-
 def _save(out: Path, weights: TrainableWeights, opt, st: TrainState, ctx: Context) -> None:
     """Rank 0 writes the resumable state; under DDP it holds every rank's RNG state (each rank's dropout draws its
     own numbers), gathered here from all ranks."""
@@ -559,147 +553,6 @@ def _finish(
         result_file=RESULT_FILE,
         keep_state=s.keep_state,
     )
-
-
-# ------------------------------------------------------------------------------------------------ stage
-def checkpoint_id_for(
-    iteration: int, dataset: dict[str, Any], base: str, s: TrainSettings, prefix: str | None = None
-) -> str:
-    """Deterministic in the data (the manifest's episodes, not just its id), the base and the settings;
-    `<prefix>-<hash>`, the prefix `sft-it<iteration>` unless given (mid-training's is `base`)."""
-    # keyed: the settings but the RUNTIME ones, which change how, not what, is trained (DDP and packing keep the
-    # objective and the sample order)
-    payload = {
-        "dataset": dataset["dataset_id"],
-        "episodes": sorted(dataset["episode_ids"]),
-        "n_steps": dataset["n_steps"],
-        "base": base,
-        "settings": keyed(s),
-    }
-    return run_key(prefix or f"sft-it{int(iteration)}", payload)
-
-
-def _stage_inputs(cfg, iteration, dataset_id, base, lake, sft_cfg, id_prefix) -> dict[str, Any]:
-    """What an SFT stage trains: the lake, the dataset manifest, the base (and its parent checkpoint), the
-    settings, the checkpoint id and its folder."""
-    from storage.catalog import connect
-    from storage.lake import open_lake
-    from training.curation import EXPORT_FILE, manifest
-
-    lake = lake or open_lake(cfg)
-    dataset = manifest(lake, dataset_id)
-    con = connect(lake)
-    base_path, parent = resolve_base(cfg, con, iteration, base, lake.root)
-    s = TrainSettings.from_config(sft_cfg or cfg.sft)
-    ckpt_id = checkpoint_id_for(iteration, dataset, _lake_key(base_path, lake.root), s, id_prefix)
-    return dict(
-        lake=lake,
-        con=con,
-        base_path=base_path,
-        parent=parent,
-        settings=s,
-        ckpt_id=ckpt_id,
-        out=output_root(cfg, lake.root) / ckpt_id,
-        export=lake.fetch(dataset["path"]) / EXPORT_FILE,
-    )
-
-
-def sft_plan(
-    cfg: Any,
-    iteration: int,
-    dataset_id: str,
-    base: str | None = None,
-    *,
-    sft_cfg: Any = None,
-    id_prefix: str | None = None,
-) -> dict[str, Any]:
-    """What `sft_stage` would train, for training it on another machine and adopting the run (training.adopt):
-    the checkpoint id, the export, the base, the settings and the `python -m training.sft` command."""
-    import shlex
-
-    x = _stage_inputs(cfg, iteration, dataset_id, base, None, sft_cfg, id_prefix)
-    settings = {k: v for k, v in asdict(x["settings"]).items() if k not in ("keep_state", "step_sleep_s")}
-    cmd = ["python", "-m", "training.sft", "--base", x["base_path"], "--data", str(x["export"]), "--out", "<folder>"]
-    return {
-        "checkpoint_id": x["ckpt_id"],
-        "data": str(x["export"]),
-        "data_sha256": file_digest(x["export"]),
-        "base": x["base_path"],
-        "base_sha256": weights_digest(x["base_path"]),
-        "settings": settings,
-        "command": shlex.join([*cmd, "--settings", json.dumps(settings)]),
-    }
-
-
-def sft_stage(
-    cfg: Any,
-    iteration: int,
-    dataset_id: str,
-    base: str | None = None,
-    *,
-    lake: Any = None,
-    progress: bool = True,
-    git_sha: str | None = None,
-    method: str = "sft",
-    sft_cfg: Any = None,
-    id_prefix: str | None = None,
-    adopt: str | Path | None = None,
-) -> dict[str, Any]:
-    """Fine-tune on a dataset manifest; a finished checkpoint of this lake (its row is here) is reused, not retrained.
-    Writes a `checkpoints` row; the checkpoint folder is under the lake (output_root).
-
-    `method` names the row's method, its stage partition and the config section hashed into it; `sft_cfg` holds the
-    training settings (default cfg.sft) and `id_prefix` the checkpoint id's prefix (checkpoint_id_for). Mid-training
-    (flywheel/midtrain.py) trains its base through here with method 'midtrain' and cfg.midtrain.sft. `adopt`: a
-    finished run of this stage trained elsewhere (sft_plan), checked and recorded instead of training here."""
-    x = _stage_inputs(cfg, iteration, dataset_id, base, lake, sft_cfg, id_prefix)
-    lake, con, base_path, parent, s, ckpt_id, out = (
-        x[k] for k in ("lake", "con", "base_path", "parent", "settings", "ckpt_id", "out")
-    )
-    done = out / RESULT_FILE
-    skipped = _reusable(con, ckpt_id, out, lake.root)
-    if skipped:
-        metrics = json.loads(done.read_text())
-    elif adopt is not None:
-        metrics = adopt_run(adopt, out, s, x["export"], base_path, RESULT_FILE)
-    else:
-        metrics = train(base_path, x["export"], out, s, progress=progress)
-    # sft_result.json holds the absolute paths of when it was trained: the folder may have moved with its lake since
-    merged = str(out / MERGED_DIR) if metrics.get("merged_path") else None
-    metrics.update(merged_path=merged, model_path=merged or str(out))
-    row = checkpoint_row(
-        lake,
-        ckpt_id=ckpt_id,
-        out=out,
-        method=method,
-        base_model=metrics["base_model"],
-        parent=parent,
-        dataset_id=dataset_id,
-        adapter=metrics["adapter"],
-        metrics=metrics,
-        git_sha=git_sha,
-        config_hash=cfg.config_hash(method),
-    )
-    if not skipped and out.resolve().is_relative_to(lake.root):
-        lake.publish(out)  # an object-store lake: into the bucket before its row (no-op on disk)
-    lake.replace_run("checkpoints", [[row]], iteration=iteration, stage=method, run_key=ckpt_id)
-    return {
-        "checkpoint_id": ckpt_id,
-        "path": str(out),
-        "model_path": metrics["model_path"],
-        "merged_path": metrics["merged_path"],
-        "adapter": metrics["adapter"],
-        "dataset_id": dataset_id,
-        "base_model": metrics["base_model"],
-        "parent_checkpoint": parent,
-        "skipped": skipped,
-        "final_loss": metrics["final_loss"],
-        "steps": metrics["steps"],
-        "tokens_per_s": metrics["tokens_per_s"],
-        "stopped": metrics.get("stopped"),
-        "train_s": metrics.get("wall_s"),
-        "adopted_from": metrics.get("adopted_from"),
-    }
 
 
 # ------------------------------------------------------------------------------------------------ CLI
