@@ -23,10 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# name -> (TrainSettings fields, the forward under bf16 autocast)
 VARIANTS = {
-    "plain": {},
-    "micro4_cache": {"micro_batch": 4, "vision_cache": True},
-    "micro4_cache_bf16": {"micro_batch": 4, "vision_cache": True},  # and the forward under bf16 autocast
+    "plain": ({}, False),
+    "micro4_cache": ({"micro_batch": 4, "vision_cache": True}, False),
+    "micro4_cache_bf16": ({"micro_batch": 4, "vision_cache": True}, True),
 }
 
 
@@ -64,10 +65,11 @@ def main() -> None:
     losses: dict[str, float] = {}
     for _ in range(a.repeats):
         for name in names:
+            fields, bf16 = VARIANTS[name]
             s = dataclasses.replace(
-                base, max_steps=a.steps, max_minutes=None, record_step_times=True, save_every=10**6, **VARIANTS[name]
+                base, max_steps=a.steps, max_minutes=None, record_step_times=True, save_every=10**6, **fields
             )
-            set_autocast(torch.bfloat16 if name.endswith("_bf16") else None)
+            set_autocast(torch.bfloat16 if bf16 else None)
             with tempfile.TemporaryDirectory() as tmp:
                 m = train(a.model, a.data, Path(tmp) / "out", s, progress=False)
             times[name].append(statistics.median(m["step_times"][a.skip :]))

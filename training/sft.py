@@ -22,7 +22,8 @@ ours (training.data.SFTCollator: the rollouts' chat template, assistant-only lab
   training.models.load_model; for LoRA also `<out>/merged/` (merge_and_unload); `sft_result.json` last.
 - Unsloth's FastVisionModel is used only when asked, installed and on CUDA (never on CPU); same data/outputs.
 - The optimizer, TrainableWeights, resumable state, lr schedule, budget, progress bar, model save and
-  checkpoint lineage are training.core's, shared with RL (training/rl.py); the names stay importable from here.
+  checkpoint lineage are training.core's, shared with RL (training/rl.py); the loop's names stay importable from
+  here. The stage's lake side (checkpoint id, reuse, adopt, the `checkpoints` row) is training/sft_stage.py.
 """
 
 from __future__ import annotations
@@ -41,14 +42,12 @@ from configs.runkeys import RUNTIME
 from training.adopt import file_digest, weights_digest
 from training.core import (  # noqa: F401
     CHECKPOINTS_DIR,
-    MERGED_DIR,
     STATE_DIR,
     Bar,
     TrainableWeights,  # noqa: F401 (re-exported)
     TrainState,
     _perm,
     _unsloth_model,
-    checkpoint_row,
     fit_budget,
     latest_state,
     load_for_training,
@@ -56,9 +55,6 @@ from training.core import (  # noqa: F401
     lr_factor,
     make_optimizer,
     optimizer_step,
-    output_root,
-    resolve_base,
-    reusable,
     rng_state,
     sample_at,
     save_model,
