@@ -23,17 +23,17 @@ ours (training.data.SFTCollator: the rollouts' chat template, assistant-only lab
 - Unsloth's FastVisionModel is used only when asked, installed and on CUDA (never on CPU); same data/outputs.
 - The optimizer, TrainableWeights, resumable state, lr schedule, budget, progress bar, model save and
   checkpoint lineage are training.core's, shared with RL (training/rl.py); the loop's names stay importable from
-  here. The stage's lake side (checkpoint id, reuse, adopt, the `checkpoints` row) is training/sft_stage.py.
+  here. The run's bookkeeping (where it starts, the state it saves, the step clock, the metrics and the final save)
+  is training/sft_run.py; the stage's lake side (checkpoint id, reuse, adopt, the `checkpoints` row) is
+  training/sft_stage.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
-from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -67,11 +67,9 @@ from training.core import fused_kernels as _fused_kernels
 from training.core import model_path_of as _model_path_of  # noqa: F401
 from training.core import trainable as _trainable  # noqa: F401
 from training.distributed import (
-    RESULT_FILE,
     Context,
     balanced_share,
     ddp_wrap,
-    gather,
     global_float,
     global_sum,
     launch,
@@ -81,6 +79,7 @@ from training.distributed import (
 )
 from training.progress import ProgressLog, draws_bar
 from training.samples import EncodedSamples, Prefetch  # noqa: F401 (EncodedSamples: the tests import it here)
+from training.sft_run import StepClock, finish, save_run_state, start_state
 
 
 @dataclass
@@ -167,15 +166,6 @@ def read_samples(data_files: str | Path) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------------ loop
-def _plan(n: int, s: TrainSettings) -> tuple[int, int]:
-    """(optimizer steps, warmup steps) for n samples: the stream is ceil(epochs * n) samples long."""
-    per_step = s.batch_size * s.grad_accum
-    steps = math.ceil(math.ceil(s.epochs * n) / per_step)
-    if s.max_steps:
-        steps = min(steps, s.max_steps)
-    return steps, min(math.ceil(s.warmup_ratio * steps), steps)
-
-
 def train_step(
     model,
     samples: EncodedSamples,
@@ -327,29 +317,6 @@ def _encode_workers(s: TrainSettings, ctx: Context) -> int:
     return s.encode_workers or max(1, min(8, (os.cpu_count() or 2) // ctx.world - 1))
 
 
-def _save(out: Path, weights: TrainableWeights, opt, st: TrainState, ctx: Context) -> None:
-    """Rank 0 writes the resumable state; under DDP it holds every rank's RNG state (each rank's dropout draws its
-    own numbers), gathered here from all ranks."""
-    rng = {"ranks": gather(ctx, rng_state())} if ctx.active else None
-    if ctx.main:
-        save_state(out, weights, opt, st, rng=rng)
-
-
-def _start_state(out: Path, n: int, weights: TrainableWeights, opt, s: TrainSettings, rank: int = 0) -> TrainState:
-    """The newest checkpoint's state (weights, optimizer and RNG restored), or a fresh plan for n samples."""
-    ckpt = latest_state(out)
-    if ckpt is None:
-        planned, warmup = _plan(n, s)
-        return TrainState(planned_steps=planned, total_steps=planned, warmup_steps=warmup, n_samples=n)
-    st = load_state(ckpt, weights, opt, rank=rank)
-    if st.n_samples != n:
-        raise ValueError(
-            f"{ckpt} was trained on {st.n_samples} samples but the dataset has {n}: resume with "
-            f"the same data, or use a new output folder"
-        )
-    return st
-
-
 def train(
     base: str | Path,
     data_files: str | Path,
@@ -391,44 +358,50 @@ def _train(
     rows = [retarget_sample(r, s.targets) for r in raw + hinted_samples(raw, s.hint_fraction, s.seed)]
     kernels = _fused_kernels(base) if s.fused_kernels and model_and_processor is None else []
     model, proc = model_and_processor or load_for_training(base, s)
-    device = next(model.parameters()).device
     # fp32 masters only for low-precision LoRA adapters (a bf16 full fine-tune would double its memory)
     weights = TrainableWeights(model, master=s.method == "lora")
     opt = _optimizer(weights, s)
-    st = _start_state(out, len(rows), weights, opt, s, ctx.rank)
+    st = start_state(out, len(rows), weights, opt, s, ctx.rank)
     resumed_from = st.step
-    samples = _encoded_samples(model, proc, rows, s, device)
-    per_step = s.batch_size * s.grad_accum
-    if per_step < ctx.world:  # a rank without a sample would skip the gradient all-reduce the others wait in
-        raise ValueError(f"sft.batch_size x sft.grad_accum ({per_step}) must be >= the DDP processes ({ctx.world})")
+    samples = _encoded_samples(model, proc, rows, s, next(model.parameters()).device)
+    if s.batch_size * s.grad_accum < ctx.world:  # a rank without a sample would skip the all-reduce the others wait in
+        raise ValueError(
+            f"sft.batch_size x sft.grad_accum ({s.batch_size * s.grad_accum}) must be >= the DDP "
+            f"processes ({ctx.world})"
+        )
+    clock = StepClock(s, ctx)
+    _steps(model, weights, opt, samples, st, s, out, ctx, clock, progress)
+    st.stopped = st.stopped or "done"
+    save_run_state(out, weights, opt, st, ctx)  # a crash while saving the final model resumes here and only re-saves
+    if not ctx.main:  # rank 0 saves; the others wait for it (teardown's barrier) and report nothing
+        return {}
+    # what it trained on, so a run on another machine can be adopted into a lake (training.adopt)
+    extra = dict(
+        clock.report(), data_sha256=file_digest(data_files), base_sha256=weights_digest(base), n_samples=len(raw)
+    )
+    return finish(model, proc, out, s, st, base, resumed_from, kernels, world_size=ctx.world, **extra)
+
+
+def _steps(model, weights, opt, samples, st: TrainState, s: TrainSettings, out: Path, ctx: Context, clock, progress):
+    """Optimizer steps until the plan is done or the time budget is spent (`st.stopped = "budget"`), saving the
+    resumable state every save_every steps; a progress bar on a terminal, progress lines elsewhere."""
+    device = next(model.parameters()).device
     bar = Bar(st.planned_steps, st.step, "sft") if draws_bar(progress) else None
     plog = ProgressLog("sft", st.planned_steps, st.step, quiet=bar is not None or not ctx.main)  # lines: no bar
     ddp = ddp_wrap(_loss_sum, model, device) if ctx.active else None
     ahead = Prefetch(samples, _encode_workers(s, ctx)) if device.type == "cuda" else None  # CPU: the cores train
     model.train()
-    step_log: list[tuple[float, int]] = []
-    t_run, recent = time.monotonic(), deque(maxlen=10)  # step times: the budget fit follows the current load
+    t_run = time.monotonic()
     try:
         while st.step < st.planned_steps:
             if s.max_minutes and st.elapsed_s >= s.max_minutes * 60:
                 st.stopped = "budget"
                 break
             t0 = time.monotonic()
-            idx = [sample_at(st.samples_seen + k, len(rows), s.seed) for k in range(per_step)]
-            if ahead:  # the next step's samples (this rank's share) are encoded while this step runs on the GPU
-                nxt = [sample_at(st.samples_seen + per_step + k, len(rows), s.seed) for k in range(per_step)]
-                ahead.start(balanced_share(nxt, [samples.length(i) for i in nxt], ctx))
-            for g in opt.param_groups:
-                g["lr"] = s.lr * lr_factor(st.step + 1, st.planned_steps, st.warmup_steps)
-            loss, n_target, tokens = train_step(model, samples, idx, s, device, ddp, ctx, defer=DEFER_LOSS)
-            optimizer_step(weights, opt, s.grad_clip)
-            loss = float(loss)  # after the optimizer step is queued (DeferredLoss)
+            tokens = _one_step(model, weights, opt, samples, st, s, ctx, ddp, ahead)
             if s.step_sleep_s:
                 time.sleep(s.step_sleep_s)
-            st.step, st.samples_seen = st.step + 1, st.samples_seen + per_step
-            st.tokens, st.target_tokens = st.tokens + tokens, st.target_tokens + n_target
-            st.losses.append(round(loss, 6))
-            if _clock(st, s, ctx, time.monotonic() - t0, tokens, step_log, recent):
+            if clock.tick(st, time.monotonic() - t0, tokens):
                 plog.total = st.planned_steps
                 if bar:
                     bar.total(st.planned_steps)
@@ -436,119 +409,32 @@ def _train(
                 bar.update(st, time.monotonic() - t_run)
             plog.update(st.step, loss=st.losses[-1])
             if st.step % s.save_every == 0 and st.step < st.planned_steps:
-                _save(out, weights, opt, st, ctx)
+                save_run_state(out, weights, opt, st, ctx)
     finally:
         if ahead:
             ahead.close()
         if bar:
             bar.stop()
         plog.stop()
-    st.stopped = st.stopped or "done"
-    _save(out, weights, opt, st, ctx)  # a crash while saving the final model resumes here and only re-saves
-    if not ctx.main:  # rank 0 saves; the others wait for it (teardown's barrier) and report nothing
-        return {}
-    extra = {"step_times": [t for t, _ in step_log], "step_tokens": [n for _, n in step_log]} if step_log else {}
-    # what it trained on, so a run on another machine can be adopted into a lake (training.adopt)
-    extra.update(data_sha256=file_digest(data_files), base_sha256=weights_digest(base), n_samples=len(raw))
-    return _finish(model, proc, out, s, st, base, resumed_from, kernels, world_size=ctx.world, **extra)
 
 
-def _clock(
-    st: TrainState,
-    s: TrainSettings,
-    ctx: Context,
-    seconds: float,
-    tokens: int,
-    step_log: list[tuple[float, int]],
-    recent: deque,
-) -> bool:
-    """Account one step's time; True when the budget fit changed the planned steps. Under DDP the time is the
-    ranks' mean, so every rank takes the same budget decisions (a rank stopping alone would hang the others)."""
-    dt = global_float(ctx, seconds) / ctx.world
-    st.elapsed_s += dt
-    if s.record_step_times:
-        step_log.append((round(dt, 5), tokens))
-    recent.append(dt)
-    if s.max_minutes and s.schedule_to_budget and len(recent) >= 4 and st.step % 4 == 0:
-        # leave out the oldest time in the window: early on that is the first step, which pays one-off costs
-        # (allocations, lazy init)
-        fit_budget(st, s, sum(list(recent)[1:]) / (len(recent) - 1))
-        return True
-    return False
-
-
-def _metrics(st: TrainState, s: TrainSettings, model, base: str) -> dict[str, Any]:
-    from training.models import count_parameters
-
-    tail = st.losses[-10:] or [float("nan")]
-    curve = st.losses if len(st.losses) <= 200 else st.losses[:: math.ceil(len(st.losses) / 200)]
-    wall = max(st.elapsed_s, 1e-9)
-    return {
-        "final_loss": sum(tail) / len(tail),
-        "first_loss": st.losses[0] if st.losses else None,
-        "steps": st.step,
-        "planned_steps": st.planned_steps,
-        "total_steps": st.total_steps,
-        "samples_seen": st.samples_seen,
-        "tokens": st.tokens,
-        "target_tokens": st.target_tokens,
-        "wall_s": round(st.elapsed_s, 2),
-        "steps_per_s": st.step / wall,
-        "tokens_per_s": st.tokens / wall,
-        "target_tokens_per_s": st.target_tokens / wall,
-        "stopped": st.stopped,
-        "loss_curve": curve,
-        "trainable_params": count_parameters(model)["trainable"],
-        "method": s.method,
-        "base_model": base,
-        "settings": asdict(s),
-        **_placement(model),
-    }
-
-
-def _placement(model) -> dict[str, Any]:
-    """Where training ran and in what precision (picked automatically: CUDA -> bf16, CPU -> fp32)."""
-    import torch
-
-    p = next(model.parameters())
-    trainable = [q for q in model.parameters() if q.requires_grad]
-    return {
-        "device": torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else str(p.device),
-        "dtype": str(p.dtype).removeprefix("torch."),
-        "trainable_dtype": str(trainable[0].dtype).removeprefix("torch.") if trainable else None,
-    }
-
-
-def _finish(
-    model,
-    proc,
-    out: Path,
-    s: TrainSettings,
-    st: TrainState,
-    base: str,
-    resumed_from: int,
-    kernels: list[str],
-    world_size: int = 1,
-    **extra: Any,
-) -> dict[str, Any]:
-    """Save the adapter/full model + processor (+ merged model), then sft_result.json as the completion mark."""
-    metrics = dict(
-        _metrics(st, s, model, base),
-        resumed_from_step=resumed_from,
-        fused_kernels=kernels,
-        world_size=world_size,
-        **extra,
-    )
-    return save_model(
-        model,
-        proc,
-        out,
-        metrics,
-        merge=s.merge,
-        adapter=s.method == "lora",
-        result_file=RESULT_FILE,
-        keep_state=s.keep_state,
-    )
+def _one_step(model, weights, opt, samples, st: TrainState, s: TrainSettings, ctx: Context, ddp, ahead) -> int:
+    """One optimizer step on the stream's next batch_size x grad_accum samples; advances `st` and returns the
+    step's tokens."""
+    per_step, n = s.batch_size * s.grad_accum, st.n_samples
+    idx = [sample_at(st.samples_seen + k, n, s.seed) for k in range(per_step)]
+    if ahead:  # the next step's samples (this rank's share) are encoded while this step runs on the GPU
+        nxt = [sample_at(st.samples_seen + per_step + k, n, s.seed) for k in range(per_step)]
+        ahead.start(balanced_share(nxt, [samples.length(i) for i in nxt], ctx))
+    for g in opt.param_groups:
+        g["lr"] = s.lr * lr_factor(st.step + 1, st.planned_steps, st.warmup_steps)
+    device = next(model.parameters()).device
+    loss, n_target, tokens = train_step(model, samples, idx, s, device, ddp, ctx, defer=DEFER_LOSS)
+    optimizer_step(weights, opt, s.grad_clip)
+    st.step, st.samples_seen = st.step + 1, st.samples_seen + per_step
+    st.tokens, st.target_tokens = st.tokens + tokens, st.target_tokens + n_target
+    st.losses.append(round(float(loss), 6))  # read after the optimizer step is queued (DeferredLoss)
+    return tokens
 
 
 # ------------------------------------------------------------------------------------------------ CLI
