@@ -164,6 +164,10 @@ def rollout_spec(
     if task_seeds is not None:
         tasks = [t for t in tasks if t in task_seeds] + [t for t in task_seeds if t not in tasks]
         payload.update(tasks=tasks, seeds=None, task_seeds=task_seeds)
+    if any(t.startswith("synth/") for t in tasks):  # a changed page generator draws other pages for the same seeds
+        from envs import synth
+
+        payload["synth_pages"] = synth.version()
     key = run_key_for(stage, iteration, payload)
     caps = {t.task_id: cfg.env.max_steps or t.max_steps for t in registry.TASKS if t.task_id in tasks}
     if task_seeds is not None:

@@ -148,3 +148,36 @@ def test_pages_must_name_kinds_of_the_corpus(tmp_path):
         _cfg(tmp_path, **{"midtrain.pages": {"synth/form": 5}})
     with pytest.raises(ConfigError, match=">= 1 page"):
         _cfg(tmp_path, **{"midtrain.pages": {"synth/click": 0}})
+
+
+def test_a_changed_page_generator_is_another_corpus(built, monkeypatch):
+    """The same kinds and seeds draw other pages once synth.js changes: the corpus (and so its dataset and the base)
+    must not be found by the old run key, and a MiniWoB-only rollout's key does not depend on the generator."""
+    from envs import synth
+
+    cfg = built["cfg"]
+    before = mt.corpus_spec(cfg).run_key
+    plain = specs.rollout_spec(
+        cfg,
+        iteration=0,
+        stage="bootstrap",
+        policy=mt.PolicySpec("scripted"),
+        tasks=["click-test"],
+        seeds=[1],
+        split="train",
+    ).run_key
+    monkeypatch.setattr(synth, "version", lambda: "0123456789ab")
+    assert mt.corpus_spec(cfg).run_key != before
+    assert mt.dataset_id_for(cfg, mt.corpus_spec(cfg).run_key) != mt.dataset_id_for(cfg, before)
+    assert (
+        specs.rollout_spec(
+            cfg,
+            iteration=0,
+            stage="bootstrap",
+            policy=mt.PolicySpec("scripted"),
+            tasks=["click-test"],
+            seeds=[1],
+            split="train",
+        ).run_key
+        == plain
+    )
