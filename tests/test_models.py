@@ -178,6 +178,20 @@ def test_assistant_mask_covers_exactly_the_replies(tiny, arch):
     assert len(spans) == 4  # two separate assistant spans
 
 
+def test_sft_refuses_a_transformers_too_old_for_its_assistant_mask(tiny, monkeypatch):
+    """transformers 5.17 (a GPU image's) marks no assistant token in most samples with an image: the collator says
+    which version it found and what to install, before any sample fails with a puzzling one."""
+    import transformers
+
+    from training.data import SFTCollator
+
+    proc = load_processor(str(tiny["qwen3-vl"]))
+    assert SFTCollator(proc).pad_id is not None  # the installed version passes
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    with pytest.raises(RuntimeError, match=r"transformers 5\.17\.0 is too old.*transformers>=5\.18"):
+        SFTCollator(proc)
+
+
 # ------------------------------------------------------------------------------------------ generate
 @pytest.mark.parametrize("arch", ARCHS)
 def test_generate_batched_left_padding_matches_single(tiny, arch):

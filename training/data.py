@@ -397,7 +397,17 @@ class SFTCollator:
     right-padded concatenation (`pad`), so a training loop can encode every sample once and reuse the tensors
     every epoch (training.sft caches them); `collator(samples)` is `pad([encode(s) for s in samples])`."""
 
+    MIN_TRANSFORMERS = (5, 18)  # 5.17's processors return an empty assistant mask for most samples with an image
+
     def __init__(self, processor):
+        import transformers
+
+        have = tuple(int(x) for x in re.findall(r"\d+", transformers.__version__)[:2])
+        if have < self.MIN_TRANSFORMERS:
+            raise RuntimeError(
+                f"transformers {transformers.__version__} is too old for SFT: its processors mark no assistant tokens "
+                f"in most samples with an image; install transformers>={'.'.join(map(str, self.MIN_TRANSFORMERS))}"
+            )
         self.processor = processor
         tok = getattr(processor, "tokenizer", processor)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
