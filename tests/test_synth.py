@@ -228,6 +228,34 @@ def test_series_pages_label_everything_alike_but_the_number(env):
 
 
 @pytest.mark.browser
+def test_document_pages_stack_blocks_from_the_left_edge_and_the_teacher_picks_by_label(env):
+    """About a third of click pages are laid out as a document: texts are full-width blocks (no other layout gives a
+    span the whole 156 px line) and buttons and links run inline, so rows share their y. Nothing overlaps, everything
+    stays in the 160 px area, and the teacher still clicks the named element."""
+    docs = []
+    for seed in range(30):
+        obs = env.reset("synth/click", seed)
+        els = [e for e in obs.extra["dom_elements"] if e["width"] > 0 and e["height"] > 0 and e["tag"] != "input_text"]
+        spans = [e for e in els if e["tag"] == "span" and round(e["width"]) == 156]
+        if not spans:
+            continue
+        docs.append(seed)
+        shown = [e for e in els if e["tag"] in ("button", "a", "span")]
+        for e in shown:
+            assert 0 <= e["left"] and e["left"] + e["width"] <= 160 and 50 <= e["top"] <= 210, (seed, e)
+        for i, a in enumerate(shown):
+            for b in shown[i + 1 :]:
+                apart = (a["left"] + a["width"] <= b["left"] or b["left"] + b["width"] <= a["left"]
+                         or a["top"] + a["height"] <= b["top"] or b["top"] + b["height"] <= a["top"])
+                assert apart, (seed, a, b)
+    assert 4 <= len(docs) <= 20, docs
+    for seed in docs[:3]:
+        reward, decisions, _ = run_teacher(env, "synth/click", seed)
+        target = dict(env.reset("synth/click", seed).extra["fields"])["target"]
+        assert reward == 1.0 and f'"{target}"' in decisions[-1].action_desc
+
+
+@pytest.mark.browser
 def test_switch_between_miniwob_and_synth(env):
     a = env.reset("click-test", 1)
     assert a.extra["task_id"] == "click-test" and a.instruction == "Click the button."

@@ -245,9 +245,40 @@ SYN.flow = function (area, nodes) {
   box.style.top = SYN.r(SYN.M, SYN.H - SYN.M - h) + 'px';
   return true;
 };
+// A document from the top-left, as most web pages and forms are laid out: texts and fields are blocks (a line each),
+// buttons and links run inline and sometimes end their line. Many elements share the left edge and a row of buttons
+// shares its y, so the element a label names must be told from its neighbours by the label, not by where it is.
+SYN.doc = function (area, nodes) {
+  area.innerHTML = '';
+  var box = document.createElement('div'), inner = SYN.W - 2 * SYN.M;
+  box.style.position = 'absolute'; box.style.left = SYN.M + 'px'; box.style.top = '0px';
+  box.style.width = inner + 'px';
+  box.style.textAlign = SYN.chance(0.8) ? 'left' : 'center';
+  area.appendChild(box);
+  var mv = SYN.r(0, 4), mh = SYN.r(0, 6), breakP = SYN.pick([0.2, 0.5, 0.8]);
+  nodes.forEach(function (n) {
+    var inline = n.tagName === 'BUTTON' || n.tagName === 'A';
+    n.style.position = 'static'; n.style.verticalAlign = 'middle';
+    n.style.display = inline ? 'inline-block' : 'block';
+    n.style.margin = mv + 'px ' + (inline ? mh : 0) + 'px';
+    box.appendChild(n);
+    if (inline && SYN.chance(breakP)) box.appendChild(document.createElement('br'));
+  });
+  var h = Math.ceil(box.getBoundingClientRect().height);
+  if (h > SYN.H - 2 * SYN.M) return false;
+  for (var i = 0; i < nodes.length; i++) {  // an inline element wider than a line would overflow it
+    if (nodes[i].style.display === 'inline-block' && nodes[i].getBoundingClientRect().width > inner - 2 * mh) return false;
+  }
+  box.style.top = SYN.r(SYN.M, Math.min(SYN.M + 24, SYN.H - SYN.M - h)) + 'px';
+  return true;
+};
+// One draw picks the layout: a flow a quarter of the time, a document a third, else scattered. A draw that does not
+// fit falls back to scattering (and, crowded, to a flow).
 SYN.layout = function (area, nodes) {
   core.shuffle(nodes);
-  if (SYN.chance(0.25) && SYN.flow(area, nodes)) return true;
+  var u = Math.random();
+  if (u < 0.25 && SYN.flow(area, nodes)) return true;
+  if (u >= 0.25 && u < 0.6 && SYN.doc(area, nodes)) return true;
   for (var k = 0; k < 6; k++) if (SYN.scatter(area, nodes, SYN.W, SYN.H, SYN.M)) return true;
   return SYN.flow(area, nodes);
 };
