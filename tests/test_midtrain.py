@@ -156,28 +156,16 @@ def test_a_changed_page_generator_is_another_corpus(built, monkeypatch):
     from envs import synth
 
     cfg = built["cfg"]
-    before = mt.corpus_spec(cfg).run_key
-    plain = specs.rollout_spec(
-        cfg,
-        iteration=0,
-        stage="bootstrap",
-        policy=mt.PolicySpec("scripted"),
-        tasks=["click-test"],
-        seeds=[1],
-        split="train",
-    ).run_key
+
+    def miniwob_key() -> str:
+        policy = mt.PolicySpec("scripted")
+        spec = specs.rollout_spec(
+            cfg, iteration=0, stage="bootstrap", policy=policy, tasks=["click-test"], seeds=[1], split="train"
+        )
+        return spec.run_key
+
+    before, plain = mt.corpus_spec(cfg).run_key, miniwob_key()
     monkeypatch.setattr(synth, "version", lambda: "0123456789ab")
     assert mt.corpus_spec(cfg).run_key != before
     assert mt.dataset_id_for(cfg, mt.corpus_spec(cfg).run_key) != mt.dataset_id_for(cfg, before)
-    assert (
-        specs.rollout_spec(
-            cfg,
-            iteration=0,
-            stage="bootstrap",
-            policy=mt.PolicySpec("scripted"),
-            tasks=["click-test"],
-            seeds=[1],
-            split="train",
-        ).run_key
-        == plain
-    )
+    assert miniwob_key() == plain
