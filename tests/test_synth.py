@@ -245,8 +245,12 @@ def test_document_pages_stack_blocks_from_the_left_edge_and_the_teacher_picks_by
             assert 0 <= e["left"] and e["left"] + e["width"] <= 160 and 50 <= e["top"] <= 210, (seed, e)
         for i, a in enumerate(shown):
             for b in shown[i + 1 :]:
-                apart = (a["left"] + a["width"] <= b["left"] or b["left"] + b["width"] <= a["left"]
-                         or a["top"] + a["height"] <= b["top"] or b["top"] + b["height"] <= a["top"])
+                apart = (
+                    a["left"] + a["width"] <= b["left"]
+                    or b["left"] + b["width"] <= a["left"]
+                    or a["top"] + a["height"] <= b["top"]
+                    or b["top"] + b["height"] <= a["top"]
+                )
                 assert apart, (seed, a, b)
     assert 4 <= len(docs) <= 20, docs
     for seed in docs[:3]:
