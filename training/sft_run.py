@@ -1,4 +1,5 @@
-"""The bookkeeping around the SFT loop (training/sft.py): where a run starts, what it saves, how its steps are
+"""The bookkeeping around the SFT loop (training/sft.py; `s` below is its TrainSettings, not imported here: sft imports
+this module): where a run starts, what it saves, how its steps are
 clocked against the budget, and what it reports when it ends.
 
     st = start_state(out, n_samples, weights, opt, s, rank)     # the newest state/step-N, or a fresh plan
@@ -16,17 +17,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from training.core import TrainableWeights, TrainState, fit_budget, latest_state, load_state, rng_state, save_model
 from training.core import save_state as _write_state
 from training.distributed import RESULT_FILE, Context, gather, global_float
 
-if TYPE_CHECKING:
-    from training.sft import TrainSettings
 
-
-def plan_steps(n: int, s: "TrainSettings") -> tuple[int, int]:
+def plan_steps(n: int, s: Any) -> tuple[int, int]:
     """(optimizer steps, warmup steps) for n samples: the stream is ceil(epochs * n) samples long."""
     per_step = s.batch_size * s.grad_accum
     steps = math.ceil(math.ceil(s.epochs * n) / per_step)
@@ -43,7 +41,7 @@ def save_run_state(out: Path, weights: TrainableWeights, opt, st: TrainState, ct
         _write_state(out, weights, opt, st, rng=rng)
 
 
-def start_state(out: Path, n: int, weights: TrainableWeights, opt, s: "TrainSettings", rank: int = 0) -> TrainState:
+def start_state(out: Path, n: int, weights: TrainableWeights, opt, s: Any, rank: int = 0) -> TrainState:
     """The newest checkpoint's state (weights, optimizer and RNG restored), or a fresh plan for n samples."""
     ckpt = latest_state(out)
     if ckpt is None:
@@ -62,7 +60,7 @@ class StepClock:
     """Each step's time against the budget. Under DDP a step's time is the ranks' mean, so every rank takes the
     same budget decisions (a rank stopping alone would hang the others)."""
 
-    def __init__(self, s: "TrainSettings", ctx: Context):
+    def __init__(self, s: Any, ctx: Context):
         self.s, self.ctx = s, ctx
         self.log: list[tuple[float, int]] = []  # (seconds, tokens) per step, with s.record_step_times
         self.recent: deque = deque(maxlen=10)  # the budget fit follows the current load
@@ -85,7 +83,7 @@ class StepClock:
         return {"step_times": [t for t, _ in self.log], "step_tokens": [n for _, n in self.log]} if self.log else {}
 
 
-def metrics(st: TrainState, s: "TrainSettings", model, base: str) -> dict[str, Any]:
+def metrics(st: TrainState, s: Any, model, base: str) -> dict[str, Any]:
     """sft_result.json's numbers: losses, steps, tokens, rates, the stop reason and where it ran."""
     from dataclasses import asdict
 
@@ -134,7 +132,7 @@ def finish(
     model,
     proc,
     out: Path,
-    s: "TrainSettings",
+    s: Any,
     st: TrainState,
     base: str,
     resumed_from: int,
