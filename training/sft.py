@@ -364,11 +364,9 @@ def _train(
     st = start_state(out, len(rows), weights, opt, s, ctx.rank)
     resumed_from = st.step
     samples = _encoded_samples(model, proc, rows, s, next(model.parameters()).device)
-    if s.batch_size * s.grad_accum < ctx.world:  # a rank without a sample would skip the all-reduce the others wait in
-        raise ValueError(
-            f"sft.batch_size x sft.grad_accum ({s.batch_size * s.grad_accum}) must be >= the DDP "
-            f"processes ({ctx.world})"
-        )
+    per_step = s.batch_size * s.grad_accum
+    if per_step < ctx.world:  # a rank without a sample would skip the gradient all-reduce the others wait in
+        raise ValueError(f"sft.batch_size x sft.grad_accum ({per_step}) must be >= the DDP processes ({ctx.world})")
     clock = StepClock(s, ctx)
     _steps(model, weights, opt, samples, st, s, out, ctx, clock, progress)
     st.stopped = st.stopped or "done"
@@ -398,7 +396,7 @@ def _steps(model, weights, opt, samples, st: TrainState, s: TrainSettings, out: 
                 st.stopped = "budget"
                 break
             t0 = time.monotonic()
-            tokens = _one_step(model, weights, opt, samples, st, s, ctx, ddp, ahead)
+            tokens = _one_step(model, weights, opt, samples, st, s, ctx, device, ddp, ahead)
             if s.step_sleep_s:
                 time.sleep(s.step_sleep_s)
             if clock.tick(st, time.monotonic() - t0, tokens):
@@ -418,7 +416,7 @@ def _steps(model, weights, opt, samples, st: TrainState, s: TrainSettings, out: 
         plog.stop()
 
 
-def _one_step(model, weights, opt, samples, st: TrainState, s: TrainSettings, ctx: Context, ddp, ahead) -> int:
+def _one_step(model, weights, opt, samples, st: TrainState, s: TrainSettings, ctx: Context, device, ddp, ahead) -> int:
     """One optimizer step on the stream's next batch_size x grad_accum samples; advances `st` and returns the
     step's tokens."""
     per_step, n = s.batch_size * s.grad_accum, st.n_samples
@@ -428,7 +426,6 @@ def _one_step(model, weights, opt, samples, st: TrainState, s: TrainSettings, ct
         ahead.start(balanced_share(nxt, [samples.length(i) for i in nxt], ctx))
     for g in opt.param_groups:
         g["lr"] = s.lr * lr_factor(st.step + 1, st.planned_steps, st.warmup_steps)
-    device = next(model.parameters()).device
     loss, n_target, tokens = train_step(model, samples, idx, s, device, ddp, ctx, defer=DEFER_LOSS)
     optimizer_step(weights, opt, s.grad_clip)
     st.step, st.samples_seen = st.step + 1, st.samples_seen + per_step

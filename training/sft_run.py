@@ -1,6 +1,6 @@
-"""The bookkeeping around the SFT loop (training/sft.py; `s` below is its TrainSettings, not imported here: sft imports
-this module): where a run starts, what it saves, how its steps are
-clocked against the budget, and what it reports when it ends.
+"""The bookkeeping around the SFT loop (training/sft.py): where a run starts, what it saves, how its steps are clocked
+against the budget, and what it reports when it ends. `s` is training.sft's TrainSettings, not imported here (sft
+imports this module, and the layout test counts even a TYPE_CHECKING import as a cycle).
 
     st = start_state(out, n_samples, weights, opt, s, rank)     # the newest state/step-N, or a fresh plan
     clock = StepClock(s, ctx)
