@@ -61,15 +61,11 @@ def attach(lake: Any) -> str:
             _s3_secret(db, lake)
         if sqlite is not None and not sqlite.exists():
             sqlite.parent.mkdir(parents=True, exist_ok=True)
-            # only to create it: the catalog is never opened this way again. Two processes making one new lake both
-            # get here; the other may already hold SQLite's lock for DuckLake's setup, so wait for it (5 s was not
-            # enough under load), and if it still holds it, it made the file and set WAL itself.
+            # only to create it: the catalog is never opened this way again. Two processes making one new lake may
+            # both get here while a third holds SQLite's lock for DuckLake's setup: wait for it as long as the attach
+            # below retries (sqlite3's default 5 s lost that race under load)
             with sqlite3.connect(sqlite, timeout=60) as sq:
-                try:
-                    sq.execute("PRAGMA journal_mode=WAL")
-                except sqlite3.OperationalError as e:
-                    if "locked" not in str(e):
-                        raise
+                sq.execute("PRAGMA journal_mode=WAL")
         try:  # retried while busy: two processes making one new lake both set up DuckLake, and SQLite locks one out
             sql = f"ATTACH {quote('ducklake:' + lake.catalog)} AS {alias} (DATA_PATH {quote(lake.data_path)}, "
             transaction(lambda cur: cur.execute(sql + "OVERRIDE_DATA_PATH true)"), begin=False, deadline_s=60)
