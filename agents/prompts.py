@@ -50,11 +50,26 @@ class PromptOptions:
     use_ui_text: bool = True  # the DOM / accessibility text view (tiny CPU models need it)
     system: Literal["compact", "full"] = "compact"  # full adds the tool's action list (pretrained models)
     max_ui_chars: int = 3000
+    # the reply's coordinate space: "native" = the model family's own (transform_for); "screen" = the screenshot's
+    # pixels, the numbers the UI text view shows, so pointing at an element is copying its numbers (a random-init
+    # student learns a copy; the x6.25 of 0-1000 it learns per label instead, docs/RESULTS.md "Session 37")
+    coord_space: Literal["native", "screen"] = "native"
 
 
-def transform_for(arch: str, screen_w: int, screen_h: int, image_size: tuple[int, int] | None = None) -> CoordTransform:
+def transform_for(
+    arch: str,
+    screen_w: int,
+    screen_h: int,
+    image_size: tuple[int, int] | None = None,
+    space: str = "native",
+) -> CoordTransform:
     """The coordinate convention of a model family: Qwen3-VL 0-1000 relative; Qwen2.5-VL absolute
-    pixels of the resized image (`image_size` = (w, h) the processor produces); 'screen' = identity."""
+    pixels of the resized image (`image_size` = (w, h) the processor produces); 'screen' = identity.
+    `space="screen"` (PromptOptions.coord_space) overrides the family's convention with screen pixels."""
+    if space == "screen":
+        return CoordTransform.identity(screen_w, screen_h)
+    if space != "native":
+        raise ValueError(f"unknown coordinate space {space!r}: use native or screen")
     if arch == "qwen3-vl":
         return CoordTransform.for_qwen3(screen_w, screen_h)
     if arch == "qwen2.5-vl":

@@ -55,7 +55,8 @@ class StudentPolicy(Policy):
 
     def act_batch(self, observations: list[Observation], histories: list[list[StepRecord]]) -> list[Decision]:
         t0 = time.perf_counter()
-        transforms = [transform_for(self.opts.arch, o.width, o.height) for o in observations]
+        space = self.opts.prompt.coord_space
+        transforms = [transform_for(self.opts.arch, o.width, o.height, space=space) for o in observations]
         prompts = [
             build_prompt(o.instruction, o.screenshot_png, o.ui_text, h, self.opts.prompt, t)
             for o, h, t in zip(observations, histories, transforms)
@@ -109,7 +110,7 @@ def build_student_policy(model: str, config: dict[str, Any] | None = None, seed:
     from configs.models import StudentConfig
 
     cfg = StudentConfig.model_validate(config or {"model": model})
-    prompt = PromptOptions(history_images=cfg.history_images, use_ui_text=cfg.use_ui_text)
+    prompt = PromptOptions(history_images=cfg.history_images, use_ui_text=cfg.use_ui_text, coord_space=cfg.coord_space)
     sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=seed)
     if cfg.backend == "openai":
         from agents.backends.openai import OpenAIBackend

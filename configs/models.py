@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from configs.algorithms import ALGORITHM_NAMES
 from configs.algorithms import describe as describe_algorithms
-from configs.runkeys import KEYED_IF_SET, RUNTIME
+from configs.runkeys import KEYED_IF_SET, RUNTIME, at_default_if_set_only
 
 
 class ConfigError(Exception):
@@ -408,6 +408,15 @@ class StudentConfig(_Cfg):
     max_new_tokens: int = Field(96, ge=1, le=4096, description="Max response tokens per step")
     history_images: int = Field(1, ge=0, le=8, description="Screenshots in the prompt window (K); older steps as text")
     use_ui_text: bool = Field(True, description="Put the DOM / accessibility text view into the prompt")
+    coord_space: Literal["native", "screen"] = Field(
+        "native",
+        description=(
+            "Coordinates in prompts and replies: native = the family's own (Qwen3-VL 0-1000, Qwen2.5-VL "
+            "resized pixels; what a Hub model was pretrained on); screen = screenshot pixels, the numbers "
+            "the UI text shows (a random-init student then copies a point instead of rescaling it)"
+        ),
+        json_schema_extra=KEYED_IF_SET,
+    )
     lean_decode: bool = Field(
         True,
         description=(
@@ -416,6 +425,11 @@ class StudentConfig(_Cfg):
             "overhead); false = transformers generate"
         ),
     )
+
+    def policy_config(self, **over: Any) -> dict[str, Any]:
+        """The config a student PolicySpec carries (rollout run keys hash it), with `over` applied. A KEYED_IF_SET
+        field at its default is left out, so the run keys of lakes made before that field still hold."""
+        return {**self.model_dump(exclude=at_default_if_set_only(self)), **over}
 
 
 class RolloutStageConfig(_Cfg):

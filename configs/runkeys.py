@@ -67,7 +67,7 @@ def runtime_fields(obj: Any) -> frozenset[str]:
     raise TypeError(f"runtime_fields takes a pydantic model or a dataclass, got {cls.__name__}")
 
 
-def _at_default_if_set_only(obj: Any) -> set[str]:
+def at_default_if_set_only(obj: Any) -> set[str]:
     """The KEYED_IF_SET fields of a pydantic model instance that hold their default."""
     fields = getattr(type(obj), "model_fields", {})
     return {
@@ -80,5 +80,5 @@ def keyed(obj: Any) -> dict[str, Any]:
     KEYED_IF_SET ones at their default (a pydantic model dumped as JSON values, a dataclass as dataclasses.asdict)."""
     skip = runtime_fields(obj)
     if hasattr(obj, "model_dump"):
-        return obj.model_dump(mode="json", exclude=set(skip) | _at_default_if_set_only(obj))
+        return obj.model_dump(mode="json", exclude=set(skip) | at_default_if_set_only(obj))
     return {k: v for k, v in dataclasses.asdict(obj).items() if k not in skip}

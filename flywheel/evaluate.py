@@ -40,7 +40,7 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
 def eval_policy(cfg: FlywheelConfig, checkpoint: str) -> PolicySpec:
     if checkpoint == "scripted":
         return PolicySpec("scripted", version="scripted")
-    student = {**cfg.student.model_dump(), "model": checkpoint, "temperature": 0.0}  # greedy for evaluation
+    student = cfg.student.policy_config(model=checkpoint, temperature=0.0)  # greedy for evaluation
     return PolicySpec("student", {"model": checkpoint, "config": student}, version=str(checkpoint))
 
 

@@ -37,7 +37,7 @@ from configs.models import CurateConfig, FlywheelConfig, TaskSelection
 from flywheel.errors import UserError
 from flywheel.pipeline import StageResult, skipped_result, trained_result
 from flywheel.runtime.rollout import PolicySpec, git_sha, run_rollouts
-from training.curation import MIDTRAIN_STAGE
+from training.curation import MIDTRAIN_STAGE, prompt_key
 
 EVAL_STAGE = f"{MIDTRAIN_STAGE}-eval"
 METHOD = "midtrain"
@@ -106,9 +106,7 @@ def corpus_sql(cfg: FlywheelConfig, run_key: str) -> str:
 def dataset_id_for(cfg: FlywheelConfig, run_key: str) -> str:
     payload = {
         "corpus": run_key,
-        "arch": cfg.student.arch,
-        "history_images": cfg.student.history_images,
-        "use_ui_text": cfg.student.use_ui_text,
+        **prompt_key(cfg.student),
         "cap": _cap(cfg),
     }
     return runkeys.run_key("midtrain", payload)

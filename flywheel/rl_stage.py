@@ -85,7 +85,7 @@ def _finished_rounds(out: Path, rounds: int) -> int:
 
 
 def _policy(cfg: FlywheelConfig, model: str, version: str) -> PolicySpec:
-    student = {**cfg.student.model_dump(), "model": model, "temperature": cfg.rl_temperature()}
+    student = cfg.student.policy_config(model=model, temperature=cfg.rl_temperature())
     return PolicySpec("student", {"model": model, "config": student}, version=version)
 
 

@@ -117,7 +117,7 @@ def rollouts_spec(cfg: FlywheelConfig, iteration: int, model: str) -> RolloutSpe
     from envs import registry
 
     sel = cfg.rollouts.selection
-    student = {**cfg.student.model_dump(), "model": model}
+    student = cfg.student.policy_config(model=model)
     if cfg.rollouts.temperature is not None:
         student["temperature"] = cfg.rollouts.temperature
     policy = PolicySpec("student", {"model": model, "config": student}, version=str(model))

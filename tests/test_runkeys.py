@@ -27,6 +27,8 @@ MODEL = "models/tiny-qwen3vl"
 # 3 attempts at temperature 0.7) its rollouts run key. Session 29's midtrain.pages moved the whole hash; flywheel8's
 # small student, sft.lr 3e-4 and mid-training recipe its sft, rl, rollouts and midtrain ids. Session 30's
 # curate.instance_weight moved the whole and curate hashes only: a KEYED_IF_SET field at its default is in no run key.
+# Session 37's student.coord_space (KEYED_IF_SET, left out of the student policy config at its default) moved the
+# whole hash only.
 PINNED = {
     "tiny": {
         "dataset": "curate-it1-1d85b16819",
@@ -37,7 +39,7 @@ PINNED = {
         "rl": "rl-it1-grpo-b3ea827fb7",
         "rollouts": "rollouts-it1-603f8a26a7",
         "bootstrap": "bootstrap-it0-0072cbbc90",
-        "config_hash": ("4625d2b35b4f", "bd8cbec79713", "ebba1a7b6135", "5213006ef40a"),
+        "config_hash": ("67fa732ae4eb", "bd8cbec79713", "ebba1a7b6135", "5213006ef40a"),
     },
     "flywheel8": {
         "dataset": "curate-it1-a23f677c86",
@@ -48,7 +50,7 @@ PINNED = {
         "rl": "rl-it1-grpo-52eaf15bee",
         "rollouts": "rollouts-it1-e16e5412c2",
         "bootstrap": "bootstrap-it0-74e451a815",
-        "config_hash": ("a328d6b6ce55", "d98e0ad492c3", "c308ac49de23", "8783cf88f913"),
+        "config_hash": ("849db056fa94", "d98e0ad492c3", "c308ac49de23", "8783cf88f913"),
     },
 }
 
@@ -111,7 +113,7 @@ def test_rollout_run_keys_are_pinned(name):
     from flywheel.specs import rollout_spec
 
     cfg, want = _cfg(name), PINNED[name]
-    student = {**cfg.student.model_dump(), "model": MODEL}  # as flywheel.stages.student_rollouts builds it
+    student = cfg.student.policy_config(model=MODEL)  # as flywheel.stages.student_rollouts builds it
     pol = PolicySpec("student", {"model": MODEL, "config": student}, version=MODEL)
     seeds = registry.seeds("train", cfg.rollouts.selection.seeds_per_task, offset=10)
     spec = rollout_spec(

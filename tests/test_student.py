@@ -237,3 +237,61 @@ def test_rollouts_stage_temperature_overrides_the_students(tiny_path, tmp_path):
     assert len(greedy) == 2 and greedy[0] == greedy[1]
     sampled = replies(None, tmp_path / "sampled")
     assert len(sampled) == 2 and sampled[0] != sampled[1]
+
+
+def _teacher_step(png: bytes) -> dict:
+    """A scripted teacher's fit step as the lake holds it: screen pixels in the action, its Action line and thought."""
+    return {
+        "episode_id": "e0",
+        "step_idx": 0,
+        "screen_w": 160,
+        "screen_h": 210,
+        "fit": True,
+        "screenshot": png,
+        "ui_text": 'div "intro" @ (80,60) [156x11]\nbutton "OK" @ (80,120) [40x20]',
+        "action": Click(x=80, y=120).model_dump_json(),
+        "raw_action": json.dumps({"action": "click", "x": 80, "y": 120}),
+        "thought": 'The "OK" button is at (80,120).',
+        "action_desc": 'Click button "OK" @ (80,120)',
+    }
+
+
+def test_screen_coord_space_writes_and_reads_the_screens_own_pixels():
+    """student.coord_space = screen: the UI text, the teacher's target and the parsed reply all use the pixel
+    numbers the UI text shows (a copy), where the native Qwen3-VL space rescales them to 0-1000."""
+    from agents.parsing import parse_response
+    from training.data import episode_samples
+
+    step = _teacher_step(png_pool(1)[0])
+    native = episode_samples("Click OK.", [step], "qwen3-vl", PromptOptions())[0]
+    screen = episode_samples("Click OK.", [step], "qwen3-vl", PromptOptions(coord_space="screen"))[0]
+    assert '"x": 500, "y": 571' in native["target"] and '"x": 80, "y": 120' in screen["target"]
+    assert 'Click button "OK" @ (80,120)' in screen["target"] and "(80,120)." in screen["target"]
+    ui = screen["messages"][1]["content"][-1]["text"]
+    assert 'button "OK" @ (80,120) [40x20]' in ui  # unchanged: the reply's numbers are on this line
+    assert "pixels of the screenshot" in screen["messages"][0]["content"][0]["text"]
+    t = transform_for("qwen3-vl", 160, 210, space="screen")
+    assert parse_response(screen["target"], t).action == Click(x=80, y=120)
+    with pytest.raises(ValueError, match="unknown coordinate space 'pixels'"):
+        transform_for("qwen3-vl", 160, 210, space="pixels")
+
+
+def test_screen_coord_space_from_the_config_reaches_the_policy_and_the_dataset_ids(tiny_path):
+    from agents.student import build_student_policy
+    from configs.models import ConfigError, load_config
+    from flywheel import midtrain
+    from training.curation import dataset_id_for, prompt_key
+
+    root = Path(__file__).resolve().parents[1]
+    native = load_config(str(root / "configs" / "local.yaml"))
+    screen = load_config(str(root / "configs" / "local.yaml"), {"student.coord_space": "screen"})
+    # a lake made before the knob keeps its dataset ids; the other space gets its own (its prompts differ)
+    assert dataset_id_for(native, 0) != dataset_id_for(screen, 0)
+    assert midtrain.dataset_id_for(native, "midtrain-it0-x") != midtrain.dataset_id_for(screen, "midtrain-it0-x")
+    assert "coord_space" not in prompt_key(native.student) and prompt_key(screen.student)["coord_space"] == "screen"
+    with pytest.raises(ConfigError, match="coord_space"):
+        load_config(str(root / "configs" / "local.yaml"), {"student.coord_space": "pixels"})
+    pol = build_student_policy(str(tiny_path), {"model": str(tiny_path), "max_new_tokens": 8, "coord_space": "screen"})
+    d = pol.act_batch([_obs(0)], [[]])[0]
+    assert d.extra["prompt_context"]["coord_space"] == "screen"
+    assert native.student.coord_space == "native"

@@ -66,13 +66,20 @@ def curate_sql(curate_cfg: Any, iteration: int, held_out: list[str], stage_filte
     ).strip()
 
 
+def prompt_key(student: Any) -> dict[str, Any]:
+    """What of the student's prompt format goes into a dataset's id (its export holds rendered prompts). The
+    coordinate space is keyed only when it is not the family's own, so the ids of earlier lakes still hold."""
+    out = {"arch": student.arch, "history_images": student.history_images, "use_ui_text": student.use_ui_text}
+    if student.coord_space != "native":
+        out["coord_space"] = student.coord_space
+    return out
+
+
 def dataset_id_for(cfg: Any, iteration: int) -> str:
     """Deterministic id (= run key) of iteration N's dataset under this config's curate + prompt settings."""
     payload = {
         "curate": keyed(cfg.curate),
-        "arch": cfg.student.arch,
-        "history_images": cfg.student.history_images,
-        "use_ui_text": cfg.student.use_ui_text,
+        **prompt_key(cfg.student),
     }
     return run_key(f"curate-it{int(iteration)}", payload)
 

@@ -30,7 +30,11 @@ IGNORE_INDEX = -100  # label of every token that is not trained on
 
 def prompt_options(student_cfg: Any) -> PromptOptions:
     """The prompt options of a StudentConfig: the same ones agents.student.build_student_policy uses."""
-    return PromptOptions(history_images=student_cfg.history_images, use_ui_text=student_cfg.use_ui_text)
+    return PromptOptions(
+        history_images=student_cfg.history_images,
+        use_ui_text=student_cfg.use_ui_text,
+        coord_space=student_cfg.coord_space,
+    )
 
 
 def _action(step: dict[str, Any]):
@@ -172,7 +176,7 @@ def episode_samples(
                 f"episode {step.get('episode_id')}: steps must be complete and ordered "
                 f"(got step_idx {step['step_idx']} at position {i})"
             )
-        t = transform_for(arch, int(step["screen_w"]), int(step["screen_h"]))
+        t = transform_for(arch, int(step["screen_w"]), int(step["screen_h"]), space=opts.coord_space)
         if step.get("fit"):
             prompt = build_prompt(instruction, step["screenshot"], step.get("ui_text"), history, opts, t)
             target = target_text(step, t)

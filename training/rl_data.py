@@ -48,7 +48,7 @@ _EP_COLS = (
 
 
 # ------------------------------------------------------------------------------------------------ one episode
-def solution_text(steps: Sequence[dict[str, Any]], arch: str) -> str:
+def solution_text(steps: Sequence[dict[str, Any]], arch: str, space: str = "native") -> str:
     """A successful episode's action sequence as the SDPO teacher sees it: each parsed step's reply without the
     thought (the model text format, model coordinate space), numbered."""
     out = []
@@ -58,12 +58,12 @@ def solution_text(steps: Sequence[dict[str, Any]], arch: str) -> str:
             continue  # a reply that did not parse did nothing
         from agents.parsing import format_response
 
-        t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]))
+        t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]), space=space)
         out.append(f"Step {int(s['step_idx']) + 1}:\n{format_response(None, s.get('action_desc') or '', action, t)}")
     return "\n".join(out)
 
 
-def feedback_text(episode: dict[str, Any], steps: Sequence[dict[str, Any]], arch: str) -> str:
+def feedback_text(episode: dict[str, Any], steps: Sequence[dict[str, Any]], arch: str, space: str = "native") -> str:
     """What went wrong in a failed episode, for the SDPO teacher: its length and status, the last action and
     its result, how many replies did not parse, and the env's own feedback text when it gave any."""
     from agents.parsing import action_text_for_history
@@ -78,7 +78,7 @@ def feedback_text(episode: dict[str, Any], steps: Sequence[dict[str, Any]], arch
     parts = [f"The episode ended without success after {n} step{'s' if n != 1 else ''}{how}."]
     if steps:
         last = steps[-1]
-        t = transform_for(arch, int(last["screen_w"]), int(last["screen_h"]))
+        t = transform_for(arch, int(last["screen_w"]), int(last["screen_h"]), space=space)
         rec = history_record(last, t)
         act = action_text_for_history(rec.action, t) if rec.action is not None else "(no valid action)"
         desc = f"{rec.action_desc} -> " if rec.action_desc else ""
@@ -125,14 +125,14 @@ def episode_rows(
         success=success or replayed,
         replayed=replayed,
         policy=episode.get("policy"),
-        solution=solution_text(steps, arch) if (success or replayed) else None,
-        feedback=None if (success or replayed) else feedback_text(episode, steps, arch),
+        solution=solution_text(steps, arch, opts.coord_space) if (success or replayed) else None,
+        feedback=None if (success or replayed) else feedback_text(episode, steps, arch, opts.coord_space),
         episode_steps=len(steps),
     )
     rows, history = [], []
     for s in steps:
         ids, target = s.get("token_ids"), None
-        t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]))
+        t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]), space=opts.coord_space)
         if not ids and replayed and _action(s) is not None:
             target = retarget(target_text(s, t), targets)
         if ids or target:

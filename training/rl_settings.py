@@ -87,6 +87,7 @@ class RLSettings:
     targets: str = "full"  # sft.targets: how replayed demos are tokenised
     history_images: int = 1  # student prompt options (rows are rebuilt with them)
     use_ui_text: bool = True
+    coord_space: str = "native"
     config_hash: str | None = None  # provenance on the lake rows
 
     def __post_init__(self):
@@ -119,6 +120,7 @@ class RLSettings:
             config_hash=cfg.config_hash("rl"),
             history_images=cfg.student.history_images,
             use_ui_text=cfg.student.use_ui_text,
+            coord_space=cfg.student.coord_space,
             clone_tasks=tuple(cfg.rl.clone_tasks or cfg.rollouts.selection.tasks),
             focus_tasks=tuple(cfg.rl.tasks or cfg.rollouts.selection.tasks),
         )
@@ -150,4 +152,6 @@ class RLSettings:
     def prompt_options(self):
         from agents.prompts import PromptOptions
 
-        return PromptOptions(history_images=self.history_images, use_ui_text=self.use_ui_text)
+        return PromptOptions(
+            history_images=self.history_images, use_ui_text=self.use_ui_text, coord_space=self.coord_space
+        )

@@ -115,7 +115,7 @@ def rollout(
         spec_p = PolicySpec("scripted")
     elif policy == "student":
         path = check_student_model(cfg, model or cfg.student.model)  # before the lake or any worker is touched
-        spec_p = PolicySpec("student", {"model": path, "config": cfg.student.model_dump()}, version=str(path))
+        spec_p = PolicySpec("student", {"model": path, "config": cfg.student.policy_config()}, version=str(path))
     else:
         raise UserError(f"unknown --policy {policy!r}; use scripted or student")
     register_tasks(cfg)
