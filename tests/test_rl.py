@@ -601,7 +601,15 @@ def test_new_rl_knobs_validate_and_reach_the_settings():
     s = RLSettings.from_config(cfg)
     assert (s.sdpo_mode, s.sdpo_topk, s.sdpo_alpha, s.gigpo_omega, s.gigpo_gamma) == ("topk", 7, 1.0, 1.0, 0.9)
     # RLSettings mirrors RLConfig by name (from_config copies matching names): every knob is a documented config key
-    outside = {"max_new_tokens", "targets", "history_images", "use_ui_text", "config_hash", "focus_tasks"}
+    outside = {
+        "max_new_tokens",
+        "targets",
+        "history_images",
+        "use_ui_text",
+        "coord_space",
+        "config_hash",
+        "focus_tasks",
+    }
     assert {f.name for f in fields(RLSettings)} - outside <= set(RLConfig.model_fields)
     # the clone steps' task lists: rl.tasks is the focus; the rehearsed tasks default to the rollout tasks
     s = RLSettings.from_config(
