@@ -51,8 +51,8 @@ class PromptOptions:
     system: Literal["compact", "full"] = "compact"  # full adds the tool's action list (pretrained models)
     max_ui_chars: int = 3000
     # the reply's coordinate space: "native" = the model family's own (transform_for); "screen" = the screenshot's
-    # pixels, the numbers the UI text view shows, so pointing at an element is copying its numbers (a random-init
-    # student learns a copy; the x6.25 of 0-1000 it learns per label instead, docs/RESULTS.md "Session 37")
+    # pixels, the numbers the UI text view shows, so pointing at an element is copying its numbers rather than
+    # rescaling them (for the embedded random-init student it measured worse: docs/RESULTS.md "Session 37")
     coord_space: Literal["native", "screen"] = "native"
 
 

@@ -413,7 +413,8 @@ class StudentConfig(_Cfg):
         description=(
             "Coordinates in prompts and replies: native = the family's own (Qwen3-VL 0-1000, Qwen2.5-VL "
             "resized pixels; what a Hub model was pretrained on); screen = screenshot pixels, the numbers "
-            "the UI text shows (a random-init student then copies a point instead of rescaling it)"
+            "the UI text shows, so a point is copied, not rescaled (worse for the embedded random-init student: "
+            "click-button 13.5/25 against 17, docs/RESULTS.md session 37)"
         ),
         json_schema_extra=KEYED_IF_SET,
     )
