@@ -55,6 +55,14 @@ class PromptOptions:
     # rescaling them (for the embedded random-init student it measured worse: docs/RESULTS.md "Session 37")
     coord_space: Literal["native", "screen"] = "native"
 
+    @classmethod
+    def from_student(cls, student: Any) -> PromptOptions:
+        """The options a student config sets (configs.models.StudentConfig, or settings that carry its fields): the
+        one place rollouts, SFT exports and RL rows read them from, so all three build the same prompt."""
+        return cls(
+            history_images=student.history_images, use_ui_text=student.use_ui_text, coord_space=student.coord_space
+        )
+
 
 def transform_for(
     arch: str,

@@ -110,7 +110,7 @@ def build_student_policy(model: str, config: dict[str, Any] | None = None, seed:
     from configs.models import StudentConfig
 
     cfg = StudentConfig.model_validate(config or {"model": model})
-    prompt = PromptOptions(history_images=cfg.history_images, use_ui_text=cfg.use_ui_text, coord_space=cfg.coord_space)
+    prompt = PromptOptions.from_student(cfg)
     sampling = Sampling(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=seed)
     if cfg.backend == "openai":
         from agents.backends.openai import OpenAIBackend

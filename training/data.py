@@ -30,11 +30,7 @@ IGNORE_INDEX = -100  # label of every token that is not trained on
 
 def prompt_options(student_cfg: Any) -> PromptOptions:
     """The prompt options of a StudentConfig: the same ones agents.student.build_student_policy uses."""
-    return PromptOptions(
-        history_images=student_cfg.history_images,
-        use_ui_text=student_cfg.use_ui_text,
-        coord_space=student_cfg.coord_space,
-    )
+    return PromptOptions.from_student(student_cfg)
 
 
 def _action(step: dict[str, Any]):

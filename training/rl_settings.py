@@ -152,6 +152,4 @@ class RLSettings:
     def prompt_options(self):
         from agents.prompts import PromptOptions
 
-        return PromptOptions(
-            history_images=self.history_images, use_ui_text=self.use_ui_text, coord_space=self.coord_space
-        )
+        return PromptOptions.from_student(self)
