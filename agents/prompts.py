@@ -48,8 +48,14 @@ class PromptOptions:
     history_images: int = 1  # K screenshots in the window, the current one included (0 = text only)
     max_text_history: int = 8  # older steps kept as text lines
     use_ui_text: bool = True  # the DOM / accessibility text view (tiny CPU models need it)
-    system: Literal["compact", "full"] = "compact"  # full adds the tool's action list (pretrained models)
+    # full adds the tool's action list (pretrained models); none sends no system message (a random-init student
+    # learns the format from its data, and a constant 74-token line is ~17% of its every sample)
+    system: Literal["compact", "full", "none"] = "compact"
     max_ui_chars: int = 3000
+    ui_sizes: bool = True  # each UI line's "[wxh]" box size after its centre (off: ~9 tokens a line fewer)
+    # each UI line numbered "[k] ", and an Action line that cites a line cites its number first ("Click [3] button
+    # "no" @ (...)"): the copy of the centre keys on a number no other line has (mark_citation)
+    ui_marks: bool = False
     # the reply's coordinate space: "native" = the model family's own (transform_for); "screen" = the screenshot's
     # pixels, the numbers the UI text view shows, so pointing at an element is copying its numbers rather than
     # rescaling them (for the embedded random-init student it measured worse: docs/RESULTS.md "Session 37")
@@ -60,7 +66,12 @@ class PromptOptions:
         """The options a student config sets (configs.models.StudentConfig, or settings that carry its fields): the
         one place rollouts, SFT exports and RL rows read them from, so all three build the same prompt."""
         return cls(
-            history_images=student.history_images, use_ui_text=student.use_ui_text, coord_space=student.coord_space
+            history_images=student.history_images,
+            use_ui_text=student.use_ui_text,
+            coord_space=student.coord_space,
+            system=student.system_prompt,
+            ui_sizes=student.ui_sizes,
+            ui_marks=student.ui_marks,
         )
 
 
@@ -90,6 +101,9 @@ def transform_for(
 
 
 def system_prompt(opts: PromptOptions, transform: CoordTransform) -> str:
+    """The system message's text ("" for `system="none"`: build_prompt then sends no system message)."""
+    if opts.system == "none":
+        return ""
     lines = ["You operate a computer through the computer_use tool to complete the task.", _CONVENTION[transform.space]]
     if opts.system == "full":
         lines += [_TOOL_DOC, _FORMAT]
@@ -113,6 +127,46 @@ def ui_text_in_model_space(ui_text: str, transform: CoordTransform) -> str:
         return out
 
     return _POINT.sub(sub, ui_text)
+
+
+_SIZE = re.compile(r"(@ \(-?\d+(?:\.\d+)?,-?\d+(?:\.\d+)?\)) \[\d+(?:\.\d+)?x\d+(?:\.\d+)?\]")
+_MARK = re.compile(r"^\[(\d+)\] ", re.M)
+
+
+def prompt_ui_text(ui_text: str, opts: PromptOptions, transform: CoordTransform) -> str:
+    """The UI text view as the prompt shows it: in the model's space, without box sizes unless `ui_sizes`, each line
+    numbered with `ui_marks`, cut to `max_ui_chars`."""
+    ui = ui_text_in_model_space(ui_text, transform)
+    if not opts.ui_sizes:
+        ui = _SIZE.sub(r"\1", ui)
+    if opts.ui_marks:
+        ui = "\n".join(f"[{k}] {line}" for k, line in enumerate(ui.split("\n"), 1))
+    return ui[: opts.max_ui_chars]
+
+
+_CITE = re.compile(r"^(Action: \w+ )(?!\[\d+\] )(.+? @ \(-?\d+,-?\d+\))", re.M)
+
+
+def cite_marks(reply: str, ui_text: str | None, opts: PromptOptions, transform: CoordTransform) -> str:
+    """A target reply for a prompt with `ui_marks`: its Action line, when it cites a line of the prompt's UI text,
+    gets that line's number before the cited text ('Action: Click button "no" @ (106,457)' -> 'Action: Click [4]
+    button "no" @ (106,457)'). Unchanged without marks, without UI text, or when no line is cited."""
+    if not (opts.ui_marks and opts.use_ui_text and ui_text):
+        return reply
+    lines: dict[str, str] = {}
+    for line in prompt_ui_text(ui_text, opts, transform).split("\n"):
+        m = _MARK.match(line)
+        if m:
+            body = line[m.end() :]
+            cite = _SIZE.sub(r"\1", body)
+            lines.setdefault(cite, m.group(1))
+            lines.setdefault(body, m.group(1))
+
+    def sub(m: re.Match) -> str:
+        k = lines.get(m.group(2))
+        return f"{m.group(1)}[{k}] {m.group(2)}" if k else m.group(0)
+
+    return _CITE.sub(sub, reply, count=1)
 
 
 def _history_line(rec: StepRecord, transform: CoordTransform) -> str:
@@ -151,18 +205,19 @@ def build_prompt(
         content += [{"type": "text", "text": "\nCurrent screen:"}, {"type": "image"}]
         images.append(screenshot_png)
     if opts.use_ui_text and ui_text:
-        ui = ui_text_in_model_space(ui_text, transform)[: opts.max_ui_chars]
+        ui = prompt_ui_text(ui_text, opts, transform)
         content.append({"type": "text", "text": f"\nUI elements:\n{ui}"})
-    messages = [
-        {"role": "system", "content": [{"type": "text", "text": system_prompt(opts, transform)}]},
-        {"role": "user", "content": content},
-    ]
+    system = system_prompt(opts, transform)
+    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
+    messages.append({"role": "user", "content": content})
     ctx = {
         "history_text_steps": len(text_hist),
         "history_images": len(images),
         "ui_text": bool(opts.use_ui_text and ui_text),
         "coord_space": transform.space.value,
         "system": opts.system,
+        "ui_sizes": opts.ui_sizes,
+        "ui_marks": opts.ui_marks,
     }
     return Prompt(messages, images, ctx)
 

@@ -418,6 +418,28 @@ class StudentConfig(_Cfg):
         ),
         json_schema_extra=KEYED_IF_SET,
     )
+    system_prompt: Literal["compact", "full", "none"] = Field(
+        "compact",
+        description=(
+            "The system message: compact = the coordinate convention; full = also the tool's actions and the reply "
+            "format (a pretrained model); none = no system message (the random-init student learns the format from "
+            "its data; a constant 74 tokens of each ~425-token sample)"
+        ),
+        json_schema_extra=KEYED_IF_SET,
+    )
+    ui_sizes: bool = Field(
+        True,
+        description="Each UI text line's box size '[wxh]' after its centre (false: ~9 tokens a line fewer)",
+        json_schema_extra=KEYED_IF_SET,
+    )
+    ui_marks: bool = Field(
+        False,
+        description=(
+            "Number each UI text line '[k] '; an Action line that cites a line cites its number first, so the "
+            "copy of the line's centre keys on a number no other line has (set-of-marks)"
+        ),
+        json_schema_extra=KEYED_IF_SET,
+    )
     lean_decode: bool = Field(
         True,
         description=(

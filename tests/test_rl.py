@@ -607,6 +607,9 @@ def test_new_rl_knobs_validate_and_reach_the_settings():
         "history_images",
         "use_ui_text",
         "coord_space",
+        "system_prompt",
+        "ui_sizes",
+        "ui_marks",
         "config_hash",
         "focus_tasks",
     }

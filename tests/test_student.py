@@ -295,3 +295,65 @@ def test_screen_coord_space_from_the_config_reaches_the_policy_and_the_dataset_i
     d = pol.act_batch([_obs(0)], [[]])[0]
     assert d.extra["prompt_context"]["coord_space"] == "screen"
     assert native.student.coord_space == "native"
+
+
+def test_lean_prompt_options_drop_the_system_line_and_sizes_and_mark_the_cited_line():
+    """student.system_prompt none / ui_sizes false / ui_marks true: no system message, UI lines without their box
+    size and numbered "[k] ", and the teacher's Action line cites the number of the line it clicks, also when
+    another line differs from it only by case (the copy keys on the number)."""
+    from agents.parsing import parse_response
+    from agents.prompts import cite_marks
+    from training.data import episode_samples
+
+    step = _teacher_step(png_pool(1)[0])
+    step["ui_text"] = 'button "ok" @ (30,120) [40x20]\nbutton "OK" @ (80,120) [40x20]\ninput_text "" @ (80,60) [120x18]'
+    lean = PromptOptions(system="none", ui_sizes=False)
+    marks = PromptOptions(system="none", ui_sizes=False, ui_marks=True)
+    plain, short, marked = (
+        episode_samples("Click OK.", [step], "qwen3-vl", o)[0] for o in (PromptOptions(), lean, marks)
+    )
+    assert [m["role"] for m in plain["messages"]] == ["system", "user", "assistant"]
+    assert [m["role"] for m in short["messages"]] == ["user", "assistant"]
+    assert 'button "OK" @ (500,571) [250x95]' in plain["messages"][1]["content"][-1]["text"]
+    assert short["messages"][0]["content"][-1]["text"] == (
+        '\nUI elements:\nbutton "ok" @ (188,571)\nbutton "OK" @ (500,571)\ninput_text "" @ (500,286)'
+    )
+    assert marked["messages"][0]["content"][-1]["text"] == (
+        '\nUI elements:\n[1] button "ok" @ (188,571)\n[2] button "OK" @ (500,571)\n[3] input_text "" @ (500,286)'
+    )
+    assert 'Action: Click button "OK" @ (500,571)' in short["target"]
+    assert 'Action: Click [2] button "OK" @ (500,571)' in marked["target"]
+    t = transform_for("qwen3-vl", 160, 210)
+    act = parse_response(marked["target"], t).action  # the mark is text; the call is the action
+    assert act.action == "click" and abs(act.x - 80) < 1 and abs(act.y - 120) < 1
+    # a reply that cites no line, or a prompt without marks, is left as it is
+    assert cite_marks('Action: Type "x"\n', step["ui_text"], marks, t) == 'Action: Type "x"\n'
+    assert cite_marks(short["target"], step["ui_text"], lean, t) == short["target"]
+    assert cite_marks(marked["target"], step["ui_text"], marks, t) == marked["target"]  # marked once
+
+
+def test_lean_prompt_options_from_the_config_reach_the_policy_rl_and_the_dataset_ids(tiny_path):
+    from agents.student import build_student_policy
+    from configs.models import ConfigError, load_config
+    from training.curation import PROMPT_KEYED_IF_SET, dataset_id_for, prompt_key
+    from training.rl_settings import RLSettings
+
+    root = Path(__file__).resolve().parents[1]
+    plain = load_config(str(root / "configs" / "local.yaml"))
+    over = {"student.system_prompt": "none", "student.ui_sizes": False, "student.ui_marks": True}
+    lean = load_config(str(root / "configs" / "local.yaml"), over)
+    assert not set(PROMPT_KEYED_IF_SET) & set(prompt_key(plain.student))  # earlier lakes keep their ids
+    assert {k: prompt_key(lean.student)[k] for k in ("system_prompt", "ui_sizes", "ui_marks")} == {
+        "system_prompt": "none",
+        "ui_sizes": False,
+        "ui_marks": True,
+    }
+    assert dataset_id_for(plain, 0) != dataset_id_for(lean, 0)
+    opts = PromptOptions.from_student(lean.student)
+    assert (opts.system, opts.ui_sizes, opts.ui_marks) == ("none", False, True)
+    assert RLSettings.from_config(lean).prompt_options == opts
+    with pytest.raises(ConfigError, match="system_prompt"):
+        load_config(str(root / "configs" / "local.yaml"), {"student.system_prompt": "short"})
+    policy_cfg = {"model": str(tiny_path), "max_new_tokens": 8, "system_prompt": "none", "ui_marks": True}
+    d = build_student_policy(str(tiny_path), policy_cfg).act_batch([_obs(0)], [[]])[0]
+    assert d.extra["prompt_context"]["system"] == "none" and d.extra["prompt_context"]["ui_marks"] is True

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from configs.runkeys import keyed, run_key
+from configs.runkeys import at_default_if_set_only, keyed, run_key
 from storage.catalog import connect
 from storage.lake import Lake, LakeError
 from training.queries import CURATE_EPISODES
@@ -66,12 +66,16 @@ def curate_sql(curate_cfg: Any, iteration: int, held_out: list[str], stage_filte
     ).strip()
 
 
+PROMPT_KEYED_IF_SET = ("coord_space", "system_prompt", "ui_sizes", "ui_marks")
+
+
 def prompt_key(student: Any) -> dict[str, Any]:
     """What of the student's prompt format goes into a dataset's id (its export holds rendered prompts). The
-    coordinate space is keyed only when it is not the family's own, so the ids of earlier lakes still hold."""
+    options added later (PROMPT_KEYED_IF_SET) are keyed only when they are not at their default, so the ids of
+    earlier lakes still hold."""
     out = {"arch": student.arch, "history_images": student.history_images, "use_ui_text": student.use_ui_text}
-    if student.coord_space != "native":
-        out["coord_space"] = student.coord_space
+    at_default = at_default_if_set_only(student)
+    out.update({f: getattr(student, f) for f in PROMPT_KEYED_IF_SET if f not in at_default})
     return out
 
 

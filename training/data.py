@@ -23,7 +23,7 @@ from agents.actions import ACTION_ADAPTER
 from agents.base import StepRecord
 from agents.coords import CoordTransform
 from agents.parsing import action_arguments, format_response
-from agents.prompts import PromptOptions, build_prompt, sft_messages, transform_for
+from agents.prompts import PromptOptions, build_prompt, cite_marks, sft_messages, transform_for
 
 IGNORE_INDEX = -100  # label of every token that is not trained on
 
@@ -175,7 +175,7 @@ def episode_samples(
         t = transform_for(arch, int(step["screen_w"]), int(step["screen_h"]), space=opts.coord_space)
         if step.get("fit"):
             prompt = build_prompt(instruction, step["screenshot"], step.get("ui_text"), history, opts, t)
-            target = target_text(step, t)
+            target = cite_marks(target_text(step, t), step.get("ui_text"), opts, t)
             out.append(
                 {
                     "messages": sft_messages(prompt, target),

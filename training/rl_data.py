@@ -34,7 +34,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from agents.prompts import PromptOptions, build_prompt, transform_for
+from agents.prompts import PromptOptions, build_prompt, cite_marks, transform_for
 from training.data import _action, history_record, retarget, target_text
 
 _STEP_COLS = (
@@ -134,7 +134,7 @@ def episode_rows(
         ids, target = s.get("token_ids"), None
         t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]), space=opts.coord_space)
         if not ids and replayed and _action(s) is not None:
-            target = retarget(target_text(s, t), targets)
+            target = retarget(cite_marks(target_text(s, t), s.get("ui_text"), opts, t), targets)
         if ids or target:
             prompt = build_prompt(episode.get("instruction") or "", s["screenshot"], s.get("ui_text"), history, opts, t)
             lp = s.get("logprobs")

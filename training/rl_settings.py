@@ -88,6 +88,9 @@ class RLSettings:
     history_images: int = 1  # student prompt options (rows are rebuilt with them)
     use_ui_text: bool = True
     coord_space: str = "native"
+    system_prompt: str = "compact"
+    ui_sizes: bool = True
+    ui_marks: bool = False
     config_hash: str | None = None  # provenance on the lake rows
 
     def __post_init__(self):
@@ -121,6 +124,9 @@ class RLSettings:
             history_images=cfg.student.history_images,
             use_ui_text=cfg.student.use_ui_text,
             coord_space=cfg.student.coord_space,
+            system_prompt=cfg.student.system_prompt,
+            ui_sizes=cfg.student.ui_sizes,
+            ui_marks=cfg.student.ui_marks,
             clone_tasks=tuple(cfg.rl.clone_tasks or cfg.rollouts.selection.tasks),
             focus_tasks=tuple(cfg.rl.tasks or cfg.rollouts.selection.tasks),
         )
