@@ -339,7 +339,7 @@ def test_lean_prompt_options_from_the_config_reach_the_policy_rl_and_the_dataset
     from training.rl_settings import RLSettings
 
     root = Path(__file__).resolve().parents[1]
-    plain = load_config(str(root / "configs" / "local.yaml"))
+    plain = load_config(str(root / "configs" / "local.yaml"), {"student.system_prompt": "compact"})  # all at default
     over = {"student.system_prompt": "none", "student.ui_sizes": False, "student.ui_marks": True}
     lean = load_config(str(root / "configs" / "local.yaml"), over)
     assert not set(PROMPT_KEYED_IF_SET) & set(prompt_key(plain.student))  # earlier lakes keep their ids
