@@ -54,7 +54,7 @@ class PromptOptions:
     max_ui_chars: int = 3000
     ui_sizes: bool = True  # each UI line's "[wxh]" box size after its centre (off: ~9 tokens a line fewer)
     # each UI line numbered "[k] ", and an Action line that cites a line cites its number first ("Click [3] button
-    # "no" @ (...)"): the copy of the centre keys on a number no other line has (mark_citation)
+    # "no" @ (...)"): the copy of the centre keys on a number no other line has (cite_marks)
     ui_marks: bool = False
     # the reply's coordinate space: "native" = the model family's own (transform_for); "screen" = the screenshot's
     # pixels, the numbers the UI text view shows, so pointing at an element is copying its numbers rather than
@@ -130,7 +130,7 @@ def ui_text_in_model_space(ui_text: str, transform: CoordTransform) -> str:
 
 
 _SIZE = re.compile(r"(@ \(-?\d+(?:\.\d+)?,-?\d+(?:\.\d+)?\)) \[\d+(?:\.\d+)?x\d+(?:\.\d+)?\]")
-_MARK = re.compile(r"^\[(\d+)\] ", re.M)
+_MARK = re.compile(r"\[(\d+)\] ")
 
 
 def prompt_ui_text(ui_text: str, opts: PromptOptions, transform: CoordTransform) -> str:
@@ -156,11 +156,8 @@ def cite_marks(reply: str, ui_text: str | None, opts: PromptOptions, transform: 
     lines: dict[str, str] = {}
     for line in prompt_ui_text(ui_text, opts, transform).split("\n"):
         m = _MARK.match(line)
-        if m:
-            body = line[m.end() :]
-            cite = _SIZE.sub(r"\1", body)
-            lines.setdefault(cite, m.group(1))
-            lines.setdefault(body, m.group(1))
+        if m:  # an Action line cites a line up to its centre: the size, when shown, is not part of it
+            lines.setdefault(_SIZE.sub(r"\1", line[m.end() :]), m.group(1))
 
     def sub(m: re.Match) -> str:
         k = lines.get(m.group(2))
