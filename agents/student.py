@@ -10,10 +10,12 @@ the rollout records it (the episode continues or ends per config).
 
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from agents.actions import ActionType
 from agents.backends.base import Backend, Generation, Sampling
 from agents.base import Decision, Policy, StepRecord
 from agents.parsing import parse_response
@@ -26,6 +28,49 @@ class StudentOptions:
     arch: str = "qwen3-vl"  # coordinate convention of the model family
     prompt: PromptOptions = PromptOptions()
     sampling: Sampling = Sampling()
+    snap_to_cited: bool = False  # StudentConfig.snap_to_cited: a click that misses the UI line it cites goes to it
+
+
+_CLICKS = frozenset({ActionType.CLICK, ActionType.DOUBLE_CLICK, ActionType.RIGHT_CLICK})
+# a UI text line (an observation's, screen pixels): the element up to its centre, the centre, the box if shown
+_UI_LINE = re.compile(
+    r"^(?:\[\d+\] )?(?P<cite>.+?) @ \((?P<x>-?\d+(?:\.\d+)?),(?P<y>-?\d+(?:\.\d+)?)\)"
+    r"(?: \[(?P<w>\d+(?:\.\d+)?)x(?P<h>\d+(?:\.\d+)?)\])?",
+    re.M,
+)
+_CITED = re.compile(r"^\S+ (?:\[\d+\] )?(?P<cite>.+?) @ \(-?\d+(?:\.\d+)?,-?\d+(?:\.\d+)?\)$")
+
+
+def snap_to_cited(decision: Decision, ui_text: str | None) -> Decision:
+    """The decision with its click moved to the centre of the UI line its Action line cites, when the point misses
+    that element's box; unchanged otherwise (not a click, no UI text, no cited line, or the cited role and label
+    name no line or more than one). The Action line and the raw call stay as the model wrote them; the step's
+    prompt_context records the snap (`snapped`: the line and the model's point, screen pixels) for SQL.
+
+    A policy that acts on the element it names, as accessibility-tree and set-of-marks agents do: the reply chooses
+    the element and the observation's UI text places it. What it leaves to the model is the choice itself."""
+    a = decision.action
+    if a is None or a.action not in _CLICKS or not ui_text or not decision.action_desc:
+        return decision
+    m = _CITED.match(decision.action_desc.strip())
+    if m is None:
+        return decision
+    lines = [ln for ln in _UI_LINE.finditer(ui_text) if ln["cite"] == m["cite"]]
+    if len(lines) != 1:
+        return decision
+    ln = lines[0]
+    cx, cy = float(ln["x"]), float(ln["y"])
+    if ln["w"] is not None:
+        inside = abs(a.x - cx) <= float(ln["w"]) / 2 and abs(a.y - cy) <= float(ln["h"]) / 2
+    else:
+        inside = (a.x, a.y) == (cx, cy)
+    if inside:
+        return decision
+    ctx = dict(decision.extra.get("prompt_context") or {})
+    ctx["snapped"] = {"line": ln.group(0), "from": [a.x, a.y]}
+    return replace(
+        decision, action=a.model_copy(update={"x": cx, "y": cy}), extra={**decision.extra, "prompt_context": ctx}
+    )
 
 
 class StudentPolicy(Policy):
@@ -64,7 +109,10 @@ class StudentPolicy(Policy):
         self._prompt_s += time.perf_counter() - t0
         gens = self.backend.generate(prompts, self._sampling(len(prompts)))
         self._step += 1
-        return [self._decision(g, t, p.context) for g, t, p in zip(gens, transforms, prompts)]
+        out = [self._decision(g, t, p.context) for g, t, p in zip(gens, transforms, prompts)]
+        if self.opts.snap_to_cited:
+            out = [snap_to_cited(d, o.ui_text) for d, o in zip(out, observations)]
+        return out
 
     def act(self, obs: Observation, history: list[StepRecord]) -> Decision:
         return self.act_batch([obs], [history])[0]
@@ -122,4 +170,5 @@ def build_student_policy(model: str, config: dict[str, Any] | None = None, seed:
 
         backend = HFBackend(model, lean=cfg.lean_decode)
         arch = backend.arch  # type: ignore[attr-defined]
-    return StudentPolicy(backend, StudentOptions(arch=arch, prompt=prompt, sampling=sampling), version=str(model))
+    opts = StudentOptions(arch=arch, prompt=prompt, sampling=sampling, snap_to_cited=cfg.snap_to_cited)
+    return StudentPolicy(backend, opts, version=str(model))

@@ -440,6 +440,16 @@ class StudentConfig(_Cfg):
         ),
         json_schema_extra=KEYED_IF_SET,
     )
+    snap_to_cited: bool = Field(
+        False,
+        description=(
+            "A click whose point misses the UI text line its Action line cites (the role and label name exactly one "
+            "line) goes to that line's centre: the student acts on the element it names, as accessibility-tree "
+            "agents do. The reply is kept as written; the step's prompt_context records `snapped` (the line and "
+            "the model's point) so SQL can count how often the reply's own numbers missed"
+        ),
+        json_schema_extra=KEYED_IF_SET,
+    )
     lean_decode: bool = Field(
         True,
         description=(

@@ -34,7 +34,8 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # the interval holds the rate itself: at n/n the float sum can land a hair under 1 (n = 100: 0.9999999999999999)
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def eval_policy(cfg: FlywheelConfig, checkpoint: str) -> PolicySpec:
@@ -118,7 +119,8 @@ def plot_success(lake: Lake, out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     xs = [f"it{it}\n{Path(str(ck)).name[:18]}" for it, ck, *_ in data]
     ys = [r[2] for r in data]
-    err = [[r[2] - r[3] for r in data], [r[4] - r[2] for r in data]]
+    # clipped at 0: an interval's bound can round a hair past the rate (a 100% rate, ci_high 0.99999...)
+    err = [[max(0.0, r[2] - r[3]) for r in data], [max(0.0, r[4] - r[2]) for r in data]]
     ax.errorbar(range(len(xs)), ys, yerr=err, fmt="o-", capsize=4)
     ax.set_xticks(range(len(xs)), xs, fontsize=7)
     ax.set_ylim(0, 1)

@@ -14,6 +14,8 @@ def test_wilson_interval_known_values():
     assert lo == pytest.approx(0.4902, abs=1e-3) and hi == pytest.approx(0.9433, abs=1e-3)
     assert wilson(0, 20)[0] == 0.0 and wilson(0, 20)[1] == pytest.approx(0.1611, abs=1e-3)
     assert wilson(20, 20)[1] == 1.0 and wilson(0, 0) == (0.0, 0.0)
+    # the interval always holds the rate (100 of 100 once gave ci_high 0.9999999999999999 and broke the plot)
+    assert all(wilson(k, n)[0] <= k / n <= wilson(k, n)[1] for n in range(1, 301) for k in (0, 1, n // 2, n - 1, n))
 
 
 @pytest.mark.browser

@@ -357,3 +357,75 @@ def test_lean_prompt_options_from_the_config_reach_the_policy_rl_and_the_dataset
     policy_cfg = {"model": str(tiny_path), "max_new_tokens": 8, "system_prompt": "none", "ui_marks": True}
     d = build_student_policy(str(tiny_path), policy_cfg).act_batch([_obs(0)], [[]])[0]
     assert d.extra["prompt_context"]["system"] == "none" and d.extra["prompt_context"]["ui_marks"] is True
+
+
+# A click-button page from the lake (eval seed 100002, screen pixels): "Next" second on its row, "next" below it.
+_BUTTONS = """div "pharetra, eget lacinia" @ (80,58) [156x11]
+button "Okay" @ (26,74) [47x21]
+button "Next" @ (71,74) [43x21]
+div "habitasse aliquam commodo" @ (80,90) [156x11]
+button "next" @ (23,106) [41x21]
+button "Okay" @ (120,106) [47x21]"""
+
+
+def _reply(desc: str, x: int, y: int):
+    from agents.base import Decision
+    from agents.parsing import parse_response
+
+    t = transform_for("qwen3-vl", 160, 210)
+    call = json.dumps({"name": "computer_use", "arguments": {"action": "click", "x": x, "y": y}})
+    text = f"Action: {desc}\n<tool_call>\n{call}\n</tool_call>"
+    pr = parse_response(text, t)
+    assert pr.ok, pr.error
+    return Decision(text, pr.action, pr.thought, pr.action_desc, pr.raw_args, extra={"prompt_context": {"k": 1}})
+
+
+def test_snap_to_cited_moves_a_missed_click_to_the_line_it_names_and_only_then():
+    """The reply names "Next" but copies the x of "next" (what failing models wrote on this page): the click goes
+    to "Next"'s centre, the reply and raw call stay as written, and prompt_context records the line and the model's
+    point. A point already inside the cited box, an exact-case twin, a label two lines share, a reply that cites
+    nothing and a non-click are left alone."""
+    from agents.student import snap_to_cited
+
+    missed = _reply('Click button "Next" @ (144,352)', 144, 352)  # 144 = "next"'s x in 0-1000
+    d = snap_to_cited(missed, _BUTTONS)
+    assert (d.action.x, d.action.y) == (71.0, 74.0) and d.action.action == "click"
+    assert d.response_text == missed.response_text and d.raw_action == missed.raw_action == {
+        "action": "click",
+        "x": 144,
+        "y": 352,
+    }
+    assert d.extra["prompt_context"] == {
+        "k": 1,
+        "snapped": {"line": 'button "Next" @ (71,74) [43x21]', "from": [23.04, 73.92]},
+    }
+    assert "snapped" not in missed.extra["prompt_context"]  # the model's decision is not edited in place
+
+    inside = _reply('Click button "Next" @ (450,350)', 450, 350)  # (72, 73.5) px: inside the 43x21 box
+    assert snap_to_cited(inside, _BUTTONS) is inside
+    twin = snap_to_cited(_reply('Click button "next" @ (444,352)', 444, 352), _BUTTONS)
+    assert (twin.action.x, twin.action.y) == (23.0, 106.0)  # the case the reply wrote, not the look-alike
+    shared = _reply('Click button "Okay" @ (500,500)', 500, 500)
+    assert snap_to_cited(shared, _BUTTONS) is shared  # two lines: which one is not the policy's to guess
+    for desc in ('Click button "Submit" @ (144,352)', "Click somewhere"):
+        d = _reply(desc, 144, 352)
+        assert snap_to_cited(d, _BUTTONS) is d
+    assert snap_to_cited(missed, None) is missed
+    marked = snap_to_cited(_reply('Click [3] button "Next" @ (144,352)', 144, 352), "[3] " + _BUTTONS.splitlines()[2])
+    assert (marked.action.x, marked.action.y) == (71.0, 74.0)
+
+
+def test_snap_to_cited_from_the_config_reaches_the_policy_and_its_run_keys(tiny_path):
+    from agents.student import build_student_policy
+    from configs.models import ConfigError, load_config
+
+    root = Path(__file__).resolve().parents[1]
+    off = load_config(str(root / "configs" / "local.yaml"), {"student.snap_to_cited": False})
+    on = load_config(str(root / "configs" / "local.yaml"), {"student.snap_to_cited": True})
+    assert "snap_to_cited" not in off.student.policy_config()  # rollout run keys made before the knob still hold
+    assert on.student.policy_config()["snap_to_cited"] is True
+    with pytest.raises(ConfigError, match="snap_to_cited"):
+        load_config(str(root / "configs" / "local.yaml"), {"student.snap_to_cited": "sometimes"})
+    cfg = {"model": str(tiny_path), "max_new_tokens": 8, "snap_to_cited": True}
+    assert build_student_policy(str(tiny_path), cfg).opts.snap_to_cited
+    assert not build_student_policy(str(tiny_path), {"model": str(tiny_path)}).opts.snap_to_cited
