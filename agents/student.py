@@ -38,14 +38,16 @@ _UI_LINE = re.compile(
     r"(?: \[(?P<w>\d+(?:\.\d+)?)x(?P<h>\d+(?:\.\d+)?)\])?",
     re.M,
 )
-_CITED = re.compile(r"^\S+ (?:\[\d+\] )?(?P<cite>.+?) @ \(-?\d+(?:\.\d+)?,-?\d+(?:\.\d+)?\)$")
+_CITED = re.compile(r"^\S+ (?:\[\d+\] )?(?P<cite>.+?) @ (?P<point>\(-?\d+(?:\.\d+)?,-?\d+(?:\.\d+)?\))$")
 
 
-def snap_to_cited(decision: Decision, ui_text: str | None) -> Decision:
+def snap_to_cited(decision: Decision, ui_text: str | None, transform: Any = None) -> Decision:
     """The decision with its click moved to the centre of the UI line its Action line cites, when the point misses
     that element's box; unchanged otherwise (not a click, no UI text, no cited line, or the cited role and label
-    name no line or more than one). The Action line and the raw call stay as the model wrote them; the step's
-    prompt_context records the snap (`snapped`: the line and the model's point, screen pixels) for SQL.
+    name no line or more than one). The reply text and the raw call stay as the model wrote them; the decision's
+    Action line cites the line's own point (in the model's space, through `transform`), so the step's record, a later
+    step's history and an SFT target built from it name what was clicked; prompt_context records the snap
+    (`snapped`: the line, the model's point in screen pixels and its Action line as written) for SQL.
 
     A policy that acts on the element it names, as accessibility-tree and set-of-marks agents do: the reply chooses
     the element and the observation's UI text places it. What it leaves to the model is the choice itself."""
@@ -67,9 +69,17 @@ def snap_to_cited(decision: Decision, ui_text: str | None) -> Decision:
     if inside:
         return decision
     ctx = dict(decision.extra.get("prompt_context") or {})
-    ctx["snapped"] = {"line": ln.group(0), "from": [a.x, a.y]}
+    ctx["snapped"] = {"line": ln.group(0), "from": [a.x, a.y], "action_desc": decision.action_desc}
+    desc = decision.action_desc
+    if transform is not None:
+        mx, my = transform.to_model(cx, cy)
+        line = decision.action_desc.strip()
+        desc = f"{line[: m.start('point')]}({round(mx)},{round(my)})"
     return replace(
-        decision, action=a.model_copy(update={"x": cx, "y": cy}), extra={**decision.extra, "prompt_context": ctx}
+        decision,
+        action=a.model_copy(update={"x": cx, "y": cy}),
+        action_desc=desc,
+        extra={**decision.extra, "prompt_context": ctx},
     )
 
 
@@ -111,7 +121,7 @@ class StudentPolicy(Policy):
         self._step += 1
         out = [self._decision(g, t, p.context) for g, t, p in zip(gens, transforms, prompts)]
         if self.opts.snap_to_cited:
-            out = [snap_to_cited(d, o.ui_text) for d, o in zip(out, observations)]
+            out = [snap_to_cited(d, o.ui_text, t) for d, o, t in zip(out, observations, transforms)]
         return out
 
     def act(self, obs: Observation, history: list[StepRecord]) -> Decision:

@@ -386,10 +386,19 @@ def test_snap_to_cited_moves_a_missed_click_to_the_line_it_names_and_only_then()
     point. A point already inside the cited box, an exact-case twin, a label two lines share, a reply that cites
     nothing and a non-click are left alone."""
     from agents.student import snap_to_cited
+    from training.data import target_text
 
+    t = transform_for("qwen3-vl", 160, 210)
     missed = _reply('Click button "Next" @ (144,352)', 144, 352)  # 144 = "next"'s x in 0-1000
-    d = snap_to_cited(missed, _BUTTONS)
+    d = snap_to_cited(missed, _BUTTONS, t)
     assert (d.action.x, d.action.y) == (71.0, 74.0) and d.action.action == "click"
+    # the record names what was clicked, and an SFT target built from the step agrees with itself
+    assert d.action_desc == 'Click button "Next" @ (444,352)' and missed.action_desc.endswith("(144,352)")
+    step = {"action": d.action.model_dump_json(), "raw_action": json.dumps(d.raw_action), "action_desc": d.action_desc}
+    assert target_text(step, t).endswith(
+        'Action: Click button "Next" @ (444,352)\n<tool_call>\n'
+        '{"name": "computer_use", "arguments": {"action": "click", "x": 444, "y": 352}}\n</tool_call>'
+    )
     assert d.response_text == missed.response_text and d.raw_action == missed.raw_action == {
         "action": "click",
         "x": 144,
@@ -397,7 +406,11 @@ def test_snap_to_cited_moves_a_missed_click_to_the_line_it_names_and_only_then()
     }
     assert d.extra["prompt_context"] == {
         "k": 1,
-        "snapped": {"line": 'button "Next" @ (71,74) [43x21]', "from": [23.04, 73.92]},
+        "snapped": {
+            "line": 'button "Next" @ (71,74) [43x21]',
+            "from": [23.04, 73.92],
+            "action_desc": 'Click button "Next" @ (144,352)',
+        },
     }
     assert "snapped" not in missed.extra["prompt_context"]  # the model's decision is not edited in place
 
