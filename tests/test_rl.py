@@ -604,12 +604,7 @@ def test_new_rl_knobs_validate_and_reach_the_settings():
     outside = {
         "max_new_tokens",
         "targets",
-        "history_images",
-        "use_ui_text",
-        "coord_space",
-        "system_prompt",
-        "ui_sizes",
-        "ui_marks",
+        "prompt",
         "config_hash",
         "focus_tasks",
     }

@@ -6,9 +6,10 @@ each knob and lists its allowed values) and the student's prompt options. Re-exp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from agents.prompts import PromptOptions
 from configs.algorithms import ALGORITHMS  # noqa: F401  (re-exported: training.rl.ALGORITHMS)
 from configs.models import RL_STAGE_FIELDS, RLConfig, choices, settings_from
 
@@ -85,12 +86,7 @@ class RLSettings:
     old_logp: str = "recompute"  # or "rollout": fresh rows take the sampler's log-probs as old (no forward)
     temperature: float = 1.0  # the sampler's (rl.temperature, else student.temperature): log-probs of logits / T
     targets: str = "full"  # sft.targets: how replayed demos are tokenised
-    history_images: int = 1  # student prompt options (rows are rebuilt with them)
-    use_ui_text: bool = True
-    coord_space: str = "native"
-    system_prompt: str = "compact"
-    ui_sizes: bool = True
-    ui_marks: bool = False
+    prompt: PromptOptions = field(default_factory=PromptOptions)  # the student's (rows are rebuilt with them)
     config_hash: str | None = None  # provenance on the lake rows
 
     def __post_init__(self):
@@ -121,12 +117,7 @@ class RLSettings:
             max_new_tokens=cfg.student.max_new_tokens,
             targets=cfg.sft.targets,
             config_hash=cfg.config_hash("rl"),
-            history_images=cfg.student.history_images,
-            use_ui_text=cfg.student.use_ui_text,
-            coord_space=cfg.student.coord_space,
-            system_prompt=cfg.student.system_prompt,
-            ui_sizes=cfg.student.ui_sizes,
-            ui_marks=cfg.student.ui_marks,
+            prompt=PromptOptions.from_student(cfg.student),
             clone_tasks=tuple(cfg.rl.clone_tasks or cfg.rollouts.selection.tasks),
             focus_tasks=tuple(cfg.rl.tasks or cfg.rollouts.selection.tasks),
         )
@@ -155,7 +146,5 @@ class RLSettings:
         return self.sdpo_weight if self.sdpo_weight is not None else (1.0 if self.algorithm == "sdpo" else 0.0)
 
     @property
-    def prompt_options(self):
-        from agents.prompts import PromptOptions
-
-        return PromptOptions.from_student(self)
+    def prompt_options(self) -> PromptOptions:
+        return self.prompt
