@@ -23,6 +23,9 @@ from training.queries import FIT_STEP
 # come with a programmatic oracle and unlimited instances: its episodes on them are free (issue 28: RL on synth tasks
 # spends no teacher budget); a paid teacher's episodes on them (cost > 0) are spend like any other.
 SYNTH_PREFIX = "synth/"
+
+# A step whose click the student policy moved onto the UI line its Action line cites (agents.student.snap_to_cited).
+SNAPPED_STEP = "s.prompt_context LIKE '%\"snapped\"%' AND json_extract(s.prompt_context, '$.snapped') IS NOT NULL"
 TEACHER_SPEND = (
     "policy <> 'student' AND stage NOT IN ('import', 'evaluate') AND stage NOT LIKE 'midtrain%' "
     f"AND NOT (task_id LIKE '{SYNTH_PREFIX}%' AND coalesce(cost, 0) = 0)"
@@ -42,7 +45,10 @@ GROUP BY ALL ORDER BY iteration, stage, task_id
 #   iteration's curate dataset (its newest `datasets` row of stage curate, by its episode_ids) and the
 #   student's share of them;
 # - heldout_success / heldout_n: the iteration's newest evaluation on held-out seeds (`evals`; held-out tasks
-#   show under their own id).
+#   show under their own id);
+# - heldout_snapped: of that evaluation's episodes, how many had a click moved onto the UI line its Action line cites
+#   (`student.snap_to_cited`; the step's prompt_context holds `snapped`): the part of held-out success that rests on
+#   the snap rather than the model's own numbers. 0 with the snap off, null without an evaluation.
 ITERATION_TABLE_SQL = f"""
 WITH student AS (
     SELECT iteration, coalesce(task_id, '__all__') AS task, count(*) AS attempts,
@@ -78,6 +84,29 @@ heldout AS (
     FROM evals WHERE stage = 'evaluate' AND task_id <> '__held_out_tasks__'
     QUALIFY row_number() OVER (PARTITION BY iteration, task_id ORDER BY created_at DESC NULLS LAST, eval_id DESC) = 1
 ),
+newest_eval AS (
+    SELECT iteration, run_key, eval_id FROM evals WHERE stage = 'evaluate' AND task_id = '__all__'
+    QUALIFY row_number() OVER (PARTITION BY iteration ORDER BY created_at DESC NULLS LAST, eval_id DESC) = 1
+),
+eval_eps AS (
+    SELECT e.iteration, e.task_id, e.episode_id FROM episodes AS e JOIN newest_eval AS n USING (iteration, run_key)
+    WHERE e.stage = 'evaluate'
+),
+snapped AS (
+    SELECT x.iteration, x.task_id, count(DISTINCT x.episode_id) AS n
+    FROM eval_eps AS x JOIN steps AS s USING (episode_id) WHERE {SNAPPED_STEP} GROUP BY ALL
+),
+snapped_tasks AS (
+    SELECT v.iteration, v.task_id AS task, v.split, coalesce(sn.n, 0) AS n
+    FROM evals AS v JOIN newest_eval USING (iteration, eval_id, run_key)
+    LEFT JOIN snapped AS sn ON sn.iteration = v.iteration AND sn.task_id = v.task_id
+    WHERE NOT starts_with(v.task_id, '__')
+),
+heldout_snapped AS (
+    SELECT iteration, task, n AS heldout_snapped FROM snapped_tasks
+    UNION ALL
+    SELECT iteration, '__all__', sum(n) FILTER (split = 'eval-seed') FROM snapped_tasks GROUP BY iteration
+),
 keys AS (
     SELECT iteration, task FROM student UNION SELECT iteration, task FROM teacher
     UNION SELECT iteration, task FROM samples UNION SELECT iteration, task FROM heldout
@@ -87,12 +116,14 @@ SELECT k.iteration, k.task AS task_id,
        coalesce(t.teacher_episodes, 0) AS teacher_episodes, coalesce(t.teacher_usd, 0)::DOUBLE AS teacher_usd,
        coalesce(sa.sft_samples, 0) AS sft_samples, coalesce(sa.student_samples, 0) AS student_samples,
        round(sa.student_samples / nullif(sa.sft_samples, 0), 3) AS student_share,
-       h.heldout_success, h.heldout_n
+       h.heldout_success, h.heldout_n,
+       CASE WHEN h.heldout_n IS NOT NULL THEN coalesce(hs.heldout_snapped, 0) END::BIGINT AS heldout_snapped
 FROM keys AS k
 LEFT JOIN student AS st USING (iteration, task)
 LEFT JOIN teacher AS t USING (iteration, task)
 LEFT JOIN samples AS sa USING (iteration, task)
 LEFT JOIN heldout AS h USING (iteration, task)
+LEFT JOIN heldout_snapped AS hs USING (iteration, task)
 {{where}}
 ORDER BY k.iteration, k.task = '__all__', k.task
 """

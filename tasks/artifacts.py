@@ -261,7 +261,7 @@ def flywheel_markdown(cfg: FlywheelConfig, iteration: int) -> str:
         f"**Per task** (iteration {iteration}; attempts = the student's rollout and RL episodes)",
         "",
         "| task | attempts | successes | teacher episodes | teacher $ | teacher budget left (now) | SFT samples | "
-        "student share | held-out success |",
+        "student share | held-out success (n, episodes with a snapped click) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
@@ -272,12 +272,19 @@ def flywheel_markdown(cfg: FlywheelConfig, iteration: int) -> str:
             left = str(max(0, lim.total - total.episodes))
         else:
             left = "–"
-        held = "–" if r["heldout_success"] is None else f"{r['heldout_success']:.0%} (n={r['heldout_n']})"
+        held = "–" if r["heldout_success"] is None else f"{r['heldout_success']:.0%} (n={r['heldout_n']}{_snaps(r)})"
         lines.append(
             f"| {'all' if t == '__all__' else t} | {r['attempts']} | {r['successes']} | {r['teacher_episodes']} | "
             f"{r['teacher_usd']:.4g} | {left} | {r['sft_samples']} | {_pct(r['student_share'])} | {held} |"
         )
     return "\n".join(lines)
+
+
+def _snaps(row: dict[str, Any]) -> str:
+    """', k snapped' when k of the evaluation's episodes had a click moved onto the line it cited (the held-out
+    success that rests on student.snap_to_cited), else ''."""
+    k = row.get("heldout_snapped")
+    return f", {k} snapped" if k else ""
 
 
 def publish_iteration(

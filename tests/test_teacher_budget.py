@@ -9,6 +9,7 @@ module that the Prefect artifact and the viewer both render.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -547,11 +548,29 @@ def report_lake(root: Path) -> Lake:
     eps(0, "rl", "guide0", "click-test", "claude", [True, False], n0=5000, cost=1.0)
     s1 = eps(1, "rollouts", "ro1", "click-test", "student", [True, True, False, False], n0=10)
     eps(1, "rollouts", "ro1", "focus-text", "student", [True, True])
-    eps(1, "evaluate", "ev1", "click-test", "scripted", [True] * 5)  # not spend, not attempts
+    ev1 = eps(1, "evaluate", "ev1", "click-test", "scripted", [True] * 5)  # not spend, not attempts
+    old_ev1 = eps(1, "evaluate", "ev1-old", "click-test", "student", [True] * 2)  # an older evaluation's run
     steps(t0, 2)
     steps(t0b, 1)
     steps(s0, 1, n_unfit=2)  # unfit steps are never SFT samples
     steps(s1, 3)
+    # evaluation steps: two of ev1's episodes had a click snapped onto the cited line (one of them twice), the
+    # older run's episodes too (not the newest evaluation: never counted); a step whose context only mentions the
+    # word in a string value is no snap
+    snap = json.dumps({"snapped": {"line": 'button "OK" @ (10,10) [20x10]', "from": [40, 40]}})
+    ctx = {ev1[0]: [snap, snap], ev1[1]: [None, snap], ev1[2]: [json.dumps({"note": '"snapped"'}), None]}
+    ctx |= {e: [snap] for e in old_ev1}
+    lake.write(
+        "steps",
+        [
+            dict(episode_id=e, step_idx=k, is_final=False, parse_ok=True, prompt_context=c, run_key="ev")
+            for e, cs in ctx.items()
+            for k, c in enumerate(cs)
+        ],
+        iteration=1,
+        stage="evaluate",
+        run_key="ev",
+    )
     from datetime import datetime, timezone
 
     lake.write(
@@ -657,6 +676,9 @@ def test_iteration_table_on_a_small_lake(tmp_path):
         and by[(0, "__all__")]["student_share"] == 0
     )
     assert by[(1, "click-test")]["heldout_n"] == 10
+    # the newest evaluation's episodes with a snapped click, per task and in all; null where nothing was evaluated
+    assert [by[(1, t)]["heldout_snapped"] for t in ("click-test", "focus-text", "__all__")] == [2, 0, 2]
+    assert by[(0, "click-test")]["heldout_snapped"] == 0
     assert [r["task_id"] for r in rows] == ["click-test", "focus-text", "__all__"] * 2  # the total row last
     only = iteration_table(connect(lake), iteration=1)
     assert {(r["iteration"], r["task_id"]) for r in only} == {k for k in EXPECTED if k[0] == 1}
@@ -674,8 +696,9 @@ def test_prefect_artifact_and_viewer_show_the_same_rows(tmp_path, monkeypatch):
     md = flywheel_markdown(cfg, 1)
     assert "**Teacher budget** (6 per task, $10): this iteration spent 0 teacher episodes" in md
     assert "the lake 7 episodes, $2.75 (bootstrap 5, rl 2)" in md
-    assert "| click-test | 4 | 2 | 0 | 0 | 1 | 13 | 54% | 60% (n=10) |" in md  # 6 - 5 teacher episodes left
-    assert "| all | 6 | 4 | 0 | 0 | – | 15 | 47% | 80% (n=10) |" in md
+    assert "| click-test | 4 | 2 | 0 | 0 | 1 | 13 | 54% | 60% (n=10, 2 snapped) |" in md  # 6 - 5 teacher episodes left
+    assert "| focus-text | 2 | 2 | 0 | 0 | 4 | 2 | 0% | 100% (n=10) |" in md
+    assert "| all | 6 | 4 | 0 | 0 | – | 15 | 47% | 80% (n=10, 2 snapped) |" in md
     md0 = flywheel_markdown(cfg, 0)
     assert "| rl | click-test | 2 | 1 | 2 |" in md0 and "| bootstrap | click-test | 3 | 3 | 0.75 |" in md0
     out = tmp_path / "site"
@@ -685,7 +708,8 @@ def test_prefect_artifact_and_viewer_show_the_same_rows(tmp_path, monkeypatch):
     assert per_task.count("<tr class='pt'>") == len(EXPECTED)
     assert (
         "<tr class='pt'><td>1</td><td>click-test</td><td>4</td><td>2</td><td>0</td><td>0</td><td>13</td>"
-        "<td>7</td><td>54%</td><td>60% <span class='muted'>n=10</span></td></tr>"
+        "<td>7</td><td>54%</td><td>60% <span class='muted'>n=10</span> <span class='muted snapped'>2 snapped</span>"
+        "</td></tr>"
     ) in per_task
     teacher = html.split("Teacher budget: where it went", 1)[1]
     assert "7 teacher episodes, 6 successes, $2.75 (bootstrap: 5 episodes, $0.75; rl: 2 episodes, $2)" in teacher

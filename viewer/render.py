@@ -456,6 +456,8 @@ def _per_task_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         task = "all" if r["task_id"] == "__all__" else str(r["task_id"])
         n = f" <span class='muted'>n={r['heldout_n']}</span>" if r["heldout_n"] is not None else ""
+        if r.get("heldout_snapped"):  # episodes whose click student.snap_to_cited moved onto the cited line
+            n += f" <span class='muted snapped'>{r['heldout_snapped']} snapped</span>"
         body += (
             f"<tr class='pt'><td>{r['iteration']}</td><td>{escape(task)}</td><td>{r['attempts']}</td>"
             f"<td>{r['successes']}</td><td>{r['teacher_episodes']}</td><td>{r['teacher_usd']:.4g}</td>"
