@@ -296,11 +296,19 @@ def summarize(
         verdict[s] = {
             "gain_points": None if a is None or b is None else round(100 * (b - a), 1),
             "vs_control_points": None if cs is None or b is None else round(100 * (b - cs), 1),
+            # the most each margin can be on this seed (iteration 3 at 100%): below the target, no flywheel meets it
+            "gain_points_max": None if a is None else round(100 * (1 - a), 1),
+            "vs_control_points_max": None if cs is None else round(100 * (1 - cs), 1),
             "student_share_last": share,
             "copy_tasks_last": {t: last_tasks.get(t) for t in COPY_TASKS},
         }
     met_gain = all(v["gain_points"] is not None and v["gain_points"] >= 15 for v in verdict.values())
     met_ctrl = all(v["vs_control_points"] is not None and v["vs_control_points"] >= 10 for v in verdict.values())
+    # whether the two margins can be met at all from where each seed's iteration 1 and control stand
+    reach_gain = all(v["gain_points_max"] is not None and v["gain_points_max"] >= 15 for v in verdict.values())
+    reach_ctrl = all(
+        v["vs_control_points_max"] is not None and v["vs_control_points_max"] >= 10 for v in verdict.values()
+    )
     met_share = all((v["student_share_last"] or 0) >= 0.5 for v in verdict.values())
     met_copy = all(all((x or 0) > 0 for x in v["copy_tasks_last"].values()) for v in verdict.values())
 
@@ -327,6 +335,7 @@ def summarize(
             "student_share_last_at_least_half": met_share,
             "enter_text_and_login_user_above_0": met_copy,
         },
+        "reachable": {"iteration_last_vs_first_plus_15": reach_gain, "iteration_last_vs_control_plus_10": reach_ctrl},
     }
 
 

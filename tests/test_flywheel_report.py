@@ -43,6 +43,13 @@ def test_merged_seeds_join_the_statistics_and_the_verdict(tmp_path):
     assert out["targets"]["iteration_last_vs_first_plus_15"] is True
     assert out["targets"]["iteration_last_vs_control_plus_10"] is True
     assert out["targets"]["student_share_last_at_least_half"] is False  # seed 1's 40%
+    # the most each margin could be (iteration 3 at 100%): seed 1's control at 70% leaves 30 points
+    assert out["verdict"]["1"]["gain_points_max"] == 40.0 and out["verdict"]["1"]["vs_control_points_max"] == 30.0
+    assert out["reachable"] == {"iteration_last_vs_first_plus_15": True, "iteration_last_vs_control_plus_10": True}
+    # a control at 92.5% leaves 7.5 points: +10 over it cannot be met, whatever the flywheel does
+    high = fx.summarize(tmp_path / "root", [0], 3, True, {"0": _run(0.8, 0.9, 0.925, 0.6)})
+    assert high["verdict"]["0"]["vs_control_points_max"] == 7.5
+    assert high["reachable"] == {"iteration_last_vs_first_plus_15": True, "iteration_last_vs_control_plus_10": False}
 
 
 def test_a_seed_measured_here_is_not_replaced_and_one_in_two_reports_is_an_error(tmp_path):
