@@ -41,13 +41,24 @@ _UI_LINE = re.compile(
 _CITED = re.compile(r"^\S+ (?:\[\d+\] )?(?P<cite>.+?) @ (?P<point>\(-?\d+(?:\.\d+)?,-?\d+(?:\.\d+)?\))$")
 
 
+def _inside(x: float, y: float, ln: re.Match) -> bool:
+    """Whether the point (screen pixels) is inside the UI line's box (its centre, for a line without a size)."""
+    cx, cy = float(ln["x"]), float(ln["y"])
+    if ln["w"] is None:
+        return (x, y) == (cx, cy)
+    return abs(x - cx) <= float(ln["w"]) / 2 and abs(y - cy) <= float(ln["h"]) / 2
+
+
 def snap_to_cited(decision: Decision, ui_text: str | None, transform: Any = None) -> Decision:
     """The decision with its click moved to the centre of the UI line its Action line cites, when the point misses
-    that element's box; unchanged otherwise (not a click, no UI text, no cited line, or the cited role and label
-    name no line or more than one). The reply text and the raw call stay as the model wrote them; the decision's
-    Action line cites the line's own point (in the model's space, through `transform`), so the step's record, a later
-    step's history and an SFT target built from it name what was clicked; prompt_context records the snap
-    (`snapped`: the line, the model's point in screen pixels and its Action line as written) for SQL.
+    that element's box; unchanged otherwise (not a click, no UI text, no cited line, the cited role and label name
+    no line, or the point is inside one they name). When several lines share the cited role and label (MiniWoB's
+    click-button draws duplicates, and any of them is right), the model's own point chooses: the nearest centre, and
+    a tie is left alone; `snapped.of` then says among how many. The reply text and the raw call stay as the model
+    wrote them; the decision's Action line cites the line's own point (in the model's space, through `transform`),
+    so the step's record, a later step's history and an SFT target built from it name what was clicked;
+    prompt_context records the snap (`snapped`: the line, the model's point in screen pixels and its Action line as
+    written) for SQL.
 
     A policy that acts on the element it names, as accessibility-tree and set-of-marks agents do: the reply chooses
     the element and the observation's UI text places it. What it leaves to the model is the choice itself."""
@@ -58,18 +69,18 @@ def snap_to_cited(decision: Decision, ui_text: str | None, transform: Any = None
     if m is None:
         return decision
     lines = [ln for ln in _UI_LINE.finditer(ui_text) if ln["cite"] == m["cite"]]
-    if len(lines) != 1:
+    if not lines or any(_inside(a.x, a.y, ln) for ln in lines):
         return decision
-    ln = lines[0]
+    # a role and label that several lines share: the model's own point chooses, by the nearest centre; a tie is left
+    dist = sorted(((a.x - float(ln["x"])) ** 2 + (a.y - float(ln["y"])) ** 2, i) for i, ln in enumerate(lines))
+    if len(dist) > 1 and dist[0][0] == dist[1][0]:
+        return decision
+    ln = lines[dist[0][1]]
     cx, cy = float(ln["x"]), float(ln["y"])
-    if ln["w"] is not None:
-        inside = abs(a.x - cx) <= float(ln["w"]) / 2 and abs(a.y - cy) <= float(ln["h"]) / 2
-    else:
-        inside = (a.x, a.y) == (cx, cy)
-    if inside:
-        return decision
     ctx = dict(decision.extra.get("prompt_context") or {})
     ctx["snapped"] = {"line": ln.group(0), "from": [a.x, a.y], "action_desc": decision.action_desc}
+    if len(lines) > 1:
+        ctx["snapped"]["of"] = len(lines)  # the nearest of this many lines with the cited role and label
     desc = decision.action_desc
     if transform is not None:
         mx, my = transform.to_model(cx, cy)

@@ -443,10 +443,11 @@ class StudentConfig(_Cfg):
     snap_to_cited: bool = Field(
         False,
         description=(
-            "A click whose point misses the UI text line its Action line cites (the role and label name exactly one "
-            "line) goes to that line's centre: the student acts on the element it names, as accessibility-tree "
-            "agents do. The reply is kept as written; the step's prompt_context records `snapped` (the line and "
-            "the model's point) so SQL can count how often the reply's own numbers missed"
+            "A click whose point misses the UI text line its Action line cites (its role and label) goes to that "
+            "line's centre; when several lines share them, to the one nearest the model's point (a tie is left "
+            "alone): the student acts on the element it names, as accessibility-tree agents do. The reply is kept "
+            "as written; the step's prompt_context records `snapped` (the line and the model's point) so SQL can "
+            "count how often the reply's own numbers missed"
         ),
         json_schema_extra=KEYED_IF_SET,
     )

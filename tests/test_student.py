@@ -383,8 +383,8 @@ def _reply(desc: str, x: int, y: int):
 def test_snap_to_cited_moves_a_missed_click_to_the_line_it_names_and_only_then():
     """The reply names "Next" but copies the x of "next" (what failing models wrote on this page): the click goes
     to "Next"'s centre, the reply and raw call stay as written, and prompt_context records the line and the model's
-    point. A point already inside the cited box, an exact-case twin, a label two lines share, a reply that cites
-    nothing and a non-click are left alone."""
+    point. A label two lines share goes to the nearer of them. A point already inside a cited box, an exact-case
+    twin, a reply that cites nothing and a non-click are left alone."""
     from agents.student import snap_to_cited
     from training.data import target_text
 
@@ -418,8 +418,19 @@ def test_snap_to_cited_moves_a_missed_click_to_the_line_it_names_and_only_then()
     assert snap_to_cited(inside, _BUTTONS) is inside
     twin = snap_to_cited(_reply('Click button "next" @ (444,352)', 444, 352), _BUTTONS)
     assert (twin.action.x, twin.action.y) == (23.0, 106.0)  # the case the reply wrote, not the look-alike
-    shared = _reply('Click button "Okay" @ (500,500)', 500, 500)
-    assert snap_to_cited(shared, _BUTTONS) is shared  # two lines: which one is not the policy's to guess
+    # a label two lines share (click-button takes either): the model's point (80,105) px chooses the nearer centre
+    shared = snap_to_cited(_reply('Click button "Okay" @ (500,500)', 500, 500), _BUTTONS, t)
+    assert (shared.action.x, shared.action.y) == (120.0, 106.0) and shared.action_desc.endswith("(750,505)")
+    assert shared.extra["prompt_context"]["snapped"]["of"] == 2
+    assert "of" not in d.extra["prompt_context"]["snapped"]  # one line named: no choice was made
+    near_first = snap_to_cited(_reply('Click button "Okay" @ (100,250)', 100, 250), _BUTTONS)  # (16, 52.5) px
+    assert (near_first.action.x, near_first.action.y) == (26.0, 74.0)
+    in_second = _reply('Click button "Okay" @ (740,500)', 740, 500)  # (118.4, 105) px: inside the second box
+    assert snap_to_cited(in_second, _BUTTONS) is in_second
+    pair = 'button "Okay" @ (40,105) [20x10]\nbutton "Okay" @ (120,105) [20x10]'
+    tie = _reply('Click button "Okay" @ (500,500)', 500, 500)  # (80, 105) px: as near one centre as the other
+    assert (tie.action.x, tie.action.y) == (80.0, 105.0)
+    assert snap_to_cited(tie, pair) is tie
     for desc in ('Click button "Submit" @ (144,352)', "Click somewhere"):
         d = _reply(desc, 144, 352)
         assert snap_to_cited(d, _BUTTONS) is d
