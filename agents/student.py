@@ -72,10 +72,10 @@ def snap_to_cited(decision: Decision, ui_text: str | None, transform: Any = None
     if not lines or any(_inside(a.x, a.y, ln) for ln in lines):
         return decision
     # a role and label that several lines share: the model's own point chooses, by the nearest centre; a tie is left
-    dist = sorted(((a.x - float(ln["x"])) ** 2 + (a.y - float(ln["y"])) ** 2, i) for i, ln in enumerate(lines))
-    if len(dist) > 1 and dist[0][0] == dist[1][0]:
+    d2 = [(a.x - float(ln["x"])) ** 2 + (a.y - float(ln["y"])) ** 2 for ln in lines]
+    if d2.count(min(d2)) > 1:
         return decision
-    ln = lines[dist[0][1]]
+    ln = lines[d2.index(min(d2))]
     cx, cy = float(ln["x"]), float(ln["y"])
     ctx = dict(decision.extra.get("prompt_context") or {})
     ctx["snapped"] = {"line": ln.group(0), "from": [a.x, a.y], "action_desc": decision.action_desc}
