@@ -7,11 +7,12 @@ PLAN.json: {"init": random-init model folder, "corpus": midtrain export (benchma
 "sft_data": the main job's curated export, "base_settings" / "sft_settings": TrainSettings fields
 (configs/local.yaml's midtrain.sft and sft), "variants": [{"name", "base_steps" (0 = no base), "base_over",
 "sft_over", and optionally "corpus" / "sft_data" (other exports), "base_of" (start the SFT from an earlier variant's
-base instead of training one), "autocast": "bf16" (both trainings' forward under torch.autocast, benchmarks/_bf16.py;
-set "fused_kernels": false in both overrides, the CUDA kernels take one dtype)}]}. Rebuild each model here with
-benchmarks/assemble_weights.py (--size of the init, --visual from the init: the vision tower stays frozen) and
-evaluate it with `flywheel stage evaluate --checkpoint`. Sweeps: docs/bench_mainjob_base_s32.json,
-docs/bench_mainjob_s33.json, docs/bench_mainjob_s34.json.
+base instead of training one), "base_only": true (bring back the base itself, no SFT: a flywheel experiment's
+start; benchmarks/base_mini_gpu.sh), "autocast": "bf16" (both trainings' forward under torch.autocast,
+benchmarks/_bf16.py; set "fused_kernels": false in both overrides, the CUDA kernels take one dtype)}]}.
+Rebuild each model here with benchmarks/assemble_weights.py (--size of the init, --visual from the init: the vision
+tower stays frozen) and evaluate it with `flywheel stage evaluate --checkpoint`. Sweeps:
+docs/bench_mainjob_base_s32.json, docs/bench_mainjob_s33.json, docs/bench_mainjob_s34.json.
 """
 
 import json
@@ -56,10 +57,13 @@ def main() -> None:
             s = TrainSettings(**{**plan["base_settings"], "max_steps": v["base_steps"], **v.get("base_over", {})})
             m = train(start, v.get("corpus", plan["corpus"]), work / f"{name}-base", s, progress=False)
             rec["base"], start = {k: m[k] for k in KEEP}, str(work / f"{name}-base")
-        s = TrainSettings(**{**plan["sft_settings"], **v.get("sft_over", {})})
-        m = train(start, v.get("sft_data", plan["sft_data"]), work / f"{name}-sft", s, progress=False)
-        rec["sft"] = {k: m[k] for k in KEEP}
-        weights = work / f"{name}-sft" / "model.safetensors"
+        if v.get("base_only"):
+            weights = Path(start) / "model.safetensors"
+        else:
+            s = TrainSettings(**{**plan["sft_settings"], **v.get("sft_over", {})})
+            m = train(start, v.get("sft_data", plan["sft_data"]), work / f"{name}-sft", s, progress=False)
+            rec["sft"] = {k: m[k] for k in KEEP}
+            weights = work / f"{name}-sft" / "model.safetensors"
         keep = Path(__file__).with_name("keep_weights.py")
         subprocess.run([sys.executable, str(keep), str(weights), str(out / f"{name}.lm")], check=True)
         rec["total_s"] = round(time.time() - t0, 1)
