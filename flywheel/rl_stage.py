@@ -437,6 +437,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     if res:
         (a.job.parent / RESULT_FILE).write_text(json.dumps(res, default=str))
+    distributed.exit_worker()  # a torchrun rank ends here, skipping the shutdown that could abort it
 
 
 if __name__ == "__main__":

@@ -771,3 +771,22 @@ def test_a_rank_that_aborts_names_its_last_words_in_the_error():
     # the agent's own log lines and traceback are cut, whatever the path it prints them from (CI's longer checkout
     # path once pushed the rank's words past the length limit when the cut missed them)
     assert "launch_agent" not in msg and "closing signal" not in msg, msg
+
+
+def test_a_rank_whose_shutdown_would_abort_ends_cleanly_by_exit_worker(tmp_path):
+    """A rank that finished its work ends by `exit_worker` (os._exit after a flush): the interpreter's shutdown, where
+    CI once saw rank 1 abort after its barrier (`terminate called without an active exception`), never runs."""
+    from training.distributed import torchrun
+
+    env = {"PYTHONPATH": f"{ROOT / 'tests' / 'fixtures' / 'ddp'}:{ROOT}", "RESULT_DIR": str(tmp_path)}
+    torchrun("abort_at_shutdown", [], 2, progress=False, env=env)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.txt", "rank1.txt"]
+    alone = subprocess.run(  # not a torchrun worker: exit_worker does nothing, and the shutdown aborts
+        [sys.executable, "-m", "abort_at_shutdown"],
+        env={**os.environ, **env, "RANK": "0", "WORLD_SIZE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert alone.returncode == -signal.SIGABRT, alone  # so the run above passed because exit_worker skipped it
+    assert alone.stdout == "rank 0 finished", alone  # a last line without a newline, flushed by the shutdown here

@@ -88,6 +88,23 @@ def teardown(ctx: Context) -> None:
             dist.destroy_process_group()
 
 
+def exit_worker() -> None:
+    """End a torchrun worker once its work is done and its group torn down, without the interpreter's shutdown.
+
+    At that shutdown a rank sometimes died with SIGABRT (`terminate called without an active exception`, no Python
+    frame: a C++ thread object destroyed while still joinable), after its result was written and its barrier
+    passed; torchrun then failed the whole run (docs/LOG.md). Every file is closed by then, so the output is
+    flushed and the process exits with status 0 at once. Outside a worker this does nothing."""
+    if not in_worker():
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to keep
+            pass
+    os._exit(0)
+
+
 def barrier(ctx: Context) -> None:
     if ctx.active:
         import torch.distributed as dist

@@ -70,6 +70,7 @@ from training.distributed import (
     Context,
     balanced_share,
     ddp_wrap,
+    exit_worker,
     global_float,
     global_sum,
     launch,
@@ -452,6 +453,7 @@ def main(argv: list[str] | None = None) -> None:
     m = train(a.base, a.data, Path(a.out), TrainSettings(**json.loads(a.settings)), progress=not a.no_progress)
     if m:  # DDP ranks other than 0 return nothing: rank 0 reports
         print(json.dumps({k: m[k] for k in ("final_loss", "steps", "tokens_per_s", "model_path")}))
+    exit_worker()  # a torchrun rank ends here, skipping the shutdown that could abort it (training.distributed)
 
 
 if __name__ == "__main__":
