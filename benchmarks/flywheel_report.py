@@ -300,7 +300,10 @@ def summarize(
             "gain_points_max": None if a is None else round(100 * (1 - a), 1),
             "vs_control_points_max": None if cs is None else round(100 * (1 - cs), 1),
             "student_share_last": share,
-            "copy_tasks_last": {t: last_tasks.get(t) for t in COPY_TASKS},
+            # only the copy tasks this experiment scores (configs/flywheel4.yaml has none)
+            "copy_tasks_last": {
+                t: last_tasks.get(t) for t in COPY_TASKS if any(t in p for p in r["per_task"].values())
+            },
         }
     met_gain = all(v["gain_points"] is not None and v["gain_points"] >= 15 for v in verdict.values())
     met_ctrl = all(v["vs_control_points"] is not None and v["vs_control_points"] >= 10 for v in verdict.values())
@@ -311,6 +314,8 @@ def summarize(
     )
     met_share = all((v["student_share_last"] or 0) >= 0.5 for v in verdict.values())
     met_copy = all(all((x or 0) > 0 for x in v["copy_tasks_last"].values()) for v in verdict.values())
+    if not any(v["copy_tasks_last"] for v in verdict.values()):
+        met_copy = None  # not applicable: no seed scores a copy task
 
     per_iteration = {str(i): stats([r["success"].get(str(i)) for r in runs.values()]) for i in range(iterations)}
     share = {

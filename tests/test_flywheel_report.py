@@ -43,6 +43,7 @@ def test_merged_seeds_join_the_statistics_and_the_verdict(tmp_path):
     assert out["targets"]["iteration_last_vs_first_plus_15"] is True
     assert out["targets"]["iteration_last_vs_control_plus_10"] is True
     assert out["targets"]["student_share_last_at_least_half"] is False  # seed 1's 40%
+    assert out["targets"]["enter_text_and_login_user_above_0"] is True
     # the most each margin could be (iteration 3 at 100%): seed 1's control at 70% leaves 30 points
     assert out["verdict"]["1"]["gain_points_max"] == 40.0 and out["verdict"]["1"]["vs_control_points_max"] == 30.0
     assert out["reachable"] == {"iteration_last_vs_first_plus_15": True, "iteration_last_vs_control_plus_10": True}
@@ -64,3 +65,18 @@ def test_a_seed_measured_here_is_not_replaced_and_one_in_two_reports_is_an_error
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(SystemExit, match="bad.json: not a report"):
         fx.merged_runs([str(tmp_path / "bad.json")], root)
+
+
+def test_the_copy_task_target_counts_only_the_copy_tasks_an_experiment_scores(tmp_path):
+    """flywheel8's enter-text and login-user must be above 0; an experiment without them (configs/flywheel4.yaml)
+    has no such target (None), and a copy task at 0 on any seed fails it."""
+    four = _run(0.6, 0.8, 0.7, 0.6)
+    four["per_task"] = {"0": {"click-button": 0.2}, "2": {"click-button": 0.4}}
+    out = fx.summarize(tmp_path / "root", [0], 3, True, {"0": four})
+    assert out["verdict"]["0"]["copy_tasks_last"] == {}
+    assert out["targets"]["enter_text_and_login_user_above_0"] is None
+    zero = _run(0.6, 0.8, 0.7, 0.6)
+    zero["per_task"] = {"0": {"login-user": 0.5}, "2": {"enter-text": 1.0}}  # login-user scored, absent at the end
+    out = fx.summarize(tmp_path / "root", [0, 1], 3, True, {"0": _run(0.6, 0.8, 0.7, 0.6), "1": zero})
+    assert out["verdict"]["1"]["copy_tasks_last"] == {"enter-text": 1.0, "login-user": None}
+    assert out["targets"]["enter_text_and_login_user_above_0"] is False
