@@ -68,6 +68,11 @@ def seed_config(base: dict[str, Any], seed: int, demos_per_task: int) -> dict[st
 
 
 def control_config(cfg: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The control's config: one SFT of exactly `steps` optimizer steps on the teacher demos. Its epochs are raised
+    so that max_steps binds whatever the number of demos (session 43: 50 epochs of 80 demos stopped it at 250 of
+    360 steps), as if every step took one sample."""
+    sft = cfg.get("sft") or {}
+    per_step = int(sft.get("batch_size") or 8) * int(sft.get("grad_accum") or 1)
     return apply_overrides(
         copy.deepcopy(cfg),
         {
@@ -76,6 +81,7 @@ def control_config(cfg: dict[str, Any], steps: int) -> dict[str, Any]:
             "curriculum.enabled": False,
             "rl.enabled": False,
             "sft.max_steps": int(steps),
+            "sft.epochs": float(max(int(steps), 1) * per_step),
             "sft.max_minutes": max(float(cfg["sft"].get("max_minutes") or 0), 90.0),
         },
     )  # the minutes: a cap only

@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import flywheel_report as fx  # noqa: E402
+from flywheel_experiment import control_config  # noqa: E402
 
 
 def _run(first: float, last: float, control: float, share: float) -> dict:
@@ -80,3 +81,19 @@ def test_the_copy_task_target_counts_only_the_copy_tasks_an_experiment_scores(tm
     out = fx.summarize(tmp_path / "root", [0, 1], 3, True, {"0": _run(0.6, 0.8, 0.7, 0.6), "1": zero})
     assert out["verdict"]["1"]["copy_tasks_last"] == {"enter-text": 1.0, "login-user": None}
     assert out["targets"]["enter_text_and_login_user_above_0"] is False
+
+
+def test_the_control_trains_exactly_the_flywheels_steps_however_few_its_demos():
+    """The equal-compute control: one SFT of as many optimizer steps as the flywheel spent. Its config's epochs
+    (50 in configs/flywheel4.yaml) must not stop it early on few demos: 80 demos at batch 16 gave 250 of 360."""
+    import yaml
+
+    from configs.models import FlywheelConfig
+    from training.sft_run import plan_steps
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "flywheel4.yaml").read_text())
+    assert plan_steps(80, FlywheelConfig.model_validate(cfg).sft)[0] == 120  # an iteration: max_steps binds
+    control = FlywheelConfig.model_validate(control_config(cfg, 360))
+    assert control.iterations == 1 and not control.rl.enabled and not control.curriculum.enabled
+    for n in (1, 80, 5000):
+        assert plan_steps(n, control.sft)[0] == 360, n
