@@ -55,7 +55,7 @@ from flywheel_report import (  # noqa: E402
     training_steps,
 )
 
-from configs.models import apply_overrides  # noqa: E402
+from configs.models import FlywheelConfig, apply_overrides  # noqa: E402
 
 FLYWHEEL = [str(ROOT / ".venv" / "bin" / "flywheel")]
 
@@ -71,8 +71,8 @@ def control_config(cfg: dict[str, Any], steps: int) -> dict[str, Any]:
     """The control's config: one SFT of exactly `steps` optimizer steps on the teacher demos. Its epochs are raised
     so that max_steps binds whatever the number of demos (session 43: 50 epochs of 80 demos stopped it at 250 of
     360 steps), as if every step took one sample."""
-    sft = cfg.get("sft") or {}
-    per_step = int(sft.get("batch_size") or 8) * int(sft.get("grad_accum") or 1)
+    sft = FlywheelConfig.model_validate(cfg).sft  # the schema's defaults where the config is silent
+    per_step = sft.batch_size * sft.grad_accum
     return apply_overrides(
         copy.deepcopy(cfg),
         {
