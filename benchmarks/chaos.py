@@ -292,7 +292,9 @@ def remote_config(cfg: Path, home: Path, url: str) -> Path:
     """`cfg` with its episodes on the env server at `url` (env.name remote; error_retries as configured)."""
     import yaml
 
-    c = yaml.safe_load(cfg.read_text())
+    from configs.models import read_config_data
+
+    c = read_config_data(cfg)  # `extends:` resolved: the copy below lies in another folder
     c["env"].update(name="remote", servers=[url], token_env=TOKEN_ENV)
     path = home / "chaos-remote.yaml"
     path.write_text(yaml.safe_dump(c, sort_keys=False))
@@ -604,9 +606,9 @@ def lake_facts(lake: Path) -> dict:
 
 def expected_counts(cfg: Path) -> dict[str, int]:
     """Episodes per stage that the config implies (for --no-reference)."""
-    import yaml
+    from configs.models import read_config_data
 
-    c = yaml.safe_load(cfg.read_text())
+    c = read_config_data(cfg)
     g = c["rollout"]["group_size"]
     sel = lambda s: len(c[s]["selection"]["tasks"]) * c[s]["selection"]["seeds_per_task"]  # noqa: E731
     rl = c["rl"]

@@ -55,7 +55,7 @@ from flywheel_report import (  # noqa: E402
     training_steps,
 )
 
-from configs.models import FlywheelConfig, apply_overrides  # noqa: E402
+from configs.models import FlywheelConfig, apply_overrides, read_config_data  # noqa: E402
 
 FLYWHEEL = [str(ROOT / ".venv" / "bin" / "flywheel")]
 
@@ -150,7 +150,7 @@ def main() -> None:
     ap.add_argument("--json", default="docs/bench_flywheel8.json")
     ap.add_argument("--png", default="docs/img/flywheel8.png")
     a = ap.parse_args()
-    base = yaml.safe_load((ROOT / a.config).read_text())
+    base = read_config_data(ROOT / a.config)  # its `extends:` resolved: the per-run configs below stand alone
     apply_overrides(base, {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in a.sets)}, "--set")
     n = a.iterations or int(base.get("iterations", 1))
     demos = int(base["bootstrap"]["selection"]["seeds_per_task"])

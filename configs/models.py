@@ -1373,17 +1373,48 @@ def parse_config(data: Any, source: str = "<config>") -> FlywheelConfig:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> FlywheelConfig:
     """Load and validate a YAML config; `overrides` are dotted keys, e.g. {"rollout.envs": 1}."""
     p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"{p}: config file not found")
+    data = read_config_data(p)
+    if isinstance(data, dict):
+        apply_overrides(data, overrides, str(p))
+    return parse_config(data, str(p))
+
+
+def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> Any:
+    """A config file's YAML as data, with its `extends: <file>` resolved (`_chain`: the files that extend it).
+
+    The named file (relative to this one's folder) is read the same way first, and this file's keys are laid over
+    it: a mapping merges key by key, anything else (a list, a scalar, null) replaces the parent's value. So a config
+    that differs from another in a few keys states only those."""
+    p = Path(path)
+    via = f" (extended by {' <- '.join(str(c) for c in reversed(_chain))})" if _chain else ""
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found{via}")
+    if p.resolve() in _chain:
+        loop = " -> ".join(str(c) for c in (*_chain, p.resolve()))
+        raise ConfigError(f"{p}: its extends chain loops back to it ({loop})")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{p}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
-    if isinstance(data, dict):
-        apply_overrides(data, overrides, str(p))
-    return parse_config(data, str(p))
+        raise ConfigError(f"{p}: invalid YAML{where}: {getattr(e, 'problem', e)}{via}") from None
+    if not isinstance(data, dict) or "extends" not in data:
+        if _chain and not isinstance(data, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of keys, got {type(data).__name__}{via}")
+        return data
+    parent = data.pop("extends")
+    if not isinstance(parent, str) or not parent.strip():
+        raise ConfigError(f"{p}: extends: expected the path of another config file, got {parent!r}")
+    return merge_config_data(read_config_data(p.parent / parent, (*_chain, p.resolve())), data)
+
+
+def merge_config_data(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid on `base` (neither is changed): mappings merge key by key, any other value replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merge_config_data(out[key], value) if both else value
+    return out
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any] | None, source: str = "config") -> dict[str, Any]:

@@ -107,3 +107,55 @@ def test_algorithms_are_named_once():
         RLSettings(algorithm="ppo")
     with pytest.raises(ValueError, match="rl adv_mode must be one of None, zscore, mean"):
         RLSettings(adv_mode="median")
+
+
+def test_a_config_extends_another_and_states_only_its_changes(tmp_path):
+    (tmp_path / "parent").mkdir()
+    (tmp_path / "parent" / "base.yaml").write_text(
+        (ROOT / "configs" / "tiny.yaml").read_text() + "\nsft:\n  lr: 0.002\n  max_steps: 7\n"
+    )
+    child = tmp_path / "child.yaml"  # the parent's path is relative to the child's folder, not the cwd
+    child.write_text(
+        "extends: parent/base.yaml\nname: child\nsft:\n  max_steps: 9\n"
+        "rollouts:\n  selection:\n    tasks: [click-test]\n"
+    )
+    base, cfg = load_config(tmp_path / "parent" / "base.yaml"), load_config(child)
+    assert cfg.name == "child" and base.name != "child"
+    assert (cfg.sft.max_steps, cfg.sft.lr) == (9, 0.002)  # a mapping merges key by key
+    assert cfg.rollouts.selection.tasks == ["click-test"] != base.rollouts.selection.tasks  # a list replaces
+    assert cfg.rollouts.selection.seeds_per_task == base.rollouts.selection.seeds_per_task
+    assert cfg.model_dump(exclude={"name", "sft", "rollouts"}) == base.model_dump(exclude={"name", "sft", "rollouts"})
+    grandchild = tmp_path / "grandchild.yaml"  # a chain, with an override on top
+    grandchild.write_text("extends: child.yaml\nsft:\n  lr: 0.003\n")
+    g = load_config(grandchild, {"sft.max_steps": 11})
+    assert (g.name, g.sft.lr, g.sft.max_steps, g.rollouts.selection.tasks) == ("child", 0.003, 11, ["click-test"])
+
+
+def test_flywheel8m_is_flywheel4_with_eight_tasks_and_its_own_base():
+    m, four = load_config(ROOT / "configs" / "flywheel8m.yaml"), load_config(ROOT / "configs" / "flywheel4.yaml")
+    assert len(m.evaluate.selection.tasks) == len(m.bootstrap.selection.tasks) == 8
+    assert (m.student, m.sft, m.curate, m.rl) == (four.student, four.sft, four.curate, four.rl)
+    assert m.midtrain.sft.max_steps == 3000 and m.midtrain.sft.lr == four.midtrain.sft.lr
+
+
+@pytest.mark.parametrize(
+    "files, error",
+    [
+        ({"a.yaml": "extends: missing.yaml\n"}, "missing.yaml: config file not found (extended by {d}/a.yaml)"),
+        ({"a.yaml": "extends: b.yaml\n", "b.yaml": "extends: a.yaml\n"}, "its extends chain loops back to it"),
+        ({"a.yaml": "extends: 3\n"}, "a.yaml: extends: expected the path of another config file, got 3"),
+        (
+            {"a.yaml": "extends: b.yaml\n", "b.yaml": "- 1\n"},
+            "b.yaml: the top level must be a mapping of keys, got list",
+        ),
+        ({"a.yaml": "extends: b.yaml\n", "b.yaml": "sft: [\n"}, "b.yaml: invalid YAML (line 2"),
+        ({"a.yaml": "extends: b.yaml\n", "b.yaml": "sft:\n  lr: fast\n"}, "a.yaml: sft.lr: Input should be a valid"),
+    ],
+    ids=["missing", "loop", "not-a-path", "not-a-mapping", "bad-yaml", "bad-value"],
+)
+def test_a_bad_extends_is_one_error_naming_the_files(tmp_path, files, error):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "a.yaml")
+    assert error.format(d=tmp_path) in str(e.value)
