@@ -1373,14 +1373,17 @@ def parse_config(data: Any, source: str = "<config>") -> FlywheelConfig:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> FlywheelConfig:
     """Load and validate a YAML config; `overrides` are dotted keys, e.g. {"rollout.envs": 1}."""
     p = Path(path)
-    data = read_config_data(p)
+    read: list[Path] = []
+    data = read_config_data(p, read=read)
+    source = str(p) if len(read) < 2 else f"{p} (extends {' -> '.join(str(f) for f in read[1:])})"
     if isinstance(data, dict):
-        apply_overrides(data, overrides, str(p))
-    return parse_config(data, str(p))
+        apply_overrides(data, overrides, source)
+    return parse_config(data, source)
 
 
-def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> Any:
-    """A config file's YAML as data, with its `extends: <file>` resolved (`_chain`: the files that extend it).
+def read_config_data(path: str | Path, _chain: tuple[Path, ...] = (), read: list[Path] | None = None) -> Any:
+    """A config file's YAML as data, with its `extends: <file>` resolved (`_chain`: the files that extend it; `read`,
+    if given, gets each file read, this one first).
 
     The named file (relative to this one's folder) is read the same way first, and this file's keys are laid over
     it: a mapping merges key by key, anything else (a list, a scalar, null) replaces the parent's value. So a config
@@ -1398,6 +1401,8 @@ def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise ConfigError(f"{p}: invalid YAML{where}: {getattr(e, 'problem', e)}{via}") from None
+    if read is not None:
+        read.append(p)
     if not isinstance(data, dict) or "extends" not in data:
         if _chain and not isinstance(data, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of keys, got {type(data).__name__}{via}")
@@ -1405,7 +1410,7 @@ def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> Any:
     parent = data.pop("extends")
     if not isinstance(parent, str) or not parent.strip():
         raise ConfigError(f"{p}: extends: expected the path of another config file, got {parent!r}")
-    return merge_config_data(read_config_data(p.parent / parent, (*_chain, p.resolve())), data)
+    return merge_config_data(read_config_data(p.parent / parent, (*_chain, p.resolve()), read), data)
 
 
 def merge_config_data(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

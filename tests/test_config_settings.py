@@ -149,7 +149,10 @@ def test_flywheel8m_is_flywheel4_with_eight_tasks_and_its_own_base():
             "b.yaml: the top level must be a mapping of keys, got list",
         ),
         ({"a.yaml": "extends: b.yaml\n", "b.yaml": "sft: [\n"}, "b.yaml: invalid YAML (line 2"),
-        ({"a.yaml": "extends: b.yaml\n", "b.yaml": "sft:\n  lr: fast\n"}, "a.yaml: sft.lr: Input should be a valid"),
+        (
+            {"a.yaml": "extends: b.yaml\n", "b.yaml": "sft:\n  lr: fast\n"},
+            "a.yaml (extends {d}/b.yaml): sft.lr: Input should be a valid",
+        ),
     ],
     ids=["missing", "loop", "not-a-path", "not-a-mapping", "bad-yaml", "bad-value"],
 )
