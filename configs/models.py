@@ -370,6 +370,15 @@ class CurriculumConfig(_Cfg):
     top_up_demos: int = Field(
         20, ge=0, description="Teacher demos per iteration for a task the student never solves (within its budget)"
     )
+    rollout_evidence: bool = Field(
+        True,
+        description=(
+            "A task with held-out success 0 whose student rollouts of that iteration (or a later one) did succeed "
+            "stays a frontier task, its rollouts sized by their success rate, instead of getting top-up demos or "
+            "being parked: held-out is greedy, the rollouts sample k attempts an instance, and the instances "
+            "solved only sometimes are where the student's new data comes from; false: held-out alone decides"
+        ),
+    )
     sft_every_iteration: bool = Field(
         True,
         description=(

@@ -10,7 +10,9 @@ Evidence for a task is the newest held-out evaluation of an earlier iteration (p
 row), else the newest student rollouts of an earlier iteration, else none. With it:
   - no evidence yet (iteration 0): teacher demos up to the budget; full rollouts; RL;
   - success == 0: teacher demos while the task's budget lasts (`top_up_demos` per iteration),
-    then the task is parked (no rollouts, no RL) until it shows a success;
+    then the task is parked (no rollouts, no RL) until it shows a success. A held-out 0 whose task the student's
+    own rollouts of that iteration did solve (sampled, k attempts an instance: greedy held-out misses what sampling
+    reaches) is a frontier task at the rollouts' rate instead (`curriculum.rollout_evidence`);
   - 0 < success < solved_threshold: full rollouts and RL (the only groups with a signal); with
     `target_successes`, a task's rollout seeds are sized to that many expected successes at its success rate
     (`frontier_seeds`, at most `max_rollout_seeds`), so a rarely solved task gets many tries;
@@ -84,6 +86,7 @@ class Plan:
 
 
 def _evidence(con, iteration: int, tasks: list[str]) -> dict[str, Evidence]:
+    """Per task: the newest held-out evaluation of an earlier iteration, else `_rollout_evidence`'s."""
     out: dict[str, Evidence] = {}
     rows = con.execute(
         """
@@ -94,6 +97,14 @@ def _evidence(con, iteration: int, tasks: list[str]) -> dict[str, Evidence]:
     ).fetchall()
     for task, sr, n, it in rows:
         out[task] = Evidence(float(sr), int(n), "evaluate", int(it))
+    for task, ev in _rollout_evidence(con, iteration, tasks).items():
+        out.setdefault(task, ev)
+    return out
+
+
+def _rollout_evidence(con, iteration: int, tasks: list[str]) -> dict[str, Evidence]:
+    """Per task: the student's rollouts of the newest earlier iteration that had rollouts (a task without rollouts
+    there, e.g. parked, has none: older rollouts are not evidence for today's student)."""
     rows = con.execute(
         """
         SELECT task_id, avg(success::INT), count(*), max(iteration) FROM episodes
@@ -102,9 +113,7 @@ def _evidence(con, iteration: int, tasks: list[str]) -> dict[str, Evidence]:
         GROUP BY task_id""",
         [tasks, iteration],
     ).fetchall()
-    for task, sr, n, it in rows:
-        out.setdefault(task, Evidence(float(sr), int(n), "rollouts", int(it)))
-    return out
+    return {task: Evidence(float(sr), int(n), "rollouts", int(it)) for task, sr, n, it in rows}
 
 
 def demos_spent(con, tasks: list[str]) -> dict[str, int]:
@@ -176,6 +185,14 @@ def _frontier(d: Decision, ev: Evidence, cfg: FlywheelConfig) -> None:
         )
 
 
+def _sampled_success(ev: Evidence, rollouts: Evidence | None, cfg: FlywheelConfig) -> Evidence | None:
+    """The rollouts' evidence where it should stand in for a held-out 0: they ran in that evaluation's iteration or
+    later and succeeded (curriculum.rollout_evidence); else None."""
+    if not cfg.curriculum.rollout_evidence or ev.success_rate > 0.0 or rollouts is None:
+        return None
+    return rollouts if rollouts.success_rate > 0.0 and rollouts.iteration >= ev.iteration else None
+
+
 def _solved(d: Decision, ev: Evidence, cfg: FlywheelConfig) -> None:
     """Solved: a small check that it stays solved; no demos, no RL."""
     cc = cfg.curriculum
@@ -194,11 +211,13 @@ def decide(
     iteration: int,
     teacher: dict[str, int] | None = None,
     pool: int | None = None,
+    rollouts: dict[str, Evidence] | None = None,
 ) -> list[Decision]:
     """The per-task decisions (pure: the evidence and spent demos come from the lake). `spent`: bootstrap demos per
     task; `teacher`: teacher episodes per task over every stage, what the per-task budget counts (default: spent);
     `pool`: teacher episodes the lake-wide budget still allows over all tasks (None: no such limit), handed out
-    in task order."""
+    in task order; `rollouts`: the student's newest rollouts per task (`_rollout_evidence`), which keep a task
+    with a held-out 0 on the frontier where they succeeded (curriculum.rollout_evidence)."""
     from flywheel.teacher_budget import limits
 
     budget = limits(cfg).per_task
@@ -214,7 +233,17 @@ def decide(
             _bootstrap(d, cfg, iteration, left)
         else:
             d.success_rate, d.evidence, d.n_evidence = ev.success_rate, f"{ev.source} it{ev.iteration}", ev.n
-            if ev.success_rate <= 0.0:
+            sampled = _sampled_success(ev, (rollouts or {}).get(task), cfg)
+            if sampled is not None:
+                held_out = f"held-out 0 of {ev.n} ({d.evidence})"
+                d.success_rate, d.evidence, d.n_evidence = (
+                    sampled.success_rate,
+                    f"rollouts it{sampled.iteration}",
+                    sampled.n,
+                )
+                _frontier(d, sampled, cfg)
+                d.reason = f"{held_out} but {d.reason}"
+            elif ev.success_rate <= 0.0:
                 _never_solved(d, ev, cfg, budget, left, teacher.get(task, 0))
             elif ev.success_rate < cfg.curriculum.solved_threshold:
                 _frontier(d, ev, cfg)
@@ -286,6 +315,7 @@ def plan_iteration(cfg: FlywheelConfig, lake: Lake, iteration: int, tasks: list[
                 iteration,
                 teacher=episodes_by_task(con, tasks),
                 pool=pool_left(con, limits(cfg)),
+                rollouts=_rollout_evidence(con, iteration, tasks),
             ),
         )
         plan.decisions.append(sft_decision(con, iteration, cfg))

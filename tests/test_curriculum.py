@@ -247,3 +247,62 @@ def test_target_successes_sizes_each_frontier_tasks_rollouts(tmp_path):
     assert sorted({(j.task_id, j.seed) for j in spec.jobs}) == [
         (t, s) for t in ("click-test", "focus-text") for s in (5, 6)
     ]
+
+
+def test_a_held_out_zero_that_the_rollouts_solved_stays_on_the_frontier(tmp_path):
+    """Held-out is greedy; the rollouts sample k attempts an instance. A task whose rollouts of the evaluated
+    iteration succeeded is not parked (nor topped up) on a greedy 0: its rollouts are sized by their rate."""
+    cfg = cfg_with(
+        tmp_path,
+        **{
+            "bootstrap.max_demos_per_task": 20,
+            "curriculum.top_up_demos": 5,
+            "curriculum.target_successes": 20,
+            "curriculum.max_rollout_seeds": 48,
+            "rollouts.attempts": 3,
+            "rollouts.selection.seeds_per_task": 16,
+        },
+    )
+    held_out = {t: Evidence(0.0, 15, "evaluate", 1) for t in ("sampled", "stale", "failed", "topped")}
+    rollouts = {
+        "sampled": Evidence(12 / 75, 75, "rollouts", 1),  # 12 of 75 in the evaluated iteration
+        "stale": Evidence(0.3, 48, "rollouts", 0),  # before the evaluated iteration: today's student scored 0
+        "failed": Evidence(0.0, 48, "rollouts", 1),
+    }
+    spent = {"sampled": 20, "stale": 20, "failed": 20, "topped": 10}
+    tasks = list(held_out)
+    d = {x.task_id: x for x in decide(tasks, held_out, spent, cfg, iteration=2, rollouts=rollouts)}
+    s = d["sampled"]
+    assert (s.decision, s.teacher_demos, s.rl, s.evidence, s.n_evidence) == ("train", 0, True, "rollouts it1", 75)
+    assert s.rollout_seeds == 42  # ceil(20 / (0.16 x 3)) within [16, 48]
+    assert s.reason.startswith("held-out 0 of 15 (evaluate it1) but 0 < success 16%")
+    assert (d["stale"].decision, d["failed"].decision) == ("park", "park")
+    assert (d["topped"].decision, d["topped"].teacher_demos) == ("teacher", 5)  # no rollouts evidence: top-ups
+    off = cfg_with(tmp_path, **{"curriculum.rollout_evidence": False, "bootstrap.max_demos_per_task": 20})
+    assert decide(["sampled"], held_out, spent, off, iteration=2, rollouts=rollouts)[0].decision == "park"
+
+
+def test_the_plan_reads_the_rollouts_behind_a_held_out_zero_from_the_lake(tmp_path):
+    cfg = cfg_with(tmp_path, **{"bootstrap.max_demos_per_task": 2, "curriculum.top_up_demos": 0})
+    lake = Lake(tmp_path / "lake")
+    _evals(lake, 1, {"click-test": 0.0, "focus-text": 0.0, "__all__": 0.0})
+    rows = [
+        dict(
+            episode_id=f"r{t}{i}",
+            task_id=t,
+            seed=i,
+            split="train",
+            policy="student",
+            success=(t == "click-test" and i == 0),
+        )
+        for t in ("click-test", "focus-text")
+        for i in range(4)
+    ]
+    lake.write("episodes", rows, iteration=1, stage="rollouts", run_key="ro1")
+    plan = {d.task_id: d for d in plan_for(cfg, lake, iteration=2).decisions}
+    assert (plan["click-test"].decision, plan["click-test"].evidence, plan["click-test"].success_rate) == (
+        "train",
+        "rollouts it1",
+        0.25,
+    )
+    assert plan["focus-text"].decision == "park"
