@@ -85,8 +85,11 @@ class Plan:
         return not any(d.task_id == SFT_ROW and d.decision == "skip_sft" for d in self.decisions)
 
 
-def _evidence(con, iteration: int, tasks: list[str]) -> dict[str, Evidence]:
-    """Per task: the newest held-out evaluation of an earlier iteration, else `_rollout_evidence`'s."""
+def _evidence(
+    con, iteration: int, tasks: list[str], rollouts: dict[str, Evidence] | None = None
+) -> dict[str, Evidence]:
+    """Per task: the newest held-out evaluation of an earlier iteration, else the rollouts' (`_rollout_evidence`,
+    read here unless given)."""
     out: dict[str, Evidence] = {}
     rows = con.execute(
         """
@@ -97,7 +100,8 @@ def _evidence(con, iteration: int, tasks: list[str]) -> dict[str, Evidence]:
     ).fetchall()
     for task, sr, n, it in rows:
         out[task] = Evidence(float(sr), int(n), "evaluate", int(it))
-    for task, ev in _rollout_evidence(con, iteration, tasks).items():
+    rollouts = _rollout_evidence(con, iteration, tasks) if rollouts is None else rollouts
+    for task, ev in rollouts.items():
         out.setdefault(task, ev)
     return out
 
@@ -305,17 +309,18 @@ def plan_iteration(cfg: FlywheelConfig, lake: Lake, iteration: int, tasks: list[
 
     con = connect(lake)
     try:
+        rollouts = _rollout_evidence(con, iteration, tasks)
         plan = Plan(
             iteration,
             decide(
                 tasks,
-                _evidence(con, iteration, tasks),
+                _evidence(con, iteration, tasks, rollouts),
                 demos_spent(con, tasks),
                 cfg,
                 iteration,
                 teacher=episodes_by_task(con, tasks),
                 pool=pool_left(con, limits(cfg)),
-                rollouts=_rollout_evidence(con, iteration, tasks),
+                rollouts=rollouts,
             ),
         )
         plan.decisions.append(sft_decision(con, iteration, cfg))
