@@ -1382,27 +1382,30 @@ def parse_config(data: Any, source: str = "<config>") -> FlywheelConfig:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> FlywheelConfig:
     """Load and validate a YAML config; `overrides` are dotted keys, e.g. {"rollout.envs": 1}."""
     p = Path(path)
-    read: list[Path] = []
-    data = read_config_data(p, read=read)
-    source = str(p) if len(read) < 2 else f"{p} (extends {' -> '.join(str(f) for f in read[1:])})"
+    chain: list[Path] = []
+    data = _read_extending(p, chain)
+    source = str(p) if len(chain) < 2 else f"{p} (extends {' -> '.join(str(f) for f in chain[1:])})"
     if isinstance(data, dict):
         apply_overrides(data, overrides, source)
     return parse_config(data, source)
 
 
-def read_config_data(path: str | Path, _chain: tuple[Path, ...] = (), read: list[Path] | None = None) -> Any:
-    """A config file's YAML as data, with its `extends: <file>` resolved (`_chain`: the files that extend it; `read`,
-    if given, gets each file read, this one first).
+def read_config_data(path: str | Path) -> Any:
+    """A config file's YAML as data, with its `extends: <file>` resolved.
 
     The named file (relative to this one's folder) is read the same way first, and this file's keys are laid over
     it: a mapping merges key by key, anything else (a list, a scalar, null) replaces the parent's value. So a config
     that differs from another in a few keys states only those."""
-    p = Path(path)
-    via = f" (extended by {' <- '.join(str(c) for c in reversed(_chain))})" if _chain else ""
+    return _read_extending(Path(path), [])
+
+
+def _read_extending(p: Path, chain: list[Path]) -> Any:
+    """`read_config_data` of `p`, which the files in `chain` extend, each the one before it; appends `p` to `chain`."""
+    via = f" (extended by {' <- '.join(str(c) for c in reversed(chain))})" if chain else ""
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found{via}")
-    if p.resolve() in _chain:
-        loop = " -> ".join(str(c) for c in (*_chain, p.resolve()))
+    if p.resolve() in {c.resolve() for c in chain}:
+        loop = " -> ".join(str(c) for c in (*chain, p))
         raise ConfigError(f"{p}: its extends chain loops back to it ({loop})")
     try:
         data = yaml.safe_load(p.read_text()) or {}
@@ -1410,16 +1413,15 @@ def read_config_data(path: str | Path, _chain: tuple[Path, ...] = (), read: list
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise ConfigError(f"{p}: invalid YAML{where}: {getattr(e, 'problem', e)}{via}") from None
-    if read is not None:
-        read.append(p)
+    if chain and not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of keys, got {type(data).__name__}{via}")
+    chain.append(p)
     if not isinstance(data, dict) or "extends" not in data:
-        if _chain and not isinstance(data, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of keys, got {type(data).__name__}{via}")
         return data
     parent = data.pop("extends")
     if not isinstance(parent, str) or not parent.strip():
         raise ConfigError(f"{p}: extends: expected the path of another config file, got {parent!r}")
-    return merge_config_data(read_config_data(p.parent / parent, (*_chain, p.resolve()), read), data)
+    return merge_config_data(_read_extending(p.parent / parent, chain), data)
 
 
 def merge_config_data(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

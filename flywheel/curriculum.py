@@ -85,11 +85,8 @@ class Plan:
         return not any(d.task_id == SFT_ROW and d.decision == "skip_sft" for d in self.decisions)
 
 
-def _evidence(
-    con, iteration: int, tasks: list[str], rollouts: dict[str, Evidence] | None = None
-) -> dict[str, Evidence]:
-    """Per task: the newest held-out evaluation of an earlier iteration, else the rollouts' (`_rollout_evidence`,
-    read here unless given)."""
+def _evidence(con, iteration: int, tasks: list[str], rollouts: dict[str, Evidence]) -> dict[str, Evidence]:
+    """Per task: the newest held-out evaluation of an earlier iteration, else the rollouts' (`_rollout_evidence`)."""
     out: dict[str, Evidence] = {}
     rows = con.execute(
         """
@@ -100,7 +97,6 @@ def _evidence(
     ).fetchall()
     for task, sr, n, it in rows:
         out[task] = Evidence(float(sr), int(n), "evaluate", int(it))
-    rollouts = _rollout_evidence(con, iteration, tasks) if rollouts is None else rollouts
     for task, ev in rollouts.items():
         out.setdefault(task, ev)
     return out
@@ -236,17 +232,16 @@ def decide(
         if ev is None:
             _bootstrap(d, cfg, iteration, left)
         else:
-            d.success_rate, d.evidence, d.n_evidence = ev.success_rate, f"{ev.source} it{ev.iteration}", ev.n
             sampled = _sampled_success(ev, (rollouts or {}).get(task), cfg)
+            shown = sampled or ev  # the evidence the decision rests on
+            d.success_rate, d.evidence, d.n_evidence = (
+                shown.success_rate,
+                f"{shown.source} it{shown.iteration}",
+                shown.n,
+            )
             if sampled is not None:
-                held_out = f"held-out 0 of {ev.n} ({d.evidence})"
-                d.success_rate, d.evidence, d.n_evidence = (
-                    sampled.success_rate,
-                    f"rollouts it{sampled.iteration}",
-                    sampled.n,
-                )
                 _frontier(d, sampled, cfg)
-                d.reason = f"{held_out} but {d.reason}"
+                d.reason = f"held-out 0 of {ev.n} ({ev.source} it{ev.iteration}) but {d.reason}"
             elif ev.success_rate <= 0.0:
                 _never_solved(d, ev, cfg, budget, left, teacher.get(task, 0))
             elif ev.success_rate < cfg.curriculum.solved_threshold:
