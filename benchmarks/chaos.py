@@ -292,7 +292,7 @@ def remote_config(cfg: Path, home: Path, url: str) -> Path:
     """`cfg` with its episodes on the env server at `url` (env.name remote; error_retries as configured)."""
     import yaml
 
-    from configs.models import read_config_data
+    from configs.loading import read_config_data
 
     c = read_config_data(cfg)  # `extends:` resolved: the copy below lies in another folder
     c["env"].update(name="remote", servers=[url], token_env=TOKEN_ENV)
@@ -606,7 +606,7 @@ def lake_facts(lake: Path) -> dict:
 
 def expected_counts(cfg: Path) -> dict[str, int]:
     """Episodes per stage that the config implies (for --no-reference)."""
-    from configs.models import read_config_data
+    from configs.loading import read_config_data
 
     c = read_config_data(cfg)
     g = c["rollout"]["group_size"]

@@ -32,7 +32,7 @@ def build(d: Path) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     import test_sft
 
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from flywheel.stages import curate
     from training.models import init_model

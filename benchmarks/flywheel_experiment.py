@@ -55,7 +55,8 @@ from flywheel_report import (  # noqa: E402
     training_steps,
 )
 
-from configs.models import FlywheelConfig, apply_overrides, read_config_data  # noqa: E402
+from configs.loading import apply_overrides, read_config_data  # noqa: E402
+from configs.models import FlywheelConfig  # noqa: E402
 
 FLYWHEEL = [str(ROOT / ".venv" / "bin" / "flywheel")]
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel import midtrain
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

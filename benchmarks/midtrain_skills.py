@@ -115,7 +115,7 @@ def skills(cfg: Any, model: str, oracle_key: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel import midtrain as mt
     from flywheel.specs import ensure_student, register_tasks
 

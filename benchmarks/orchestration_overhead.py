@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 # always bootstraps), written as ordinary function calls.
 PLAIN = """
 import sys
-from configs.models import load_config
+from configs.loading import load_config
 from flywheel import specs, stages
 cfg = load_config(sys.argv[1])
 specs.register_tasks(cfg)
@@ -50,7 +50,7 @@ stages.evaluate(cfg, 0, ck, progress=False)
 
 
 def ensure_student(config: str) -> None:
-    from configs.models import load_config
+    from configs.loading import load_config
     from training.models import init_model
 
     s = load_config(config).student

@@ -223,7 +223,7 @@ def _run_lake(lake_root: Path, algo: str, seed: int, shared: bool) -> Path:
 def measure(a) -> dict[str, Any]:
     import yaml
 
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel.rl_stage import rl_stage
     from storage.lake import open_lake
 

@@ -47,7 +47,7 @@ def main() -> None:
 
     import torch
 
-    from configs.models import load_config
+    from configs.loading import load_config
     from training.sft import TrainSettings, train
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))

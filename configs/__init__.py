@@ -1,5 +1,6 @@
-"""YAML configs (this folder) and the pydantic models that validate them (configs.models)."""
+"""YAML configs (this folder), the pydantic models that validate them (configs.models) and their reader (configs.loading)."""
 
-from configs.models import ConfigError, FlywheelConfig, default_config_path, load_config, parse_config
+from configs.loading import default_config_path, load_config, parse_config
+from configs.models import ConfigError, FlywheelConfig
 
 __all__ = ["ConfigError", "FlywheelConfig", "default_config_path", "load_config", "parse_config"]

@@ -26,7 +26,8 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, runtime, tags
 from prefect.deployments import run_deployment
 
-from configs.models import FlywheelConfig, load_config
+from configs.loading import load_config
+from configs.models import FlywheelConfig
 from flows import orchestrate
 from flows.common import FLOW_OPTS, main, one_line, stage_row
 from flows.deployments import deployment_name

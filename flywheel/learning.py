@@ -60,7 +60,7 @@ def learning_bar(
 def _run(
     config, workdir: Path, lake: Path, overrides, baseline: bool, baseline_seeds: int, progress: bool
 ) -> dict[str, Any]:
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel import specs, stages
     from training.models import init_model
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from configs.models import FlywheelConfig, load_config
+from configs.loading import load_config
+from configs.models import FlywheelConfig
 from flywheel.pipeline import StageResult
 
 

@@ -12,7 +12,7 @@ import pytest
 from claude_replay import ClaudeReplay, fixture
 
 from agents.claude import Price
-from configs.models import parse_config
+from configs.loading import parse_config
 from flywheel.errors import UserError
 from storage.catalog import connect
 from training.queries import COST_PER_SUCCESS

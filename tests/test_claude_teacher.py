@@ -23,7 +23,8 @@ from agents.actions import Click, Done, Drag, Fail, Key, Move, RightClick, Scrol
 from agents.base import StepRecord
 from agents.claude import ClaudeError, ClaudePolicy, Price, check_claude, map_tool_use, tool_version_for
 from agents.coords import CoordTransform, claude_scaled_size
-from configs.models import ClaudeConfig, ConfigError, parse_config
+from configs.loading import parse_config
+from configs.models import ClaudeConfig, ConfigError
 from envs.base import Observation
 
 KEY = "sk-ant-api03-FAKE-flywheel-3c9e1f7a5b"  # recognisable: must never show up outside the x-api-key header

@@ -11,6 +11,7 @@ import pytest
 from pydantic import Field
 
 from configs.algorithms import ALGORITHMS
+from configs.loading import load_config
 from configs.models import (
     RL_STAGE_FIELDS,
     SFT_STAGE_FIELDS,
@@ -18,7 +19,6 @@ from configs.models import (
     RLConfig,
     SFTConfig,
     choices,
-    load_config,
     settings_from,
 )
 from training.rl_settings import RLSettings

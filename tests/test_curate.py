@@ -17,7 +17,7 @@ import pytest
 
 from agents.parsing import parse_response
 from agents.prompts import build_prompt, sft_messages, transform_for
-from configs.models import load_config
+from configs.loading import load_config
 from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 from storage.catalog import connect
 from storage.lake import Lake

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from configs.models import default_config_path, load_config
+from configs.loading import default_config_path, load_config
 from flywheel.curriculum import Evidence, decide, load_plan, plan_for, sft_decision
 from storage.catalog import connect
 from storage.lake import Lake

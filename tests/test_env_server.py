@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 from agents.actions import Click
-from configs.models import ConfigError, load_config, parse_config
+from configs.loading import load_config, parse_config
+from configs.models import ConfigError
 from envs.base import EnvError
 from envs.remote import RemoteEnv
 from flywheel.runtime.rollout import PolicySpec, RolloutError, RolloutSpec, make_jobs, run_rollouts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from configs.models import load_config
+from configs.loading import load_config
 from flywheel.evaluate import HELD_OUT, OVERALL, wilson
 from storage.catalog import connect
 

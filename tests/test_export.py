@@ -25,7 +25,7 @@ TOKEN = "hf_flywheelTestSecret0123456789"
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> dict:
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel.interop.slime import import_slime
     from storage.lake import Lake
     from training.export import curate

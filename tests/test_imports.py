@@ -468,7 +468,7 @@ def test_imported_demos_reach_the_sft_dataset_unchanged(tmp_path):
 
     from agents.coords import CoordTransform
     from agents.parsing import parse_response
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel.interop.agentnet import import_agentnet
     from flywheel.interop.osworld import import_osworld
     from storage.lake import Lake
@@ -559,7 +559,7 @@ def test_flagged_steps_are_in_the_schema_and_out_of_sft(tmp_path):
     """A run in the shape of a grounding agent's (response 'click:<target>@(x,y)', x = 1 where its reply was misread)
     without step_0.png: every step parses into the schema; the first (no screen before it, a point below the screen),
     the second (x = 1 misread) are flagged, and curate takes only the others as SFT targets."""
-    from configs.models import load_config
+    from configs.loading import load_config
     from training.export import curate
 
     lake = tmp_path / "lake"

@@ -499,7 +499,7 @@ def test_png_pool_is_realistic():
 
 def test_open_lake_from_a_config_a_section_a_lake_or_a_path(tmp_path, monkeypatch):
     """The one way to open a lake: --lake (root=) > $FLYWHEEL_LAKE > lake.root for a config; a path as given."""
-    from configs.models import parse_config
+    from configs.loading import parse_config
     from storage.lake import open_lake
 
     monkeypatch.delenv("FLYWHEEL_LAKE", raising=False)
@@ -517,7 +517,7 @@ def test_open_lake_from_a_config_a_section_a_lake_or_a_path(tmp_path, monkeypatc
 
 
 def test_open_lake_passes_an_object_store_its_endpoint_and_cache(tmp_path, monkeypatch):
-    from configs.models import parse_config
+    from configs.loading import parse_config
     from storage.lake import open_lake
 
     seen: list[dict] = []

@@ -168,7 +168,7 @@ def test_screenshots_are_never_read_unless_selected(s3):
 def test_two_rollout_processes_then_curate_and_sft_on_another_machine(s3, pg, tmp_path, capsys, monkeypatch):
     import threading
 
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel.cli import main
     from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
     from training.export import curate
@@ -267,7 +267,7 @@ def test_a_checkpoint_upload_failing_partway_leaves_no_row_and_a_rerun_completes
     writes the row; another machine (an empty cache) loads the checkpoint from the bucket."""
     import s3fs
 
-    from configs.models import load_config
+    from configs.loading import load_config
     from training.export import curate
     from training.models import init_model, load_model
     from training.sft_stage import sft_stage

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from configs.models import ConfigError, load_config
+from configs.loading import load_config
+from configs.models import ConfigError
 from flywheel import midtrain as mt
 from flywheel import specs, stages
 from flywheel.errors import UserError

@@ -310,7 +310,7 @@ def test_a_task_imported_by_osworld_tasks_is_selected_from_the_lake_and_reset_wi
     no tasks dir) runs it; without env.name remote the id is unknown, with a hint."""
     from starlette.testclient import TestClient
 
-    from configs.models import load_config
+    from configs.loading import load_config
     from envs.remote import RemoteEnv
     from envs.server import SlotPool
     from envs.server_http import ServerSettings, create_app

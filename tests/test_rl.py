@@ -188,7 +188,7 @@ def test_tempered_logprobs_are_the_samplers_distribution(tiny):
 
 
 def test_rl_temperature_reaches_the_sampler_and_the_scorer(tmp_path):
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel.rl_stage import _policy
 
     cfg = load_config("configs/tiny.yaml", {"lake.root": str(tmp_path), "rl.temperature": 0.6})
@@ -581,7 +581,8 @@ def test_gigpo_step_groups_add_omega_times_the_step_advantage():
 def test_new_rl_knobs_validate_and_reach_the_settings():
     from dataclasses import fields
 
-    from configs.models import ConfigError, RLConfig, parse_config
+    from configs.loading import parse_config
+    from configs.models import ConfigError, RLConfig
 
     with pytest.raises(ValueError, match="rl sdpo_mode must be one of sampled, topk, got 'logits'"):
         RLSettings(sdpo_mode="logits")
@@ -822,7 +823,7 @@ def test_ema_teacher_follows_the_student_at_sdpo_ema_rate(tiny):
     """rl.sdpo_teacher ema (the default): after each optimizer step with an SDPO term, every trainable weight of the
     teacher is exactly (1 - rate) x its value before the step + rate x the student's new value, rate being
     rl.sdpo_ema_rate; the weights nobody trains stay where they were. With sdpo_teacher frozen it never moves."""
-    from configs.models import parse_config
+    from configs.loading import parse_config
 
     assert RLSettings.from_config(parse_config({"rl": {"sdpo_ema_rate": 0.25}})).sdpo_ema_rate == 0.25
     rows = _rows(_load(tiny)[1], [("win", "g", True, "A", 1), ("lose", "g", False, "B", 1)])

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from configs.models import ConfigError, load_config
+from configs.loading import load_config
+from configs.models import ConfigError
 from flywheel.errors import UserError
 from storage.catalog import connect
 
@@ -112,7 +113,7 @@ def test_sigkill_mid_rl_resumes_from_the_last_finished_round(setup, tmp_path, mo
     env = {**os.environ, "FLYWHEEL_LAKE": str(lake), "HF_HUB_OFFLINE": "1"}
     sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in OVERRIDES.items()]
     code = (
-        "import json, sys; from configs.models import load_config; from flywheel.specs import register_tasks;"
+        "import json, sys; from configs.loading import load_config; from flywheel.specs import register_tasks;"
         "from flywheel.stages import rl;"
         "ov = dict(kv.split('=', 1) for kv in sys.argv[2:]);"
         "ov = {k: (True if v == 'true' else int(v) if v.isdigit() else v) for k, v in ov.items()};"

@@ -126,7 +126,7 @@ def _chaos_spec(tmp_path, run_key: str):
     """The flywheel's own rollout spec for configs/tiny.yaml (local MiniWoB), with a slow scripted policy."""
     import dataclasses
 
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel.specs import rollout_spec
 
     root = Path(__file__).resolve().parents[1]

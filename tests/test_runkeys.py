@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from configs.models import load_config
+from configs.loading import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # a fixed manifest and base: the checkpoint ids hash the data (episodes, steps) and the base, not a lake

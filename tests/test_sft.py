@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from agents.parsing import parse_response
-from configs.models import load_config
+from configs.loading import load_config
 from flywheel.runtime.rollout import PolicySpec, RolloutSpec, make_jobs, run_rollouts
 from storage.catalog import connect
 from training.data import IGNORE_INDEX, SFTCollator, prompt_options, retarget_sample, with_images
@@ -729,7 +729,8 @@ def test_cache_knobs_are_config_keys():
     """sft.vision_cache (automatic unless set: on with CUDA, off on CPU, where the main job was measured) and
     sft.encode_cache_gib
     reach the trainer from YAML; a negative cache size is refused by the config."""
-    from configs.models import ConfigError, parse_config
+    from configs.loading import parse_config
+    from configs.models import ConfigError
 
     d = TrainSettings.from_config(parse_config({}).sft)
     assert (d.vision_cache, d.encode_cache_gib, d.encode_workers) == (None, 4.0, None)

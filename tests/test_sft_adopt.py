@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.torch import load_file, save_file
 
-from configs.models import load_config
+from configs.loading import load_config
 from storage.catalog import connect
 from tests.test_sft import FAST, data_only_lake, env  # noqa: F401 (env: the module fixture)
 from training.adopt import weights_digest

@@ -204,7 +204,7 @@ def test_pool_keeps_workers_and_reloads_weights_between_runs(tiny_path, lake_roo
 def test_rollouts_stage_temperature_overrides_the_students(tiny_path, tmp_path):
     """`rollouts.temperature: 0` makes the rollouts stage greedy (both members of a group reply the same at every
     step); left unset, it samples at student.temperature (1.0) and the members differ."""
-    from configs.models import load_config
+    from configs.loading import load_config
     from flywheel.stages import student_rollouts
     from storage.catalog import connect
 
@@ -278,7 +278,8 @@ def test_screen_coord_space_writes_and_reads_the_screens_own_pixels():
 
 def test_screen_coord_space_from_the_config_reaches_the_policy_and_the_dataset_ids(tiny_path):
     from agents.student import build_student_policy
-    from configs.models import ConfigError, load_config
+    from configs.loading import load_config
+    from configs.models import ConfigError
     from flywheel import midtrain
     from training.curation import dataset_id_for, prompt_key
 
@@ -334,7 +335,8 @@ def test_lean_prompt_options_drop_the_system_line_and_sizes_and_mark_the_cited_l
 
 def test_lean_prompt_options_from_the_config_reach_the_policy_rl_and_the_dataset_ids(tiny_path):
     from agents.student import build_student_policy
-    from configs.models import ConfigError, load_config
+    from configs.loading import load_config
+    from configs.models import ConfigError
     from training.curation import PROMPT_KEYED_IF_SET, dataset_id_for, prompt_key
     from training.rl_settings import RLSettings
 
@@ -441,7 +443,8 @@ def test_snap_to_cited_moves_a_missed_click_to_the_line_it_names_and_only_then()
 
 def test_snap_to_cited_from_the_config_reaches_the_policy_and_its_run_keys(tiny_path):
     from agents.student import build_student_policy
-    from configs.models import ConfigError, load_config
+    from configs.loading import load_config
+    from configs.models import ConfigError
 
     root = Path(__file__).resolve().parents[1]
     off = load_config(str(root / "configs" / "local.yaml"), {"student.snap_to_cited": False})

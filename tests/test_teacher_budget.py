@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from configs.models import ConfigError, load_config
+from configs.loading import load_config
+from configs.models import ConfigError
 from flywheel.runtime.rollout import PolicySpec, RolloutSummary
 from flywheel.teacher_budget import Spent, cap_teacher_spec, limits, spend_index, teacher_spend
 from storage.catalog import connect

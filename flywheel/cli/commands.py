@@ -174,7 +174,7 @@ def run(
     """
     from rich.console import Console
 
-    from configs.models import default_config_path
+    from configs.loading import default_config_path
     from flows.flywheel import RunFailed, run_flywheel
     from flywheel.specs import check_student_model, ensure_student
 

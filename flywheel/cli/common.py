@@ -27,7 +27,7 @@ LAKE_OPT = typer.Option(
 
 
 def load_cfg(config: Optional[Path], overrides: dict | None = None):
-    from configs.models import default_config_path, load_config
+    from configs.loading import default_config_path, load_config
 
     return load_config(config or default_config_path(), overrides)
 
