@@ -842,6 +842,15 @@ class RLConfig(_Cfg):
     sdpo_is_clip: float = Field(
         2.0, gt=0, description="SDPO: cap of the importance weight exp(student - old) on the distillation term"
     )
+    sdpo_teacher_check: float | None = Field(
+        -0.2,
+        description=(
+            "SDPO: before each update the teacher scores the student's own tokens on up to 64 successful rows "
+            "with a sibling's solution; a mean log pT - log pS below this stops the stage (the teacher does not "
+            "read its privileged block, e.g. a student never trained on it: set sft.hint_fraction). null = no check"
+        ),
+        json_schema_extra=KEYED_IF_SET,
+    )
     sdpo_mode: Literal["sampled", "topk"] = Field(
         "sampled",
         description=(

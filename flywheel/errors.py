@@ -7,6 +7,7 @@ from flywheel.query import QueryError
 from flywheel.runtime.rollout import RolloutError
 from storage.lake import LakeError
 from training.models import ModelError
+from training.rl_settings import SDPOTeacherError
 from viewer.data import ViewerError
 
 
@@ -14,8 +15,9 @@ class UserError(Exception):
     """Bad input from the user (arguments, files): one clear line."""
 
 
-# RolloutError (the runner could not start its workers) and ModelError (a model folder or Hub id that
-# cannot load) already carry one line naming the cause; a traceback adds nothing a user can act on.
+# RolloutError (the runner could not start its workers), ModelError (a model folder or Hub id that cannot
+# load) and SDPOTeacherError (rl.sdpo_teacher_check) already carry one line naming the cause; a traceback
+# adds nothing a user can act on.
 USER_ERRORS: tuple[type[BaseException], ...] = (
     UserError,
     ConfigError,
@@ -23,5 +25,6 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     QueryError,
     RolloutError,
     ModelError,
+    SDPOTeacherError,
     ViewerError,
 )

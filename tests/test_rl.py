@@ -382,6 +382,28 @@ def test_sdpo_topk_moves_the_student_towards_its_privileged_teacher(tiny, hinted
     assert after > s_a + 2.0, (s_a, after)
 
 
+def test_a_teacher_that_does_not_read_its_block_stops_sdpo_before_any_step(tiny, hinted_teacher):
+    """rl.sdpo_teacher_check: the hinted model answers A whenever the privileged block is in its prompt. On a group
+    whose successes answer B its teacher scores the student's own right tokens far lower than the student does, so
+    the update stops with SDPOTeacherError before any step (the student's weights unchanged); null runs anyway."""
+    from training.rl import SDPOTeacherError
+
+    model, proc = _load(tiny)
+    model.load_state_dict(hinted_teacher)
+    specs = [("s1", "g", True, "B", 1), ("s2", "g", True, "B", 1), ("f1", "g", False, "A", 1)]
+    rows = attach_sdpo_context(_rows(proc, specs), "sibling")
+    hinted = teacher_messages(rows[0]["messages"], rows[0]["sdpo_solution"])
+    assert _logp(model, proc, rows[0], "B", hinted) < _logp(model, proc, rows[0], "B") - 1.0
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    s = RLSettings(algorithm="sdpo", lr=1e-3, batch_size=3, sdpo_teacher="frozen", sdpo_context="sibling")
+    trainer = RLTrainer(model, proc, s, teacher=_frozen(model))
+    with pytest.raises(SDPOTeacherError, match=r"on 2 successful rows .* sft\.hint_fraction"):
+        trainer.update(rows)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    s.sdpo_teacher_check = None
+    assert len(RLTrainer(model, proc, s, teacher=_frozen(model)).update(rows)["steps"]) == 1
+
+
 def test_topk_buckets_give_sdpo_topk_loss_of_the_full_logits(tiny):
     """response_logprobs(topk=k) / (at=ids) keep only the student's top-k + tail buckets per response token, in
     chunks; sdpo_topk_loss on those buckets equals sdpo_topk_loss on the full [tokens x vocab] logits of both

@@ -29,7 +29,8 @@ MODEL = "models/tiny-qwen3vl"
 # curate.instance_weight moved the whole and curate hashes only: a KEYED_IF_SET field at its default is in no run key.
 # Session 37's student.coord_space (KEYED_IF_SET, left out of the student policy config at its default) moved the
 # whole hash only. Session 38's student.system_prompt, ui_sizes and ui_marks (KEYED_IF_SET) moved the whole hash only;
-# so did session 39's student.snap_to_cited, and session 45's curriculum.rollout_evidence (in no run key).
+# so did session 39's student.snap_to_cited, and session 45's curriculum.rollout_evidence (in no run key). Session
+# 47's rl.sdpo_teacher_check (KEYED_IF_SET) moved the whole and rl hashes only.
 PINNED = {
     "tiny": {
         "dataset": "curate-it1-1d85b16819",
@@ -40,7 +41,7 @@ PINNED = {
         "rl": "rl-it1-grpo-b3ea827fb7",
         "rollouts": "rollouts-it1-603f8a26a7",
         "bootstrap": "bootstrap-it0-0072cbbc90",
-        "config_hash": ("a3fb9f60287e", "bd8cbec79713", "ebba1a7b6135", "5213006ef40a"),
+        "config_hash": ("4271df2bd5d7", "199b3d59687c", "ebba1a7b6135", "5213006ef40a"),
     },
     "flywheel8": {
         "dataset": "curate-it1-a23f677c86",
@@ -51,7 +52,7 @@ PINNED = {
         "rl": "rl-it1-grpo-52eaf15bee",
         "rollouts": "rollouts-it1-e16e5412c2",
         "bootstrap": "bootstrap-it0-74e451a815",
-        "config_hash": ("3138739fad3d", "d98e0ad492c3", "c308ac49de23", "8783cf88f913"),
+        "config_hash": ("93bf94bd5704", "45b310da9e9a", "c308ac49de23", "8783cf88f913"),
     },
 }
 
@@ -194,7 +195,8 @@ def test_runtime_markers_are_the_old_exclusion_lists():
     assert runtime_fields(RLConfig) == {"distributed", "nproc"}
     assert runtime_fields(CurateConfig) == runtime_fields(StudentConfig) == frozenset()
     rl = RLConfig(max_minutes=5.0)
-    assert keyed(rl) == rl.model_dump(mode="json", exclude={"distributed", "nproc"})  # wall-clock caps are keyed
+    # wall-clock caps are keyed; a KEYED_IF_SET field at its default is not
+    assert keyed(rl) == rl.model_dump(mode="json", exclude={"distributed", "nproc", "sdpo_teacher_check"})
     assert "max_minutes" in keyed(TrainSettings(max_minutes=5.0))
 
 

@@ -75,7 +75,7 @@ from training.rl_encode import (
     rows_tensor,
     teacher_messages,
 )
-from training.rl_settings import ALGORITHMS, RLSettings  # noqa: F401  (re-exported)
+from training.rl_settings import ALGORITHMS, RLSettings, SDPOTeacherError  # noqa: F401  (re-exported)
 from training.rl_state import ResumableTrainer
 
 
@@ -300,6 +300,8 @@ class RLTrainer(ResumableTrainer):
         }
         enc, tenc = self._resident(enc, tenc)
         old = self._old_logp(rows, enc, resp)
+        if tenc and s.sdpo_teacher_check is not None:
+            self._check_teacher(rows, tenc, old)
         ref = self._score(self.ref, enc) if self.ref is not None and s.kl_coef > 0 else None
         # the sampler stores temperature-1 log-probs: at another temperature, staleness is measured at 1
         raw = old if s.temperature == 1.0 else self._score(self.model, enc, 1.0)
@@ -308,6 +310,27 @@ class RLTrainer(ResumableTrainer):
             for o, r in zip(raw, rows)
         ]
         return rows, resp, enc, tenc, old, ref, isw, n_unscorable
+
+    def _check_teacher(self, rows, tenc, old) -> None:
+        """rl.sdpo_teacher_check: on up to 64 successful rows with a sibling's solution the teacher (these weights
+        plus the privileged block) should score the student's own, right tokens about as high as the student does.
+        A mean log pT - log pS under the threshold means it does not read the block, and distilling toward it drags
+        the student off its right replies: a mini student SFT-trained without sft.hint_fraction scored -0.84 and
+        fell from 75.8% to 0% held-out (docs/LOG.md, session 47). Raises SDPOTeacherError."""
+        import torch
+
+        picked = [i for i in tenc if rows[i].get("success") and rows[i].get("sdpo_solution")][:64]
+        gaps = [t - old[i] for t, i in zip(self._score(self.teacher, [tenc[i] for i in picked]), picked)]
+        gap = torch.cat(gaps) if gaps else torch.zeros(0)
+        if gap.numel() and float(gap.mean()) < self.s.sdpo_teacher_check:
+            raise SDPOTeacherError(
+                f"the SDPO teacher does not read its privileged block: on {len(picked)} successful rows its mean"
+                f" log pT - log pS over the student's own tokens is {float(gap.mean()):+.3f} (the teacher higher on"
+                f" {float((gap > 0).float().mean()):.0%} of {gap.numel()} tokens; the floor is rl.sdpo_teacher_check ="
+                f" {self.s.sdpo_teacher_check}), so distilling toward it would pull the student off its right replies."
+                " Train the checkpoint with sft.hint_fraction > 0 (hint-aware SFT), use a model that reads context,"
+                " or set rl.sdpo_teacher_check: null to run anyway"
+            )
 
     def _resident(self, enc: list[dict[str, Any]], tenc: dict[int, dict[str, Any]]):
         """RowEncoder.resident on this trainer's device, up to device_rows_bytes (none on CPU: rows stay put)."""

@@ -27,6 +27,10 @@ _CHOICES = (
 )
 
 
+class SDPOTeacherError(ValueError):
+    """The SDPO teacher fails rl.sdpo_teacher_check (training.rl.RLTrainer._check_teacher): one line, no traceback."""
+
+
 @dataclass
 class RLSettings:
     """What an RL update needs (configs.models.RLConfig documents each knob; None = the algorithm's default).
@@ -69,6 +73,7 @@ class RLSettings:
     sdpo_ema_rate: float = 0.05
     sdpo_context: str = "both"
     sdpo_is_clip: float = 2.0
+    sdpo_teacher_check: float | None = -0.2
     sdpo_mode: str = "sampled"
     sdpo_topk: int = 20
     sdpo_alpha: float = 0.5
