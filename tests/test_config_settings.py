@@ -12,15 +12,8 @@ from pydantic import Field
 
 from configs.algorithms import ALGORITHMS
 from configs.loading import load_config
-from configs.models import (
-    RL_STAGE_FIELDS,
-    SFT_STAGE_FIELDS,
-    ConfigError,
-    RLConfig,
-    SFTConfig,
-    choices,
-    settings_from,
-)
+from configs.models import SFT_STAGE_FIELDS, ConfigError, SFTConfig, choices, settings_from
+from configs.rl import RL_STAGE_FIELDS, RLConfig
 from training.rl_settings import RLSettings
 from training.sft import TrainSettings
 

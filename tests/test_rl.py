@@ -604,7 +604,8 @@ def test_new_rl_knobs_validate_and_reach_the_settings():
     from dataclasses import fields
 
     from configs.loading import parse_config
-    from configs.models import ConfigError, RLConfig
+    from configs.models import ConfigError
+    from configs.rl import RLConfig
 
     with pytest.raises(ValueError, match="rl sdpo_mode must be one of sampled, topk, got 'logits'"):
         RLSettings(sdpo_mode="logits")

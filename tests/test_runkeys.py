@@ -184,7 +184,8 @@ def test_run_key_is_sha1_of_sorted_json():
 
 def test_runtime_markers_are_the_old_exclusion_lists():
     """RUNTIME marks exactly the fields each id function used to leave out by hand."""
-    from configs.models import CurateConfig, RLConfig, SFTConfig, StudentConfig
+    from configs.models import CurateConfig, SFTConfig, StudentConfig
+    from configs.rl import RLConfig
     from configs.runkeys import keyed, runtime_fields
     from training.sft import TrainSettings
 

@@ -1,7 +1,7 @@
-"""RLSettings: what an RL update needs, read from a FlywheelConfig's rl section (configs.models.RLConfig documents
+"""RLSettings: what an RL update needs, read from a FlywheelConfig's rl section (configs.rl.RLConfig documents
 each knob and lists its allowed values) and the student's prompt options. Re-exported by training.rl.
 
-    s = RLSettings.from_config(cfg)     # every rl field is a setting here or in configs.models.RL_STAGE_FIELDS
+    s = RLSettings.from_config(cfg)     # every rl field is a setting here or in configs.rl.RL_STAGE_FIELDS
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 
 from agents.prompts import PromptOptions
 from configs.algorithms import ALGORITHMS  # noqa: F401  (re-exported: training.rl.ALGORITHMS)
-from configs.models import RL_STAGE_FIELDS, RLConfig, choices, settings_from
+from configs.models import choices, settings_from
+from configs.rl import RL_STAGE_FIELDS, RLConfig
 
 # the fields whose allowed values __post_init__ checks: RLConfig's Literal types list them
 _CHOICES = (
@@ -33,7 +34,7 @@ class SDPOTeacherError(ValueError):
 
 @dataclass
 class RLSettings:
-    """What an RL update needs (configs.models.RLConfig documents each knob; None = the algorithm's default).
+    """What an RL update needs (configs.rl.RLConfig documents each knob; None = the algorithm's default).
 
     The defaults are RLConfig's (tests/test_config_settings.py checks it), but for the fields from_config resolves
     from other sections and rounds (1 here: a bare RLSettings is one round's update)."""
