@@ -291,6 +291,8 @@ def run_ours(
         epochs=warmup + steps,
         seed=0,
         sdpo_mode=sdpo_mode,
+        sdpo_hint="episode",  # the rows' contexts come from attach_sdpo_context above, as before session 47
+        sdpo_teacher_check=None,  # random weights read nothing: this is a speed benchmark
         fused_kernels=kernels,
     )
     try:

@@ -128,6 +128,15 @@ class RLConfig(_Cfg):
             "sequence, the failed attempt's feedback, or both"
         ),
     )
+    sdpo_hint: Literal["screen", "episode"] = Field(
+        "screen",
+        description=(
+            "SDPO sibling block: screen = the one step a successful sibling took on the row's very screen, "
+            "numbered as the row's step (the block sft.hint_fraction teaches); episode = the sibling's whole "
+            "action sequence (a small student shown it predicted </tool_call> first and collapsed)"
+        ),
+        json_schema_extra=KEYED_IF_SET,
+    )
     sdpo_is_clip: float = Field(
         2.0, gt=0, description="SDPO: cap of the importance weight exp(student - old) on the distillation term"
     )

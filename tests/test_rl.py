@@ -382,6 +382,32 @@ def test_sdpo_topk_moves_the_student_towards_its_privileged_teacher(tiny, hinted
     assert after > s_a + 2.0, (s_a, after)
 
 
+def test_screen_hint_shows_the_step_a_success_took_on_the_rows_own_screen(tiny):
+    """rl.sdpo_hint screen: a failed row's block is the last action a successful sibling took on the same screen,
+    numbered as the row's step; episode: the sibling's whole sequence. A success has no other success here."""
+    model, proc = _load(tiny)
+    win = [
+        _step("w", 0, "B", _ids(proc, "B")),
+        _step("w", 1, "A", _ids(proc, "A")),
+        _step("w", 2, "A", _ids(proc, "A")),
+    ]
+    lose = [_step("f", 0, "B", _ids(proc, "B")), _step("f", 1, "A", _ids(proc, "A"))]
+    kw = dict(arch="qwen3-vl", opts=PromptOptions())
+    rows = episode_rows(_episode("w", "g", True), win, **kw) + episode_rows(_episode("f", "g", False), lose, **kw)
+    w, f = rows[:3], rows[3:]
+    assert w[0]["screen_hash"] == w[2]["screen_hash"] == f[0]["screen_hash"] != f[1]["screen_hash"]
+    assert all(r["step_action"] for r in w) and not any(r["step_action"] for r in f)
+    attach_sdpo_context(rows, "sibling", "screen")
+    assert w[0]["step_action"] != w[2]["step_action"]
+    assert f[0]["sdpo_solution"] == "Step 1:\n" + w[2]["step_action"]  # the step that left the screen, not step 0
+    assert f[1]["sdpo_solution"] == "Step 2:\n" + w[1]["step_action"] and f[1]["sdpo_sibling_episode_id"] == "w"
+    assert not any(r["sdpo"] for r in w)
+    attach_sdpo_context(rows, "sibling", "episode")
+    assert f[0]["sdpo_solution"] == f[1]["sdpo_solution"] == w[0]["solution"] and "Step 3:" in w[0]["solution"]
+    with pytest.raises(ValueError, match="unknown sdpo hint"):
+        attach_sdpo_context(rows, "sibling", "page")
+
+
 def test_a_teacher_that_does_not_read_its_block_stops_sdpo_before_any_step(tiny, hinted_teacher):
     """rl.sdpo_teacher_check: the hinted model answers A whenever the privileged block is in its prompt. On a group
     whose successes answer B its teacher scores the student's own right tokens far lower than the student does, so
@@ -397,8 +423,10 @@ def test_a_teacher_that_does_not_read_its_block_stops_sdpo_before_any_step(tiny,
     before = {k: v.clone() for k, v in model.state_dict().items()}
     s = RLSettings(algorithm="sdpo", lr=1e-3, batch_size=3, sdpo_teacher="frozen", sdpo_context="sibling")
     trainer = RLTrainer(model, proc, s, teacher=_frozen(model))
-    with pytest.raises(SDPOTeacherError, match=r"on 2 successful rows .* sft\.hint_fraction"):
+    with pytest.raises(SDPOTeacherError) as err:
         trainer.update(rows)
+    assert "on 2 successful rows" in str(err.value) and "sft.hint_fraction" in str(err.value)
+    assert "on 1 failed rows whose successful sibling acted otherwise on the same screen" in str(err.value)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     s.sdpo_teacher_check = None
     assert len(RLTrainer(model, proc, s, teacher=_frozen(model)).update(rows)["steps"]) == 1
@@ -471,12 +499,14 @@ def test_rows_without_privileged_context_get_no_sdpo_term(tiny):
         "ended without success after 1 step" in rows[1]["sdpo_feedback"]
         and "click(125, 857)" in rows[1]["sdpo_feedback"]
     )
-    s = RLSettings(algorithm="sdpo", lr=1e-3, batch_size=4, sdpo_context="sibling")
+    # the random-init model does not read the block (rl.sdpo_teacher_check would stop it): these checks are of the rows
+    s = RLSettings(algorithm="sdpo", lr=1e-3, batch_size=4, sdpo_context="sibling", sdpo_teacher_check=None)
     res = rl_update(model, proc, [dict(r) for r in rows], s)  # prepared inside: group h has no signal, no context
     assert [m["n_sdpo_rows"] for m in res["steps"]] == [1] and res["steps"][0]["n_rows"] == 2
     assert {x["episode_id"]: x["sdpo"] for x in res["rows"]} == {"win": False, "lose": True}
     # both: the failed rows of group h keep an SDPO term (feedback) although their group has no reward signal
-    res = rl_update(model, proc, [dict(r) for r in rows], RLSettings(algorithm="sdpo", lr=1e-3, batch_size=4))
+    s = RLSettings(algorithm="sdpo", lr=1e-3, batch_size=4, sdpo_teacher_check=None)
+    res = rl_update(model, proc, [dict(r) for r in rows], s)
     assert [m["n_sdpo_rows"] for m in res["steps"]] == [3] and res["steps"][0]["n_rows"] == 4
 
 

@@ -140,7 +140,16 @@ def test_trainer_on_cuda_fuses_keeps_rows_on_the_device_and_shares_teacher_pixel
 
     model, proc = _model("cuda", lora=True)
     for mode in ("sampled", "topk"):
-        s = RLSettings(algorithm="sdpo", lr=1e-4, batch_size=4, epochs=2, sdpo_mode=mode)
+        # random weights: no teacher check; the whole-episode block gives every row a context
+        s = RLSettings(
+            algorithm="sdpo",
+            lr=1e-4,
+            batch_size=4,
+            epochs=2,
+            sdpo_mode=mode,
+            sdpo_hint="episode",
+            sdpo_teacher_check=None,
+        )
         tr = RLTrainer(model, proc, s)
         assert {"rms_norm", "rope", "swiglu", "lora"} <= set(tr.kernels) and tr.pixel_dtype == torch.bfloat16
         assert any("forward" in mod.__dict__ for mod in tr.teacher.modules())  # the teacher runs fused too

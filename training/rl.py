@@ -139,7 +139,7 @@ class RLTrainer(ResumableTrainer):
         """SDPO contexts (when distilling), then advantages and the zero-variance filter (rl_data)."""
         s = self.s
         if s.distill_weight > 0:
-            attach_sdpo_context(rows, s.sdpo_context)
+            attach_sdpo_context(rows, s.sdpo_context, s.sdpo_hint)
         return assign_advantages(
             rows,
             mode=s.advantage_mode,
@@ -301,7 +301,7 @@ class RLTrainer(ResumableTrainer):
         enc, tenc = self._resident(enc, tenc)
         old = self._old_logp(rows, enc, resp)
         if tenc and s.sdpo_teacher_check is not None:
-            self._check_teacher(rows, tenc, old)
+            self._check_teacher(rows, tenc, old, resp)
         ref = self._score(self.ref, enc) if self.ref is not None and s.kl_coef > 0 else None
         # the sampler stores temperature-1 log-probs: at another temperature, staleness is measured at 1
         raw = old if s.temperature == 1.0 else self._score(self.model, enc, 1.0)
@@ -311,26 +311,57 @@ class RLTrainer(ResumableTrainer):
         ]
         return rows, resp, enc, tenc, old, ref, isw, n_unscorable
 
-    def _check_teacher(self, rows, tenc, old) -> None:
-        """rl.sdpo_teacher_check: on up to 64 successful rows with a sibling's solution the teacher (these weights
-        plus the privileged block) should score the student's own, right tokens about as high as the student does.
-        A mean log pT - log pS under the threshold means it does not read the block, and distilling toward it drags
-        the student off its right replies: a mini student SFT-trained without sft.hint_fraction scored -0.84 and
-        fell from 75.8% to 0% held-out (docs/LOG.md, session 47). Raises SDPOTeacherError."""
+    def _check_teacher(self, rows, tenc, old, resp) -> None:
+        """rl.sdpo_teacher_check, two tests of the teacher (these weights plus the privileged block), on up to 64 rows:
+        - it must not mislead: on successful rows with a sibling's solution, its mean log pT - log pS over the
+          student's own right tokens is at least the floor. A mini student SFT-trained without sft.hint_fraction
+          and shown whole sibling episodes scored -0.54 and SDPO took it from 75.8% to 0% (docs/LOG.md, session 47);
+        - it must read (rl.sdpo_hint screen): on failed rows whose sibling acted otherwise on the same screen, the
+          block raises log p(the sibling's reply) on average (-1.34 nats without hint-aware SFT, +4.81 with it).
+        Raises SDPOTeacherError naming the failed test."""
         import torch
 
-        picked = [i for i in tenc if rows[i].get("success") and rows[i].get("sdpo_solution")][:64]
-        gaps = [t - old[i] for t, i in zip(self._score(self.teacher, [tenc[i] for i in picked]), picked)]
-        gap = torch.cat(gaps) if gaps else torch.zeros(0)
-        if gap.numel() and float(gap.mean()) < self.s.sdpo_teacher_check:
-            raise SDPOTeacherError(
-                f"the SDPO teacher does not read its privileged block: on {len(picked)} successful rows its mean"
-                f" log pT - log pS over the student's own tokens is {float(gap.mean()):+.3f} (the teacher higher on"
-                f" {float((gap > 0).float().mean()):.0%} of {gap.numel()} tokens; the floor is rl.sdpo_teacher_check ="
-                f" {self.s.sdpo_teacher_check}), so distilling toward it would pull the student off its right replies."
-                " Train the checkpoint with sft.hint_fraction > 0 (hint-aware SFT), use a model that reads context,"
-                " or set rl.sdpo_teacher_check: null to run anyway"
+        own = [i for i in tenc if rows[i].get("success") and rows[i].get("sdpo_solution")][:64]
+        gaps = [t - old[i] for t, i in zip(self._score(self.teacher, [tenc[i] for i in own]), own)]
+        at = {(r["episode_id"], r["step_idx"]): j for j, r in enumerate(rows)}
+        pairs = []  # (failed row, its sibling's row on the same screen) where the two replies differ
+        for i in tenc:
+            j = at.get((rows[i].get("sdpo_sibling_episode_id"), rows[i].get("sdpo_sibling_step")))
+            if not rows[i].get("success") and j is not None and resp[j] != resp[i] and len(pairs) < 64:
+                pairs.append((i, j))
+        why = []
+        gap = torch.cat(gaps) if gaps else None
+        if gap is not None and gap.numel() and float(gap.mean()) < self.s.sdpo_teacher_check:
+            why.append(
+                f"on {len(own)} successful rows its mean log pT - log pS over the student's own tokens is"
+                f" {float(gap.mean()):+.3f}, under the floor rl.sdpo_teacher_check = {self.s.sdpo_teacher_check}"
             )
+        read = self._read_gain(rows, resp, pairs) if pairs else None
+        if read is not None and read <= 0:
+            why.append(
+                f"on {len(pairs)} failed rows whose successful sibling acted otherwise on the same screen, the block"
+                f" changes log p(the sibling's reply) by {read:+.2f} nats on average (it must raise it)"
+            )
+        if why:
+            raise SDPOTeacherError(
+                f"the SDPO teacher does not read its privileged block: {'; '.join(why)}, so distilling toward it would"
+                " pull the student off its right replies. Train the checkpoint with sft.hint_fraction > 0 (hint-aware"
+                " SFT), use a model that reads context, or set rl.sdpo_teacher_check: null to run anyway"
+            )
+
+    def _read_gain(self, rows, resp, pairs) -> float:
+        """Mean over (row i, sibling row j) of log pT - log pS of j's reply after i's prompt (pT: with i's block)."""
+        student, teacher = [], []
+        for i, j in pairs:
+            r = rows[i]
+            block = teacher_messages(r["messages"], r["sdpo_solution"], r.get("sdpo_feedback"))
+            student.append(self.encoder.encode(r["messages"], r["images"], resp[j]))
+            teacher.append(self.encoder.encode(block, r["images"], resp[j]))
+        gains = [
+            float(t.sum() - q.sum())
+            for t, q in zip(self._score(self.teacher, teacher), self._score(self.model, student))
+        ]
+        return sum(gains) / len(gains)
 
     def _resident(self, enc: list[dict[str, Any]], tenc: dict[int, dict[str, Any]]):
         """RowEncoder.resident on this trainer's device, up to device_rows_bytes (none on CPU: rows stay put)."""

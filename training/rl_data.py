@@ -53,14 +53,18 @@ def solution_text(steps: Sequence[dict[str, Any]], arch: str, space: str = "nati
     thought (the model text format, model coordinate space), numbered."""
     out = []
     for s in steps:
-        action = _action(s)
-        if action is None:
-            continue  # a reply that did not parse did nothing
-        from agents.parsing import format_response
-
-        t = transform_for(arch, int(s["screen_w"]), int(s["screen_h"]), space=space)
-        out.append(f"Step {int(s['step_idx']) + 1}:\n{format_response(None, s.get('action_desc') or '', action, t)}")
+        text = step_action_text(s, transform_for(arch, int(s["screen_w"]), int(s["screen_h"]), space=space))
+        if text is not None:  # a reply that did not parse did nothing
+            out.append(f"Step {int(s['step_idx']) + 1}:\n{text}")
     return "\n".join(out)
+
+
+def step_action_text(step: dict[str, Any], t: Any) -> str | None:
+    """One parsed step's reply without its thought, in the model text format and coordinates `t`; None unparsed."""
+    from agents.parsing import format_response
+
+    action = _action(step)
+    return None if action is None else format_response(None, step.get("action_desc") or "", action, t)
 
 
 def feedback_text(episode: dict[str, Any], steps: Sequence[dict[str, Any]], arch: str, space: str = "native") -> str:
@@ -149,6 +153,7 @@ def episode_rows(
                     target_text=target,
                     parse_error=_action(s) is None,
                     screen_hash=screen_hash(s),
+                    step_action=step_action_text(s, t) if (success or replayed) else None,
                 )
             )
         history.append(history_record(s, t))
@@ -348,29 +353,53 @@ def load_rl_rows(
 
 
 # ------------------------------------------------------------------------------------------------ groups
-def attach_sdpo_context(rows: list[dict[str, Any]], mode: str = "both") -> list[dict[str, Any]]:
-    """Set each row's SDPO teacher context in place: sdpo_solution + sdpo_sibling_episode_id (mode sibling|both:
-    the first successful episode of the row's group other than its own, a replayed one included; else the
-    group's stored success), sdpo_feedback (mode feedback|both: the row's own failure text, failed episodes
-    only) and sdpo (either is present). Rows with neither get no SDPO term."""
+def attach_sdpo_context(rows: list[dict[str, Any]], mode: str = "both", hint: str = "episode") -> list[dict[str, Any]]:
+    """Set each row's SDPO teacher context in place: sdpo_solution + sdpo_sibling_episode_id (mode sibling|both),
+    sdpo_feedback (mode feedback|both: the row's own failure text, failed episodes only) and sdpo (either is
+    present). Rows with neither get no SDPO term. The sibling's solution (rl.sdpo_hint):
+    - "episode": every step of the first successful episode of the row's group other than its own (a replayed one
+      included), else the group's stored success;
+    - "screen": the one step a successful other episode of the group took on this row's very screen (same
+      screen_hash), numbered as this row's step ("Step k:", the block hint-aware SFT shows); a row whose screen no
+      success saw gets none. A small student reads this block; shown a whole multi-step episode it predicted
+      `</tool_call>` as the first reply token (docs/LOG.md, session 47)."""
     if mode not in ("sibling", "feedback", "both"):
         raise ValueError(f"unknown sdpo context {mode!r}: use sibling, feedback or both")
+    if hint not in ("episode", "screen"):
+        raise ValueError(f"unknown sdpo hint {hint!r}: use episode or screen")
     winners: dict[str, list[tuple[str, str]]] = {}
+    # (group, screen) -> {successful episode: (step, action)}: its last step on that screen, the one that moved on
+    at_screen: dict[tuple[str, str], dict[str, tuple[int, str]]] = {}
     for r in rows:
         if r.get("solution"):
             w = winners.setdefault(r["group_id"], [])
             if r["episode_id"] not in {e for e, _ in w}:
                 w.append((r["episode_id"], r["solution"]))
+        if r.get("step_action") and r.get("screen_hash"):
+            seen = at_screen.setdefault((r["group_id"], r["screen_hash"]), {})
+            if r["step_idx"] >= seen.get(r["episode_id"], (-1, ""))[0]:
+                seen[r["episode_id"]] = (r["step_idx"], r["step_action"])
     for r in rows:
-        sib, sol = None, None
-        if mode in ("sibling", "both"):
+        sib, sol, sib_step = None, None, None
+        if mode in ("sibling", "both") and hint == "screen":
+            seen = at_screen.get((r["group_id"], r.get("screen_hash")), {})
+            other = [(e, k, a) for e, (k, a) in seen.items() if e != r["episode_id"]]
+            if other:
+                sib, sol, sib_step = other[0][0], f"Step {int(r['step_idx']) + 1}:\n{other[0][2]}", other[0][1]
+        elif mode in ("sibling", "both"):
             other = [(e, s) for e, s in winners.get(r["group_id"], []) if e != r["episode_id"]]
             if other:
                 sib, sol = other[0]
             elif r.get("stored_solution") and r.get("stored_episode_id") != r["episode_id"]:
                 sib, sol = r["stored_episode_id"], r["stored_solution"]
         fb = r.get("feedback") if mode in ("feedback", "both") and not r.get("success") else None
-        r.update(sdpo_sibling_episode_id=sib, sdpo_solution=sol, sdpo_feedback=fb, sdpo=bool(sol or fb))
+        r.update(
+            sdpo_sibling_episode_id=sib,
+            sdpo_sibling_step=sib_step,
+            sdpo_solution=sol,
+            sdpo_feedback=fb,
+            sdpo=bool(sol or fb),
+        )
     return rows
 
 

@@ -21,6 +21,7 @@ _CHOICES = (
     "adv_mode",
     "sdpo_teacher",
     "sdpo_context",
+    "sdpo_hint",
     "sdpo_mode",
     "old_logp",
     "clone_source",
@@ -73,6 +74,7 @@ class RLSettings:
     sdpo_teacher: str = "ema"
     sdpo_ema_rate: float = 0.05
     sdpo_context: str = "both"
+    sdpo_hint: str = "screen"
     sdpo_is_clip: float = 2.0
     sdpo_teacher_check: float | None = -0.2
     sdpo_mode: str = "sampled"
