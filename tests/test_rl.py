@@ -350,6 +350,10 @@ def test_sdpo_moves_the_student_towards_its_privileged_teacher(tiny, hinted_teac
     for r in range(3):
         res = trainer.update(rows, round_idx=r)
         assert [m["n_sdpo_rows"] for m in res["steps"]] == [3] and res["steps"][0]["sdpo_div_mean"] is None
+        if r == 0:  # rl.sdpo_teacher_check's numbers: the block raises the sibling's A on the failed row
+            got = {k: v for k, v in res["summary"].items() if k.startswith("sdpo_teacher_")}
+            assert got["sdpo_teacher_read_rows"] == 1 and got["sdpo_teacher_read_gain"] > 1.0, got
+            assert got["sdpo_teacher_own_rows"] == 2 and got["sdpo_teacher_own_gap"] > -0.2, got
     assert {x["episode_id"]: x["sdpo_sibling_episode_id"] for x in res["rows"]} == {"s1": "s2", "s2": "s1", "f1": "s1"}
     after = _logp(model, proc, rows[0], "A")
     assert after > s_a + 0.5, (s_a, after)

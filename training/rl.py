@@ -128,6 +128,7 @@ class RLTrainer(ResumableTrainer):
             self.kernels = sorted(set(self.kernels) | set(vision))
         self.pixel_dtype = pixel_dtype(model)  # bf16 on GPU: what the vision tower casts pixel_values to anyway
         self._ema_pairs = None
+        self.teacher_check: dict[str, Any] = {}  # the last update's teacher_stats (rl.sdpo_teacher_check)
         # rl.distributed ddp (a torchrun worker): each rank takes its share of every minibatch, DDP averages grads
         self.ctx = ctx or Context()
         self.ddp = ddp_wrap(response_logprobs, model, self.device) if self.ctx.active else None
@@ -254,7 +255,11 @@ class RLTrainer(ResumableTrainer):
         return {
             "steps": steps,
             "rows": records,
-            "summary": {**update_summary(steps), "n_rows_unscorable": n_unscorable},
+            "summary": {
+                **update_summary(steps),
+                "n_rows_unscorable": n_unscorable,
+                **{f"sdpo_teacher_{k}": v for k, v in self.teacher_check.items()},
+            },
             "stopped": stopped,
         }
 
@@ -300,8 +305,11 @@ class RLTrainer(ResumableTrainer):
         }
         enc, tenc = self._resident(enc, tenc)
         old = self._old_logp(rows, enc, resp)
-        if tenc and s.sdpo_teacher_check is not None:
-            self._check_teacher(rows, tenc, old, resp)
+        self.teacher_check = (
+            self.teacher_stats(rows, tenc, old, resp) if tenc and s.sdpo_teacher_check is not None else {}
+        )
+        if self.teacher_check:
+            self._check_teacher(self.teacher_check)
         ref = self._score(self.ref, enc) if self.ref is not None and s.kl_coef > 0 else None
         # the sampler stores temperature-1 log-probs: at another temperature, staleness is measured at 1
         raw = old if s.temperature == 1.0 else self._score(self.model, enc, 1.0)
@@ -311,14 +319,17 @@ class RLTrainer(ResumableTrainer):
         ]
         return rows, resp, enc, tenc, old, ref, isw, n_unscorable
 
-    def _check_teacher(self, rows, tenc, old, resp) -> None:
-        """rl.sdpo_teacher_check, two tests of the teacher (these weights plus the privileged block), on up to 64 rows:
-        - it must not mislead: on successful rows with a sibling's solution, its mean log pT - log pS over the
-          student's own right tokens is at least the floor. A mini student SFT-trained without sft.hint_fraction
-          and shown whole sibling episodes scored -0.54 and SDPO took it from 75.8% to 0% (docs/LOG.md, session 47);
-        - it must read (rl.sdpo_hint screen): on failed rows whose sibling acted otherwise on the same screen, the
-          block raises log p(the sibling's reply) on average (-1.34 nats without hint-aware SFT, +4.81 with it).
-        Raises SDPOTeacherError naming the failed test."""
+    def teacher_stats(self, rows, tenc, old, resp) -> dict[str, Any]:
+        """The two tests of rl.sdpo_teacher_check on up to 64 rows each, for the teacher (these weights plus the
+        privileged block; `tenc` its encodings, `old` the student's log-probs of `resp`, the replies):
+        - own_gap (does it mislead?): on successful rows with a sibling's solution, the mean log pT - log pS over the
+          student's own right tokens (own_higher: the share of tokens where the teacher is higher). A mini student
+          SFT-trained without sft.hint_fraction and shown whole sibling episodes scored -0.54, and SDPO took it
+          from 75.8% to 0% (docs/LOG.md, session 47);
+        - read_gain (does it read? rl.sdpo_hint screen): on failed rows whose sibling acted otherwise on the same
+          screen, the mean change the block makes to log p(the sibling's reply), in nats (-1.34 without hint-aware
+          SFT, +4.81 with it).
+        None where no row qualifies. The update's summary carries them (rl_round.json)."""
         import torch
 
         own = [i for i in tenc if rows[i].get("success") and rows[i].get("sdpo_solution")][:64]
@@ -329,18 +340,28 @@ class RLTrainer(ResumableTrainer):
             j = at.get((rows[i].get("sdpo_sibling_episode_id"), rows[i].get("sdpo_sibling_step")))
             if not rows[i].get("success") and j is not None and resp[j] != resp[i] and len(pairs) < 64:
                 pairs.append((i, j))
+        gap = torch.cat(gaps) if gaps else torch.zeros(0)
+        return dict(
+            own_rows=len(own),
+            own_gap=float(gap.mean()) if gap.numel() else None,
+            own_higher=float((gap > 0).float().mean()) if gap.numel() else None,
+            read_rows=len(pairs),
+            read_gain=self._read_gain(rows, resp, pairs) if pairs else None,
+        )
+
+    def _check_teacher(self, st: dict[str, Any]) -> None:
+        """rl.sdpo_teacher_check on teacher_stats: SDPOTeacherError naming each failed test."""
         why = []
-        gap = torch.cat(gaps) if gaps else None
-        if gap is not None and gap.numel() and float(gap.mean()) < self.s.sdpo_teacher_check:
+        if st["own_gap"] is not None and st["own_gap"] < self.s.sdpo_teacher_check:
             why.append(
-                f"on {len(own)} successful rows its mean log pT - log pS over the student's own tokens is"
-                f" {float(gap.mean()):+.3f}, under the floor rl.sdpo_teacher_check = {self.s.sdpo_teacher_check}"
+                f"on {st['own_rows']} successful rows its mean log pT - log pS over the student's own tokens is"
+                f" {st['own_gap']:+.3f}, under the floor rl.sdpo_teacher_check = {self.s.sdpo_teacher_check}"
             )
-        read = self._read_gain(rows, resp, pairs) if pairs else None
-        if read is not None and read <= 0:
+        if st["read_gain"] is not None and st["read_gain"] <= 0:
             why.append(
-                f"on {len(pairs)} failed rows whose successful sibling acted otherwise on the same screen, the block"
-                f" changes log p(the sibling's reply) by {read:+.2f} nats on average (it must raise it)"
+                f"on {st['read_rows']} failed rows whose successful sibling acted otherwise on the same screen, the"
+                f" block changes log p(the sibling's reply) by {st['read_gain']:+.2f} nats on average (it must raise"
+                " it)"
             )
         if why:
             raise SDPOTeacherError(
