@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from configs.runkeys import RUNTIME
 
 
 class ConfigError(Exception):
@@ -11,3 +15,14 @@ class ConfigError(Exception):
 
 class _Cfg(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def nproc_field() -> Any:
+    """The sft and rl sections' `nproc`: processes for distributed ddp (a runtime setting, in no run key)."""
+    return Field(
+        None,
+        ge=1,
+        le=64,
+        description="Processes for distributed: ddp (null = every visible GPU)",
+        json_schema_extra=RUNTIME,
+    )

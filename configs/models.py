@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from configs.base import ConfigError, _Cfg
+from configs.base import ConfigError, _Cfg, nproc_field
 from configs.rl import RLConfig
 from configs.runkeys import KEYED_IF_SET, RUNTIME, at_default_if_set_only
 
@@ -615,13 +615,7 @@ class SFTConfig(_Cfg):
         ),
         json_schema_extra=RUNTIME,
     )
-    nproc: int | None = Field(
-        None,
-        ge=1,
-        le=64,
-        description="Processes for distributed: ddp (null = every visible GPU)",
-        json_schema_extra=RUNTIME,
-    )
+    nproc: int | None = nproc_field()
     hint_fraction: float = Field(
         0.0,
         ge=0,

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from configs.algorithms import ALGORITHM_NAMES
 from configs.algorithms import describe as describe_algorithms
-from configs.base import _Cfg
+from configs.base import _Cfg, nproc_field
 from configs.runkeys import KEYED_IF_SET, RUNTIME
 
 
@@ -430,13 +430,7 @@ class RLConfig(_Cfg):
         ),
         json_schema_extra=RUNTIME,
     )
-    nproc: int | None = Field(
-        None,
-        ge=1,
-        le=64,
-        description="Processes for distributed: ddp (null = every visible GPU)",
-        json_schema_extra=RUNTIME,
-    )
+    nproc: int | None = nproc_field()
 
 
 # RLConfig fields the RL stage (flywheel/rl_stage.py, flywheel.stages.rl) reads itself; every other field is a
