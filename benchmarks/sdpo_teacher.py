@@ -29,7 +29,7 @@ def teacher_numbers(cfg, lake, checkpoint: str, iteration: int, hints: list[str]
     from flywheel.rl_stage import _stored_groups
     from storage.catalog import connect
     from training.models import load_model, model_arch
-    from training.rl import RLSettings, RLTrainer, teacher_messages
+    from training.rl import RLSettings, RLTrainer
     from training.rl_data import attach_sdpo_context, load_rl_rows, stored_index
 
     model, proc = load_model(checkpoint)
@@ -53,13 +53,7 @@ def teacher_numbers(cfg, lake, checkpoint: str, iteration: int, hints: list[str]
         )
         attach_sdpo_context(rows, s.sdpo_context, hint)
         resp = [tr.encoder.response_ids(r) for r in rows]
-        tenc = {
-            i: tr.encoder.encode(
-                teacher_messages(r["messages"], r["sdpo_solution"], r["sdpo_feedback"]), r["images"], ids
-            )
-            for i, (r, ids) in enumerate(zip(rows, resp))
-            if r["sdpo"]
-        }
+        tenc = {i: tr.teacher_encoding(r, ids) for i, (r, ids) in enumerate(zip(rows, resp)) if r["sdpo"]}
         own = [i for i in tenc if rows[i].get("success") and rows[i].get("sdpo_solution")][:64]
         old: list = [None] * len(rows)
         scored = tr._score(model, [tr.encoder.encode(rows[i]["messages"], rows[i]["images"], resp[i]) for i in own])

@@ -297,11 +297,7 @@ class RLTrainer(ResumableTrainer):
             rows, resp = [r for r, k in zip(rows, ok) if k], [ids for ids, k in zip(resp, ok) if k]
         enc = [self.encoder.encode(r["messages"], r["images"], ids) for r, ids in zip(rows, resp)]
         tenc = {
-            i: self.encoder.encode(
-                teacher_messages(r["messages"], r.get("sdpo_solution"), r.get("sdpo_feedback")), r["images"], resp[i]
-            )
-            for i, r in enumerate(rows)
-            if s.distill_weight > 0 and r.get("sdpo")
+            i: self.teacher_encoding(r, resp[i]) for i, r in enumerate(rows) if s.distill_weight > 0 and r.get("sdpo")
         }
         enc, tenc = self._resident(enc, tenc)
         old = self._old_logp(rows, enc, resp)
@@ -370,14 +366,17 @@ class RLTrainer(ResumableTrainer):
                 " SFT), use a model that reads context, or set rl.sdpo_teacher_check: null to run anyway"
             )
 
+    def teacher_encoding(self, row: dict[str, Any], ids) -> dict[str, Any]:
+        """The SDPO teacher's encoding of reply `ids` after `row`'s prompt with its privileged block."""
+        block = teacher_messages(row["messages"], row.get("sdpo_solution"), row.get("sdpo_feedback"))
+        return self.encoder.encode(block, row["images"], ids)
+
     def _read_gain(self, rows, resp, pairs) -> float:
         """Mean over (row i, sibling row j) of log pT - log pS of j's reply after i's prompt (pT: with i's block)."""
         student, teacher = [], []
         for i, j in pairs:
-            r = rows[i]
-            block = teacher_messages(r["messages"], r["sdpo_solution"], r.get("sdpo_feedback"))
-            student.append(self.encoder.encode(r["messages"], r["images"], resp[j]))
-            teacher.append(self.encoder.encode(block, r["images"], resp[j]))
+            student.append(self.encoder.encode(rows[i]["messages"], rows[i]["images"], resp[j]))
+            teacher.append(self.teacher_encoding(rows[i], resp[j]))
         gains = [
             float(t.sum() - q.sum())
             for t, q in zip(self._score(self.teacher, teacher), self._score(self.model, student))
