@@ -30,7 +30,7 @@ _CHOICES = (
 
 
 class SDPOTeacherError(ValueError):
-    """The SDPO teacher fails rl.sdpo_teacher_check (training.rl.RLTrainer._check_teacher): one line, no traceback."""
+    """The SDPO teacher fails rl.sdpo_teacher_check (training.rl_teacher.TeacherCheck): one line, no traceback."""
 
 
 @dataclass
