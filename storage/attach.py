@@ -60,12 +60,7 @@ def attach(lake: Any) -> str:
         if lake.store:
             _s3_secret(db, lake)
         if sqlite is not None and not sqlite.exists():
-            sqlite.parent.mkdir(parents=True, exist_ok=True)
-            # only to create it: the catalog is never opened this way again. Two processes making one new lake may
-            # both get here while a third holds SQLite's lock for DuckLake's setup: wait for it as long as the attach
-            # below retries (sqlite3's default 5 s lost that race under load)
-            with sqlite3.connect(sqlite, timeout=60) as sq:
-                sq.execute("PRAGMA journal_mode=WAL")
+            _new_wal_catalog(sqlite)
         try:  # retried while busy: two processes making one new lake both set up DuckLake, and SQLite locks one out
             sql = f"ATTACH {quote('ducklake:' + lake.catalog)} AS {alias} (DATA_PATH {quote(lake.data_path)}, "
             transaction(lambda cur: cur.execute(sql + "OVERRIDE_DATA_PATH true)"), begin=False, deadline_s=60)
@@ -75,6 +70,29 @@ def attach(lake: Any) -> str:
             raise LakeError(f"cannot open the lake catalog of {lake.location}: {msg}") from None
         _ATTACHED[(pid, lake.id)] = (alias, sqlite.stat().st_ino if sqlite is not None else None)
         return alias
+
+
+def _new_wal_catalog(sqlite: Path) -> None:
+    """Make the empty catalog file in WAL mode, atomically: a file made and switched to WAL beside it, then linked
+    into place (the link fails when another process made it first, and then theirs is the catalog). Switching a
+    shared new file to WAL raced: `PRAGMA journal_mode=WAL` needs SQLite's exclusive lock and gave up with
+    `database is locked`, busy timeout or not, while another process was setting up DuckLake in it."""
+    sqlite.parent.mkdir(parents=True, exist_ok=True)
+    tmp = sqlite.with_name(f".{sqlite.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.new")
+    try:
+        with sqlite3.connect(tmp) as sq:  # WAL is recorded in the file's header, so it outlives this connection
+            sq.execute("PRAGMA journal_mode=WAL")
+        sq.close()
+        try:
+            os.link(tmp, sqlite)
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links: not atomic, but only a new lake's first open can race
+            if not sqlite.exists():
+                os.replace(tmp, sqlite)
+    finally:
+        for p in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+            p.unlink(missing_ok=True)
 
 
 def _s3_secret(db, lake: Any) -> None:
