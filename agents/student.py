@@ -49,6 +49,18 @@ def _inside(x: float, y: float, ln: re.Match) -> bool:
     return abs(x - cx) <= float(ln["w"]) / 2 and abs(y - cy) <= float(ln["h"]) / 2
 
 
+def cites_screen(decision: Decision, ui_text: str | None) -> bool | None:
+    """Whether the element a click's Action line cites (role and label) is a line of the screen's UI text; None when
+    that cannot be told (not a click, no Action line in the cited form, no UI text)."""
+    a = decision.action
+    if a is None or a.action not in _CLICKS or not ui_text or not decision.action_desc:
+        return None
+    m = _CITED.match(decision.action_desc.strip())
+    if m is None:
+        return None
+    return any(ln["cite"] == m["cite"] for ln in _UI_LINE.finditer(ui_text))
+
+
 def snap_to_cited(decision: Decision, ui_text: str | None, transform: Any = None) -> Decision:
     """The decision with its click moved to the centre of the UI line its Action line cites, when the point misses
     that element's box; unchanged otherwise (not a click, no UI text, no cited line, the cited role and label name
@@ -119,7 +131,11 @@ class StudentPolicy(Policy):
         # a distinct but reproducible seed per step, so a seeded episode is deterministic end to end
         return Sampling(s.temperature, s.top_p, s.max_new_tokens, s.seed + 1000 * k + self._step, s.stop)
 
-    def act_batch(self, observations: list[Observation], histories: list[list[StepRecord]]) -> list[Decision]:
+    def act_batch(
+        self, observations: list[Observation], histories: list[list[StepRecord]], temperature: float | None = None
+    ) -> list[Decision]:
+        """One decision per observation, in one generate call; `temperature` overrides the sampling's for this
+        call (branched openings draw their candidates hotter than the episode samples)."""
         t0 = time.perf_counter()
         space = self.opts.prompt.coord_space
         transforms = [transform_for(self.opts.arch, o.width, o.height, space=space) for o in observations]
@@ -128,7 +144,10 @@ class StudentPolicy(Policy):
             for o, h, t in zip(observations, histories, transforms)
         ]
         self._prompt_s += time.perf_counter() - t0
-        gens = self.backend.generate(prompts, self._sampling(len(prompts)))
+        sampling = self._sampling(len(prompts))
+        if temperature is not None:
+            sampling = replace(sampling, temperature=temperature)
+        gens = self.backend.generate(prompts, sampling)
         self._step += 1
         out = [self._decision(g, t, p.context) for g, t, p in zip(gens, transforms, prompts)]
         if self.opts.snap_to_cited:

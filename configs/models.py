@@ -487,6 +487,29 @@ class RolloutStageConfig(_Cfg):
             "null = rollout.group_size"
         ),
     )
+    openings: int | None = Field(
+        None,
+        ge=2,
+        le=64,
+        json_schema_extra=KEYED_IF_SET,
+        description=(
+            "Branch the attempts of an instance at its first step: draw this many replies to the first screen, "
+            "rank their distinct actions (the cited element, not its exact coordinates) by how often they were "
+            "drawn, and start attempt j with the j-th (a plain sample once they run out). pass@k then spends its "
+            "k attempts on k opening moves instead of repeating the policy's favourite; null = every attempt "
+            "samples its own first step"
+        ),
+    )
+    openings_temperature: float | None = Field(
+        None,
+        ge=0,
+        le=5,
+        json_schema_extra=KEYED_IF_SET,
+        description=(
+            "Sampling temperature of the `openings` draws (the first step of each attempt); null = the rollouts' "
+            "own. Hotter draws find more distinct moves; every later step samples at the rollouts' temperature"
+        ),
+    )
 
 
 class CurateConfig(_Cfg):

@@ -126,9 +126,12 @@ def rollout_spec(
     n_envs: int | None = None,
     max_seeds: dict[str, int] | None = None,
     task_seeds: dict[str, list[int]] | None = None,
+    openings: int = 0,
+    openings_temperature: float | None = None,
 ) -> RolloutSpec:
     """The rollout job list of a stage. `max_seeds` runs only the first n of `seeds` for the named tasks;
-    `task_seeds` replaces `tasks` x `seeds` with each task's own seeds."""
+    `task_seeds` replaces `tasks` x `seeds` with each task's own seeds; `openings` > 0 branches each instance's
+    attempts at their first step (flywheel.runtime.openings)."""
     from envs import registry
 
     env_kwargs: dict[str, Any] = {"name": cfg.env.name}
@@ -161,6 +164,10 @@ def rollout_spec(
     }
     if max_seeds:
         payload["max_seeds"] = max_seeds
+    if openings:
+        payload["openings"] = openings
+        if openings_temperature is not None:
+            payload["openings_temperature"] = openings_temperature
     if task_seeds is not None:
         tasks = [t for t in tasks if t in task_seeds] + [t for t in task_seeds if t not in tasks]
         payload.update(tasks=tasks, seeds=None, task_seeds=task_seeds)
@@ -203,6 +210,8 @@ def rollout_spec(
         config_hash=cfg.config_hash(),
         policy_threads=cfg.rollout.policy_threads,
         env_error_retries=cfg.env.error_retries,  # a crashed browser restarts at the next reset
+        openings=openings,
+        openings_temperature=openings_temperature,
     )
 
 

@@ -144,6 +144,8 @@ def rollouts_spec(cfg: FlywheelConfig, iteration: int, model: str) -> RolloutSpe
         split="train",
         group_size=cfg.rollout_attempts(),
         max_seeds=max_seeds or None,
+        openings=cfg.rollouts.openings or 0,
+        openings_temperature=cfg.rollouts.openings_temperature,
     )
 
 

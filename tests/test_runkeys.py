@@ -30,7 +30,8 @@ MODEL = "models/tiny-qwen3vl"
 # Session 37's student.coord_space (KEYED_IF_SET, left out of the student policy config at its default) moved the
 # whole hash only. Session 38's student.system_prompt, ui_sizes and ui_marks (KEYED_IF_SET) moved the whole hash only;
 # so did session 39's student.snap_to_cited, and session 45's curriculum.rollout_evidence (in no run key). Session
-# 47's rl.sdpo_teacher_check and rl.sdpo_hint (KEYED_IF_SET) moved the whole and rl hashes only.
+# 47's rl.sdpo_teacher_check and rl.sdpo_hint (KEYED_IF_SET) moved the whole and rl hashes only. Session 48's
+# rollouts.openings and openings_temperature (KEYED_IF_SET, in the rollouts run key only when set) the whole hash only.
 PINNED = {
     "tiny": {
         "dataset": "curate-it1-1d85b16819",
@@ -41,7 +42,7 @@ PINNED = {
         "rl": "rl-it1-grpo-b3ea827fb7",
         "rollouts": "rollouts-it1-603f8a26a7",
         "bootstrap": "bootstrap-it0-0072cbbc90",
-        "config_hash": ("5bf8195e4b5c", "757b200797c9", "ebba1a7b6135", "5213006ef40a"),
+        "config_hash": ("77fbac626604", "757b200797c9", "ebba1a7b6135", "5213006ef40a"),
     },
     "flywheel8": {
         "dataset": "curate-it1-a23f677c86",
@@ -52,7 +53,7 @@ PINNED = {
         "rl": "rl-it1-grpo-52eaf15bee",
         "rollouts": "rollouts-it1-e16e5412c2",
         "bootstrap": "bootstrap-it0-74e451a815",
-        "config_hash": ("e2d6f935533b", "4d0cc0ac4822", "c308ac49de23", "8783cf88f913"),
+        "config_hash": ("824162ae2496", "4d0cc0ac4822", "c308ac49de23", "8783cf88f913"),
     },
 }
 

@@ -87,6 +87,11 @@ class RolloutSpec:
     def lake(self) -> Lake:
         return open_lake(self.lake_root, endpoint=self.lake_endpoint, catalog=self.lake_catalog)
 
+    # Replies drawn to an instance's first screen; its attempts start with the distinct ones, most drawn first
+    # (flywheel.runtime.openings). 0 = every attempt samples its own first step.
+    openings: int = 0
+    openings_temperature: float | None = None  # of those draws (None: the policy's own)
+
     # Rerun an episode that ended in status 'error' up to this many times before its error row stands (remote
     # envs: a dead server's episodes go to another server). Each retry replaces the same lake files.
     env_error_retries: int = 0

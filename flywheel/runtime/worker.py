@@ -13,7 +13,8 @@ import time
 import traceback
 from typing import Any
 
-from flywheel.runtime.episode import EpisodeJob, EpisodeRun, Provenance, timed_decisions
+from flywheel.runtime.episode import EpisodeJob, EpisodeRun, Provenance
+from flywheel.runtime.openings import decide
 from flywheel.runtime.spec import RolloutSpec, build_policy
 
 
@@ -184,7 +185,7 @@ def _lockstep_loop(conn, spec: RolloutSpec, prov: Provenance, envs: list, policy
         if running:
             try:
                 clock.lap("other")
-                decisions = timed_decisions(policy, [active[k] for k in running])
+                decisions = decide(policy, [active[k] for k in running], spec.openings, spec.openings_temperature)
                 clock.lap("policy")
             except Exception as e:  # noqa: BLE001 - a policy bug ends these episodes, not the worker
                 for k in running:
