@@ -3,16 +3,17 @@
     decisions = decide(policy, runs, openings=8)   # what the rollout worker calls each tick
 
 The k attempts of an instance start from the same screen. Sampled one by one, they mostly open with the policy's
-favourite move: on click-tab-2 the mini student opened with "Tab #2" in 47 of 48 attempts on pages whose link sat on
-the open tab, so no attempt there could succeed and no group held the success that SFT or RL needs (docs/LOG.md,
-session 48). With openings = n, an attempt's first step draws n replies to its screen, ranks their distinct moves
-by how often they were drawn and takes the one of its attempt index: attempt 0 the most drawn move, attempt 1 the
-next, and so on; once the distinct moves run out, attempt j keeps the j-th reply, a plain sample. Every later step
-samples as usual. A move is the element the reply's Action line cites (`Click span "vel"`), not its coordinates, so
-two clicks on one element are one move. A click that cites an element the screen's UI text does not hold (a
-misspelt copy, `Click span "selit"` for "velit") ranks after every move that does, and unparseable replies are left
-out. The draws may sample hotter than the episode (`rollouts.openings_temperature`): at the collection's 0.7 the
-mini student drew the on-screen link in 1 of 5 such pages in 8 draws, at 1.0 in 2 of 5 in 24 (session 48).
+favourite move: collecting at temperature 0.3, the mini student opened click-tab-2 with "Tab #2" in 47 of 48
+attempts on pages whose link sat on the open tab, so no group there held the success that SFT or RL needs (at 0.7,
+20 of 45 such attempts at seed 1's third iteration; docs/LOG.md, session 48). With openings = n, an attempt's first
+step draws n replies to its screen, ranks their distinct moves by how often they were drawn and takes the one of its
+attempt index: attempt 0 the most drawn move, attempt 1 the next, and so on; once the distinct moves run out,
+attempt j keeps the j-th reply, a plain sample. Every later step samples as usual. A move is the element the
+reply's Action line cites (`Click span "vel"`), not its coordinates, so two clicks on one element are one move. A
+click that cites an element the screen's UI text does not hold (a misspelt copy, `Click span "selit"` for "velit")
+ranks after every move that does, and unparseable replies are left out. The draws may sample hotter than the
+episode (`rollouts.openings_temperature`): at 0.7 the mini student drew the on-screen link on 1 of 5 such pages in
+8 draws, at 1.0 on 2 of 5 in 24 (session 48).
 
 Each attempt's worker draws its own n replies, so two attempts can still open alike when their draws rank the moves
 differently; with n a few times k the favourite moves rank the same. The kept reply is a sample of the policy
