@@ -49,16 +49,23 @@ def _inside(x: float, y: float, ln: re.Match) -> bool:
     return abs(x - cx) <= float(ln["w"]) / 2 and abs(y - cy) <= float(ln["h"]) / 2
 
 
-def cites_screen(decision: Decision, ui_text: str | None) -> bool | None:
-    """Whether the element a click's Action line cites (role and label) is a line of the screen's UI text; None when
-    that cannot be told (not a click, no Action line in the cited form, no UI text)."""
+def _cited_lines(decision: Decision, ui_text: str | None) -> list[re.Match] | None:
+    """The UI text lines (screen pixels) with the role and label a click's Action line cites; None when that cannot
+    be told (not a click, no Action line in the cited form, no UI text)."""
     a = decision.action
     if a is None or a.action not in _CLICKS or not ui_text or not decision.action_desc:
         return None
     m = _CITED.match(decision.action_desc.strip())
     if m is None:
         return None
-    return any(ln["cite"] == m["cite"] for ln in _UI_LINE.finditer(ui_text))
+    return [ln for ln in _UI_LINE.finditer(ui_text) if ln["cite"] == m["cite"]]
+
+
+def cites_screen(decision: Decision, ui_text: str | None) -> bool | None:
+    """Whether the element a click's Action line cites (role and label) is a line of the screen's UI text; None when
+    that cannot be told."""
+    lines = _cited_lines(decision, ui_text)
+    return None if lines is None else bool(lines)
 
 
 def snap_to_cited(decision: Decision, ui_text: str | None, transform: Any = None) -> Decision:
@@ -74,15 +81,10 @@ def snap_to_cited(decision: Decision, ui_text: str | None, transform: Any = None
 
     A policy that acts on the element it names, as accessibility-tree and set-of-marks agents do: the reply chooses
     the element and the observation's UI text places it. What it leaves to the model is the choice itself."""
-    a = decision.action
-    if a is None or a.action not in _CLICKS or not ui_text or not decision.action_desc:
+    a, lines = decision.action, _cited_lines(decision, ui_text)
+    if a is None or not lines or any(_inside(a.x, a.y, ln) for ln in lines):
         return decision
-    m = _CITED.match(decision.action_desc.strip())
-    if m is None:
-        return decision
-    lines = [ln for ln in _UI_LINE.finditer(ui_text) if ln["cite"] == m["cite"]]
-    if not lines or any(_inside(a.x, a.y, ln) for ln in lines):
-        return decision
+    m = _CITED.match(decision.action_desc.strip())  # type: ignore[union-attr] - _cited_lines matched it
     # a role and label that several lines share: the model's own point chooses, by the nearest centre; a tie is left
     d2 = [(a.x - float(ln["x"])) ** 2 + (a.y - float(ln["y"])) ** 2 for ln in lines]
     if d2.count(min(d2)) > 1:
