@@ -11,6 +11,11 @@ Score: exact match of the whole reply (teacher-forced argmax over the reply's to
 samples, split into "point" (click: the label and both coordinates) and "copy" (type: the quoted text),
 at evaluation points along the run. Prints one JSON object. Used to pick the mid-training recipe
 (flywheel/midtrain.py): corpus size against steps, the model's rope base, the learning rate.
+
+`--kind presence` asks click-tab-2's question instead (session 48): a tabbed page, `Find the link "X" on one of the
+tabs and click it.`, the open tab's words as UI lines. Half the pages hold `span "X"` (the reply clicks it), the rest
+do not (the reply opens the next tab); a near-copy of X (one letter changed) stands on the tab in half of each, and
+X itself may stand inside a plain text line. Scored as "present" and "absent".
 """
 
 from __future__ import annotations
@@ -78,6 +83,57 @@ def sample(rng: random.Random) -> tuple[list[dict], str]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}], reply
 
 
+def _near(rng: random.Random, word: str) -> str:
+    """`word` with one letter changed."""
+    i = rng.randrange(len(word))
+    c = rng.choice([ch for ch in string.ascii_lowercase if ch != word[i].lower()])
+    return word[:i] + c + word[i + 1 :]
+
+
+def presence_sample(rng: random.Random) -> tuple[list[dict], str, str]:
+    """(messages, reply, "present" | "absent") of one tabbed page."""
+    n_tabs, open_tab = rng.randint(2, 4), 1
+    target = _label(rng)
+    lines = [
+        f'a#ui-id-{t} "Tab #{t}" @ ({27 + 44 * (t - 1)},70) [40x23]' + (" selected" if t == open_tab else "")
+        for t in range(1, n_tabs + 1)
+    ]
+    words: list[str] = []
+    while len(words) < rng.randint(4, 10):
+        w = _label(rng)
+        if w.lower() != target.lower() and w not in words:
+            words.append(w)
+    present = rng.random() < 0.5
+    if rng.random() < 0.5:
+        words.append(_near(rng, target))
+    spans = [(w, rng.random() < 0.6) for w in words]  # (word, a span (link) or inside a text line)
+    if present:
+        spans.append((target, True))
+    elif rng.random() < 0.5:
+        spans.append((target, False))  # the word as plain text, not a link
+    rng.shuffle(spans)
+    where = {}
+    for w, is_link in spans:
+        x, y = rng.randint(20, 150), rng.randint(100, 200)
+        if is_link:
+            lines.append(f'span "{w}" @ ({x},{y}) [{6 * len(w)}x11]')
+            where[w] = (x, y)
+        else:
+            lines.append(f'text "{_label(rng).lower()} {w} {_label(rng).lower()}" @ ({x},{y}) [90x11]')
+    if present:
+        x, y = where[target]
+        reply = f'Action: Click span "{target}" @ ({x * 1000 // 160},{y * 1000 // 210})\n'
+        reply += format_tool_call(Click(x=x * 1000 // 160, y=y * 1000 // 210))
+    else:
+        x, y = 27 + 44 * open_tab, 70
+        reply = f'Action: Click a#ui-id-{open_tab + 1} "Tab #{open_tab + 1}" @ ({x * 1000 // 160},{y * 1000 // 210})\n'
+        reply += format_tool_call(Click(x=x * 1000 // 160, y=y * 1000 // 210))
+    task = f'Find the link "{target}" on one of the tabs and click it.'
+    user = f"Task: {task}\nCurrent screen:\n\nUI elements:\n" + "\n".join(lines)
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+    return msgs, reply, "present" if present else "absent"
+
+
 def encode(tok, msgs: list[dict], reply: str) -> tuple[list[int], int]:
     """Token ids of prompt + reply, and where the reply starts."""
     prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
@@ -103,7 +159,7 @@ def batch_tensors(rows: list[tuple[list[int], int]], pad: int):
 def exact(model, rows, kinds, pad: int, bs: int = 64) -> dict[str, float]:
     import torch
 
-    right = {"point": [0, 0], "copy": [0, 0]}
+    right: dict[str, list[int]] = {}
     model.eval()
     with torch.no_grad():
         for i in range(0, len(rows), bs):
@@ -113,6 +169,7 @@ def exact(model, rows, kinds, pad: int, bs: int = 64) -> dict[str, float]:
             tgt = lab[:, 1:]
             ok = ((pred == tgt) | (tgt == -100)).all(-1)
             for k, o in zip(kinds[i : i + bs], ok.tolist()):
+                right.setdefault(k, [0, 0])
                 right[k][0] += int(o)
                 right[k][1] += 1
     model.train()
@@ -135,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--kind", choices=["copy", "presence"], default="copy", help="the task family (see above)")
     a = ap.parse_args(argv)
 
     import torch
@@ -153,10 +211,18 @@ def main(argv: list[str] | None = None) -> None:
     pad = tok.pad_token_id or 0
     rng = random.Random(a.seed)
     held_rng = random.Random(10_000 + a.seed)
-    held = [sample(held_rng) for _ in range(256)]
+    if a.kind == "presence":
+        held3 = [presence_sample(held_rng) for _ in range(256)]
+        held, held_kinds = [(m, r) for m, r, _ in held3], [k for _, _, k in held3]
+
+        def draw(r: random.Random) -> tuple[list[dict], str]:
+            return presence_sample(r)[:2]
+    else:
+        held = [sample(held_rng) for _ in range(256)]
+        held_kinds = ["point" if r.startswith("Action: Click") else "copy" for _, r in held]
+        draw = sample
     held_rows = [encode(tok, m, r) for m, r in held]
-    held_kinds = ["point" if r.startswith("Action: Click") else "copy" for _, r in held]
-    pool = [encode(tok, *sample(rng)) for _ in range(a.pool)] if a.pool else None
+    pool = [encode(tok, *draw(rng)) for _ in range(a.pool)] if a.pool else None
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warm = 30
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -164,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     curve, t0, loss_ema = [], time.monotonic(), None
     for step in range(1, a.steps + 1):
-        rows = rng.sample(pool, a.batch) if pool else [encode(tok, *sample(rng)) for _ in range(a.batch)]
+        rows = rng.sample(pool, a.batch) if pool else [encode(tok, *draw(rng)) for _ in range(a.batch)]
         ids, att, lab = batch_tensors(rows, pad)
         out = model(input_ids=ids.to(a.device), attention_mask=att.to(a.device), labels=lab.to(a.device))
         out.loss.backward()
