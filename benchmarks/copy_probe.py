@@ -90,6 +90,12 @@ def _near(rng: random.Random, word: str) -> str:
     return word[:i] + c + word[i + 1 :]
 
 
+def _click_reply(cite: str, x: int, y: int) -> str:
+    """The reply clicking UI line `cite` at (x, y) on the 160x210 page, in the model's 0-1000 space."""
+    mx, my = x * 1000 // 160, y * 1000 // 210
+    return f"Action: Click {cite} @ ({mx},{my})\n" + format_tool_call(Click(x=mx, y=my))
+
+
 def presence_sample(rng: random.Random) -> tuple[list[dict], str, str]:
     """(messages, reply, "present" | "absent") of one tabbed page."""
     n_tabs, open_tab = rng.randint(2, 4), 1
@@ -99,7 +105,8 @@ def presence_sample(rng: random.Random) -> tuple[list[dict], str, str]:
         for t in range(1, n_tabs + 1)
     ]
     words: list[str] = []
-    while len(words) < rng.randint(4, 10):
+    n_words = rng.randint(4, 10)
+    while len(words) < n_words:
         w = _label(rng)
         if w.lower() != target.lower() and w not in words:
             words.append(w)
@@ -121,13 +128,9 @@ def presence_sample(rng: random.Random) -> tuple[list[dict], str, str]:
         else:
             lines.append(f'text "{_label(rng).lower()} {w} {_label(rng).lower()}" @ ({x},{y}) [90x11]')
     if present:
-        x, y = where[target]
-        reply = f'Action: Click span "{target}" @ ({x * 1000 // 160},{y * 1000 // 210})\n'
-        reply += format_tool_call(Click(x=x * 1000 // 160, y=y * 1000 // 210))
+        reply = _click_reply(f'span "{target}"', *where[target])
     else:
-        x, y = 27 + 44 * open_tab, 70
-        reply = f'Action: Click a#ui-id-{open_tab + 1} "Tab #{open_tab + 1}" @ ({x * 1000 // 160},{y * 1000 // 210})\n'
-        reply += format_tool_call(Click(x=x * 1000 // 160, y=y * 1000 // 210))
+        reply = _click_reply(f'a#ui-id-{open_tab + 1} "Tab #{open_tab + 1}"', 27 + 44 * open_tab, 70)
     task = f'Find the link "{target}" on one of the tabs and click it.'
     user = f"Task: {task}\nCurrent screen:\n\nUI elements:\n" + "\n".join(lines)
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]

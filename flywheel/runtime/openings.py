@@ -81,23 +81,20 @@ def decide(
     if not branch:
         return timed_decisions(policy, runs)
     t0 = time.monotonic()
-    hot = temperature is not None and hasattr(policy, "act_batch")
-    rest = [r for i, r in enumerate(runs) if i not in branch]
-    plain = iter(timed_decisions(policy, rest) if rest and hot else [])
-    expanded = [r for i, r in enumerate(runs) for _ in range(openings if i in branch else 1) if i in branch or not hot]
-    if hot:
-        drawn = policy.act_batch([r.obs for r in expanded], [r.history for r in expanded], temperature=temperature)  # type: ignore[attr-defined]
+    counts = [openings if i in branch else 1 for i in range(len(runs))]
+    if temperature is not None and hasattr(policy, "act_batch"):  # the hot draws in a call of their own
+        cold = iter(timed_decisions(policy, [r for i, r in enumerate(runs) if i not in branch]))
+        hot_runs = [runs[i] for i in sorted(branch) for _ in range(openings)]
+        act = policy.act_batch  # type: ignore[attr-defined]
+        hot = iter(act([r.obs for r in hot_runs], [r.history for r in hot_runs], temperature=temperature))
+        drawn = [[next(hot if i in branch else cold) for _ in range(n)] for i, n in enumerate(counts)]
     else:
-        drawn = timed_decisions(policy, expanded)
-    out, at = [], 0
-    for i, r in enumerate(runs):
-        if i not in branch and hot:
-            out.append(next(plain))
-            continue
-        n = openings if i in branch else 1
-        mine = drawn[at : at + n]
-        at += n
-        out.append(pick_opening(mine, r.job.sample_idx, r.obs.ui_text if r.obs else None) if n > 1 else mine[0])
+        flat = iter(timed_decisions(policy, [r for r, n in zip(runs, counts) for _ in range(n)]))
+        drawn = [[next(flat) for _ in range(n)] for n in counts]
+    out = [
+        pick_opening(mine, r.job.sample_idx, r.obs.ui_text if r.obs else None) if i in branch else mine[0]
+        for i, (r, mine) in enumerate(zip(runs, drawn))
+    ]
     per = (time.monotonic() - t0) * 1000 / len(runs)
     for d in out:
         d.latency_ms = per  # the whole draw is this step's cost
